@@ -1,0 +1,53 @@
+// Communicator: one backend's connection among the ranks of one process set.
+//
+// Every backend folder (gloo/, mpi/, later nccl/) provides a communicator.h/.cc
+// with a class implementing this interface. All calls are made from the engine's
+// background thread only, one at a time, in the same order on every member rank.
+// Ranks here are ranks *within the process set* (0..size-1).
+//
+// Each call blocks until the collective finishes locally; a lost or silent peer
+// surfaces as a non-OK Status (kPeerLost / kTimeout) instead of a hang.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace spark_hvd {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual const char* name() const = 0;  // "gloo", "mpi", ...
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Does this backend execute ops on tensors of `device` (kCpuDevice or a GPU)?
+  virtual bool Accepts(int32_t device) const = 0;
+
+  // Control plane: every rank contributes `bytes` bytes; out receives size*bytes.
+  virtual Status AllgatherFixed(const void* in, void* out, int64_t bytes) = 0;
+
+  // In-place reduction of `count` elements (Average is reduced as Sum; the
+  // engine divides afterwards).
+  virtual Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
+
+  // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
+  virtual Status Allgatherv(const void* in, void* out,
+                            const std::vector<int64_t>& bytes_per_rank) = 0;
+
+  virtual Status Broadcast(void* buf, int64_t bytes, int root) = 0;
+
+  // send_bytes[r] bytes go to rank r (consecutive in `in`); recv_bytes[r] come from r.
+  virtual Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                           const std::vector<int64_t>& recv_bytes) = 0;
+
+  virtual Status Barrier() = 0;
+};
+
+}  // namespace spark_hvd

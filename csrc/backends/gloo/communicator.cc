@@ -1,0 +1,301 @@
+#include "backends/gloo/communicator.h"
+
+#include <gloo/algorithm.h>
+#include <gloo/allgather_ring.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/alltoallv.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "common/logging.h"
+#include "common/reduce.h"
+
+namespace spark_hvd {
+namespace {
+
+// Buffers above this many bytes use the bandwidth-optimal chunked ring; below it,
+// halving-doubling (fewer rounds). Chosen by bench/allreduce.py on loopback TCP.
+constexpr int64_t kRingThresholdBytes = 256 * 1024;
+constexpr size_t kMaxCachedAlgorithms = 64;
+
+// Adapts our Store to the interface gloo's rendezvous expects.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(std::shared_ptr<spark_hvd::Store> inner, double timeout_s)
+      : inner_(std::move(inner)), timeout_s_(timeout_s) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    inner_->Set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string v = inner_->Get(key, timeout_s_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { inner_->Wait(keys, timeout_s_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    inner_->Wait(keys, std::max(timeout_s_, t.count() / 1000.0));
+  }
+
+ private:
+  std::shared_ptr<spark_hvd::Store> inner_;
+  double timeout_s_;
+};
+
+// gloo's algorithms take a ReductionFunction<T> holding a plain function pointer;
+// these trampolines route every (dtype, op) to the shared kernels in common/reduce.
+template <typename T, int D, int O>
+void Trampoline(T* x, const T* y, size_t n) {
+  GetReduceFn(static_cast<DataType>(D), static_cast<ReduceOp>(O))(x, y, n);
+}
+
+template <typename T, int D>
+typename gloo::ReductionFunction<T>::Function* PickOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kProduct: return &Trampoline<T, D, 4>;
+    case ReduceOp::kMin: return &Trampoline<T, D, 2>;
+    case ReduceOp::kMax: return &Trampoline<T, D, 3>;
+    default: return &Trampoline<T, D, 0>;
+  }
+}
+
+template <typename T>
+const gloo::ReductionFunction<T>* ReductionFor(DataType dtype, ReduceOp op) {
+  static std::map<std::pair<int, int>, std::unique_ptr<gloo::ReductionFunction<T>>> table;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_pair(static_cast<int>(dtype), static_cast<int>(op));
+  auto it = table.find(key);
+  if (it != table.end()) return it->second.get();
+  typename gloo::ReductionFunction<T>::Function* fn = nullptr;
+  switch (dtype) {
+    case DataType::kUInt8: fn = PickOp<T, 0>(op); break;
+    case DataType::kInt8: fn = PickOp<T, 1>(op); break;
+    case DataType::kInt16: fn = PickOp<T, 2>(op); break;
+    case DataType::kInt32: fn = PickOp<T, 3>(op); break;
+    case DataType::kInt64: fn = PickOp<T, 4>(op); break;
+    case DataType::kFloat16: fn = PickOp<T, 5>(op); break;
+    case DataType::kBFloat16: fn = PickOp<T, 6>(op); break;
+    case DataType::kFloat32: fn = PickOp<T, 7>(op); break;
+    case DataType::kFloat64: fn = PickOp<T, 8>(op); break;
+    case DataType::kBool: fn = PickOp<T, 9>(op); break;
+  }
+  gloo::ReductionType type = gloo::SUM;
+  if (op == ReduceOp::kProduct) type = gloo::PRODUCT;
+  if (op == ReduceOp::kMin) type = gloo::MIN;
+  if (op == ReduceOp::kMax) type = gloo::MAX;
+  auto owned = std::make_unique<gloo::ReductionFunction<T>>(type, fn);
+  auto* raw = owned.get();
+  table.emplace(key, std::move(owned));
+  return raw;
+}
+
+template <typename T>
+std::unique_ptr<gloo::Algorithm> MakeAllreduce(const std::shared_ptr<gloo::Context>& ctx,
+                                               void* buf, int64_t count, DataType dtype,
+                                               ReduceOp op) {
+  std::vector<T*> ptrs{static_cast<T*>(buf)};
+  const auto* fn = ReductionFor<T>(dtype, op);
+  if (count * static_cast<int64_t>(sizeof(T)) >= kRingThresholdBytes) {
+    return std::make_unique<gloo::AllreduceRingChunked<T>>(ctx, ptrs, static_cast<int>(count), fn);
+  }
+  return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, static_cast<int>(count), fn);
+}
+
+// Runs a gloo call, turning its exceptions into a Status that names what failed.
+template <typename F>
+Status Guard(const char* what, int rank, F&& fn) {
+  try {
+    fn();
+    return Status::OK();
+  } catch (const gloo::IoException& e) {
+    std::string msg = e.what();
+    if (msg.find("Timed out") != std::string::npos || msg.find("timed out") != std::string::npos) {
+      return Status::Timeout(std::string("gloo ") + what + " on rank " + std::to_string(rank) +
+                             " timed out waiting for a peer (SPARK_HVD_TIMEOUT_S): " + msg);
+    }
+    return Status::PeerLost(std::string("gloo ") + what + " on rank " + std::to_string(rank) +
+                            " lost a peer: " + msg);
+  } catch (const gloo::Exception& e) {
+    return Status::PeerLost(std::string("gloo ") + what + " failed on rank " +
+                            std::to_string(rank) + ": " + e.what());
+  } catch (const StatusError& e) {
+    return e.status();
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string("gloo ") + what + " failed: " + e.what());
+  }
+}
+
+}  // namespace
+
+// AllgatherRing writes straight into its peers' output buffers, and a peer may
+// start its next run (and write again) as soon as this run returns here. Two
+// instances used alternately keep an output stable until it has been copied
+// out: a peer can only come back to instance A after finishing B with us.
+struct GlooCommunicator::FixedGather {
+  struct Half {
+    std::vector<char> in;
+    std::vector<char> out;
+    std::unique_ptr<gloo::Algorithm> algo;
+  };
+  Half halves[2];
+  int next = 0;
+};
+
+GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context)
+    : rank_(rank), size_(size), context_(std::move(context)) {}
+
+GlooCommunicator::~GlooCommunicator() {
+  algos_.clear();
+  fixed_.clear();
+  context_.reset();
+}
+
+std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
+                                                            std::shared_ptr<Store> store,
+                                                            const GlooOptions& options) {
+  gloo::transport::tcp::attr attr;
+  attr.hostname = options.bind_host;
+  std::shared_ptr<gloo::Context> result;
+  Status s = Guard("connect", rank, [&] {
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
+    if (store) {
+      GlooStoreAdapter adapter(store, options.connect_timeout_s);
+      ctx->connectFullMesh(adapter, device);
+    } else {
+      SHVD_CHECK_EQ(size, 1);  // a one-rank job needs no rendezvous
+      gloo::rendezvous::HashStore local;
+      ctx->connectFullMesh(local, device);
+    }
+    result = ctx;
+  });
+  if (!s.ok()) throw StatusError(s);
+  SHVD_LOG(kDebug, "gloo") << "connected rank " << rank << " of " << size << " on "
+                           << options.bind_host;
+  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(rank, size, result));
+}
+
+Status GlooCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes) {
+  if (size_ == 1) {
+    std::memcpy(out, in, bytes);
+    return Status::OK();
+  }
+  auto& slot = fixed_[bytes];
+  return Guard("control allgather", rank_, [&] {
+    if (!slot) {
+      slot = std::make_unique<FixedGather>();
+      for (auto& half : slot->halves) {
+        half.in.resize(bytes);
+        half.out.resize(bytes * size_);
+        std::vector<const char*> ins{half.in.data()};
+        half.algo = std::make_unique<gloo::AllgatherRing<char>>(context_, ins, half.out.data(),
+                                                                static_cast<int>(bytes));
+      }
+    }
+    auto& half = slot->halves[slot->next];
+    slot->next ^= 1;
+    std::memcpy(half.in.data(), in, bytes);
+    half.algo->run();
+    std::memcpy(out, half.out.data(), bytes * size_);
+  });
+}
+
+gloo::Algorithm* GlooCommunicator::CachedAllreduce(void* buf, int64_t count, DataType dtype,
+                                                   ReduceOp op) {
+  AlgoKey key{buf, count, static_cast<int>(dtype), static_cast<int>(op)};
+  for (auto it = algos_.begin(); it != algos_.end(); ++it) {
+    if (it->first == key) {
+      algos_.splice(algos_.begin(), algos_, it);
+      return algos_.front().second.get();
+    }
+  }
+  std::unique_ptr<gloo::Algorithm> algo;
+  switch (DataTypeSize(dtype)) {
+    case 1: algo = MakeAllreduce<uint8_t>(context_, buf, count, dtype, op); break;
+    case 2: algo = MakeAllreduce<uint16_t>(context_, buf, count, dtype, op); break;
+    case 4: algo = MakeAllreduce<uint32_t>(context_, buf, count, dtype, op); break;
+    default: algo = MakeAllreduce<uint64_t>(context_, buf, count, dtype, op); break;
+  }
+  algos_.emplace_front(key, std::move(algo));
+  if (algos_.size() > kMaxCachedAlgorithms) algos_.pop_back();
+  return algos_.front().second.get();
+}
+
+Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  if (size_ == 1 || count == 0) return Status::OK();
+  return Guard("allreduce", rank_, [&] { CachedAllreduce(buf, count, dtype, op)->run(); });
+}
+
+Status GlooCommunicator::Allgatherv(const void* in, void* out,
+                                    const std::vector<int64_t>& bytes_per_rank) {
+  int64_t total = 0;
+  for (auto b : bytes_per_rank) total += b;
+  if (size_ == 1) {
+    if (total > 0) std::memcpy(out, in, total);
+    return Status::OK();
+  }
+  if (total == 0) return Status::OK();
+  return Guard("allgather", rank_, [&] {
+    gloo::AllgathervOptions opts(context_);
+    std::vector<size_t> elems(bytes_per_rank.begin(), bytes_per_rank.end());
+    opts.setInput(const_cast<char*>(static_cast<const char*>(in)), elems[rank_]);
+    opts.setOutput(static_cast<char*>(out), elems);
+    opts.setTag(tag_++);
+    gloo::allgatherv(opts);
+  });
+}
+
+Status GlooCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
+  if (size_ == 1 || bytes == 0) return Status::OK();
+  return Guard("broadcast", rank_, [&] {
+    gloo::BroadcastOptions opts(context_);
+    if (rank_ == root) opts.setInput(static_cast<char*>(buf), bytes);
+    opts.setOutput(static_cast<char*>(buf), bytes);
+    opts.setRoot(root);
+    opts.setTag(tag_++);
+    gloo::broadcast(opts);
+  });
+}
+
+Status GlooCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
+                                   void* out, const std::vector<int64_t>& recv_bytes) {
+  int64_t total_send = 0, total_recv = 0;
+  for (auto b : send_bytes) total_send += b;
+  for (auto b : recv_bytes) total_recv += b;
+  if (size_ == 1) {
+    if (total_send > 0) std::memcpy(out, in, total_send);
+    return Status::OK();
+  }
+  return Guard("alltoall", rank_, [&] {
+    // gloo rejects null pointers even for empty buffers.
+    char dummy_in = 0, dummy_out = 0;
+    gloo::AlltoallvOptions opts(context_);
+    opts.setInput(total_send ? const_cast<char*>(static_cast<const char*>(in)) : &dummy_in,
+                  send_bytes);
+    opts.setOutput(total_recv ? static_cast<char*>(out) : &dummy_out, recv_bytes);
+    opts.setTag(tag_++);
+    gloo::alltoallv(opts);
+  });
+}
+
+Status GlooCommunicator::Barrier() {
+  if (size_ == 1) return Status::OK();
+  return Guard("barrier", rank_, [&] {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(tag_++);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace spark_hvd

@@ -1,0 +1,65 @@
+// Gloo (TCP) communicator for CPU tensors; also the default control plane.
+#pragma once
+
+#include <list>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/communicator.h"
+#include "rendezvous/store.h"
+
+namespace gloo {
+class Context;
+class Algorithm;
+}  // namespace gloo
+
+namespace spark_hvd {
+
+struct GlooOptions {
+  std::string bind_host = "127.0.0.1";  // address peers reach this rank on
+  double timeout_s = 30.0;               // transport timeout (silent peer)
+  double connect_timeout_s = 60.0;       // rendezvous timeout
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects a full mesh among `size` ranks through `store` (keys under its prefix).
+  static std::unique_ptr<GlooCommunicator> Connect(int rank, int size, std::shared_ptr<Store> store,
+                                                   const GlooOptions& options);
+  ~GlooCommunicator() override;
+
+  const char* name() const override { return "gloo"; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  bool Accepts(int32_t device) const override { return device == kCpuDevice; }
+
+  Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
+  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
+  Status Broadcast(void* buf, int64_t bytes, int root) override;
+  Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                   const std::vector<int64_t>& recv_bytes) override;
+  Status Barrier() override;
+
+ private:
+  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context);
+
+  // Set-up-once algorithm objects, reused while (pointer, count, dtype, op) repeat:
+  // the engine's fusion buffer keeps its address, so training steps hit this cache.
+  using AlgoKey = std::tuple<void*, int64_t, int, int>;
+  gloo::Algorithm* CachedAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+
+  struct FixedGather;  // persistent buffers + algorithm for AllgatherFixed
+
+  int rank_;
+  int size_;
+  std::shared_ptr<gloo::Context> context_;
+  std::list<std::pair<AlgoKey, std::unique_ptr<gloo::Algorithm>>> algos_;  // LRU, front = newest
+  std::map<int64_t, std::unique_ptr<FixedGather>> fixed_;
+  uint32_t tag_ = 0;
+};
+
+}  // namespace spark_hvd

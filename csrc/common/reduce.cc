@@ -1,0 +1,180 @@
+#include "common/reduce.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "common/half.h"
+
+namespace spark_hvd {
+namespace {
+
+// Arithmetic storage types reduce directly.
+template <typename T>
+struct Plain {
+  using Storage = T;
+  static T Load(T v) { return v; }
+  static T Store(T v) { return v; }
+};
+// Half types reduce in float32 and round back.
+struct Half {
+  using Storage = uint16_t;
+  static float Load(uint16_t v) { return HalfToFloat(v); }
+  static uint16_t Store(float v) { return FloatToHalf(v); }
+};
+struct BHalf {
+  using Storage = uint16_t;
+  static float Load(uint16_t v) { return BFloat16ToFloat(v); }
+  static uint16_t Store(float v) { return FloatToBFloat16(v); }
+};
+
+struct OpSum { template <typename V> static V Apply(V a, V b) { return a + b; } };
+struct OpProd { template <typename V> static V Apply(V a, V b) { return a * b; } };
+struct OpMin { template <typename V> static V Apply(V a, V b) { return b < a ? b : a; } };
+struct OpMax { template <typename V> static V Apply(V a, V b) { return a < b ? b : a; } };
+
+template <typename Conv, typename Op>
+void Kernel(void* xv, const void* yv, size_t n) {
+  using S = typename Conv::Storage;
+  S* x = static_cast<S*>(xv);
+  const S* y = static_cast<const S*>(yv);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = static_cast<S>(Conv::Store(Op::Apply(Conv::Load(x[i]), Conv::Load(y[i]))));
+  }
+}
+
+// bool: Sum/Max are logical or, Product/Min logical and.
+void BoolOr(void* xv, const void* yv, size_t n) {
+  auto* x = static_cast<uint8_t*>(xv);
+  auto* y = static_cast<const uint8_t*>(yv);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint8_t>((x[i] | y[i]) != 0);
+}
+void BoolAnd(void* xv, const void* yv, size_t n) {
+  auto* x = static_cast<uint8_t*>(xv);
+  auto* y = static_cast<const uint8_t*>(yv);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint8_t>(x[i] != 0 && y[i] != 0);
+}
+
+template <typename Conv>
+ReduceFn ForOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage:
+    case ReduceOp::kAdasum:
+      return &Kernel<Conv, OpSum>;
+    case ReduceOp::kProduct: return &Kernel<Conv, OpProd>;
+    case ReduceOp::kMin: return &Kernel<Conv, OpMin>;
+    case ReduceOp::kMax: return &Kernel<Conv, OpMax>;
+  }
+  return &Kernel<Conv, OpSum>;
+}
+
+template <typename T>
+void ScaleTyped(void* xv, size_t n, double factor) {
+  T* x = static_cast<T*>(xv);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<double>(x[i]) * factor);
+}
+
+template <typename Conv>
+void ScaleHalf(void* xv, size_t n, double factor) {
+  auto* x = static_cast<uint16_t*>(xv);
+  const float f = static_cast<float>(factor);
+  for (size_t i = 0; i < n; ++i) x[i] = Conv::Store(Conv::Load(x[i]) * f);
+}
+
+template <typename T>
+void DivideInt(void* xv, size_t n, int64_t d) {
+  T* x = static_cast<T*>(xv);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<int64_t>(x[i]) / d);
+}
+
+template <typename T>
+void Fill(void* xv, size_t n, T value) {
+  std::fill_n(static_cast<T*>(xv), n, value);
+}
+
+template <typename T>
+void FillLimits(void* x, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kProduct: Fill<T>(x, n, T(1)); return;
+    case ReduceOp::kMin: Fill<T>(x, n, std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max()); return;
+    case ReduceOp::kMax: Fill<T>(x, n, std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest()); return;
+    default: Fill<T>(x, n, T(0)); return;
+  }
+}
+
+template <typename Conv>
+void FillHalf(void* x, size_t n, ReduceOp op) {
+  float v = 0.0f;
+  if (op == ReduceOp::kProduct) v = 1.0f;
+  if (op == ReduceOp::kMin) v = std::numeric_limits<float>::infinity();
+  if (op == ReduceOp::kMax) v = -std::numeric_limits<float>::infinity();
+  Fill<uint16_t>(x, n, Conv::Store(v));
+}
+
+}  // namespace
+
+ReduceFn GetReduceFn(DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: return ForOp<Plain<uint8_t>>(op);
+    case DataType::kInt8: return ForOp<Plain<int8_t>>(op);
+    case DataType::kInt16: return ForOp<Plain<int16_t>>(op);
+    case DataType::kInt32: return ForOp<Plain<int32_t>>(op);
+    case DataType::kInt64: return ForOp<Plain<int64_t>>(op);
+    case DataType::kFloat16: return ForOp<Half>(op);
+    case DataType::kBFloat16: return ForOp<BHalf>(op);
+    case DataType::kFloat32: return ForOp<Plain<float>>(op);
+    case DataType::kFloat64: return ForOp<Plain<double>>(op);
+    case DataType::kBool:
+      return (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? &BoolAnd : &BoolOr;
+  }
+  return &Kernel<Plain<float>, OpSum>;
+}
+
+void ScaleBuffer(void* x, size_t n, DataType dtype, double factor) {
+  if (factor == 1.0) return;
+  switch (dtype) {
+    case DataType::kUInt8: ScaleTyped<uint8_t>(x, n, factor); return;
+    case DataType::kInt8: ScaleTyped<int8_t>(x, n, factor); return;
+    case DataType::kInt16: ScaleTyped<int16_t>(x, n, factor); return;
+    case DataType::kInt32: ScaleTyped<int32_t>(x, n, factor); return;
+    case DataType::kInt64: ScaleTyped<int64_t>(x, n, factor); return;
+    case DataType::kFloat16: ScaleHalf<Half>(x, n, factor); return;
+    case DataType::kBFloat16: ScaleHalf<BHalf>(x, n, factor); return;
+    case DataType::kFloat32: ScaleTyped<float>(x, n, factor); return;
+    case DataType::kFloat64: ScaleTyped<double>(x, n, factor); return;
+    case DataType::kBool: return;
+  }
+}
+
+void DivideBuffer(void* x, size_t n, DataType dtype, int64_t divisor) {
+  if (divisor == 1) return;
+  switch (dtype) {
+    case DataType::kUInt8: DivideInt<uint8_t>(x, n, divisor); return;
+    case DataType::kInt8: DivideInt<int8_t>(x, n, divisor); return;
+    case DataType::kInt16: DivideInt<int16_t>(x, n, divisor); return;
+    case DataType::kInt32: DivideInt<int32_t>(x, n, divisor); return;
+    case DataType::kInt64: DivideInt<int64_t>(x, n, divisor); return;
+    case DataType::kBool: return;
+    default: ScaleBuffer(x, n, dtype, 1.0 / static_cast<double>(divisor)); return;
+  }
+}
+
+void FillNeutral(void* x, size_t n, DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: FillLimits<uint8_t>(x, n, op); return;
+    case DataType::kInt8: FillLimits<int8_t>(x, n, op); return;
+    case DataType::kInt16: FillLimits<int16_t>(x, n, op); return;
+    case DataType::kInt32: FillLimits<int32_t>(x, n, op); return;
+    case DataType::kInt64: FillLimits<int64_t>(x, n, op); return;
+    case DataType::kFloat16: FillHalf<Half>(x, n, op); return;
+    case DataType::kBFloat16: FillHalf<BHalf>(x, n, op); return;
+    case DataType::kFloat32: FillLimits<float>(x, n, op); return;
+    case DataType::kFloat64: FillLimits<double>(x, n, op); return;
+    case DataType::kBool:
+      Fill<uint8_t>(x, n, (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? 1 : 0);
+      return;
+  }
+}
+
+}  // namespace spark_hvd

@@ -1,0 +1,309 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/config.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "engine/executor.h"
+#if SPARK_HVD_HAVE_MPI
+#include "backends/mpi/communicator.h"
+#endif
+
+namespace spark_hvd {
+
+Engine::~Engine() { Shutdown(); }
+
+void Engine::Init(const EngineOptions& options) {
+  if (running_.load()) return;
+  if (thread_.joinable()) thread_.join();
+  options_ = options;
+  controller_name_ = options.controller;
+  if (controller_name_ != "gloo" && controller_name_ != "mpi") {
+    throw StatusError(Status::InvalidArgument("unknown controller '" + controller_name_ +
+                                              "': SPARK_HVD_CONTROLLER must be gloo or mpi"));
+  }
+#if !SPARK_HVD_HAVE_MPI
+  if (controller_name_ == "mpi") {
+    throw StatusError(Status::InvalidArgument(
+        "this spark_hvd was built without MPI (spark_hvd.mpi_built() is False); install an MPI "
+        "(apt-get install libopenmpi-dev) and reinstall, or launch without --mpi"));
+  }
+#endif
+  rank_ = options.rank;
+  size_ = options.size;
+  shutdown_requested_ = false;
+  failure_ = Status::OK();
+  SetLogRank(rank_);
+  std::promise<Status> ready;
+  auto fut = ready.get_future();
+  thread_ = std::thread([this, &ready] { Loop(&ready); });
+  Status s = fut.get();
+  if (!s.ok()) {
+    thread_.join();
+    throw StatusError(s);
+  }
+  if (!options.timeline_path.empty()) StartTimeline(options.timeline_path);
+}
+
+std::unique_ptr<ProcessSet> Engine::MakeProcessSet(int32_t id, std::vector<int32_t> ranks) {
+  auto set = std::make_unique<ProcessSet>();
+  set->id = id;
+  set->ranks = std::move(ranks);
+  const int32_t me = set->SetRank(rank_);
+#if SPARK_HVD_HAVE_MPI
+  if (controller_name_ == "mpi") {
+    // Collective over the world communicator: every rank calls it, members get one.
+    auto* world = static_cast<MpiCommunicator*>(sets_.Get(0)->comms[0].get());
+    std::vector<int> rs(set->ranks.begin(), set->ranks.end());
+    auto sub = world->Subset(rs);
+    if (sub) set->comms.push_back(std::move(sub));
+    return set;
+  }
+#endif
+  if (me >= 0) {
+    GlooOptions gopts = options_.gloo;
+    gopts.timeout_s = env::TimeoutS();
+    std::shared_ptr<Store> store;
+    if (options_.store) {
+      store = std::make_shared<PrefixStore>(
+          options_.store_prefix + "/gloo/set" + std::to_string(id), options_.store);
+    }
+    set->comms.push_back(GlooCommunicator::Connect(me, static_cast<int>(set->ranks.size()),
+                                                   store, gopts));
+  }
+  return set;
+}
+
+void Engine::Connect() {
+  if (controller_name_ == "gloo" && size_ > 1 && !options_.store) {
+    throw StatusError(Status::InvalidArgument(
+        "size > 1 needs a rendezvous store: launch with spark-hvdrun or spark_hvd.spark.run "
+        "(SPARK_HVD_RENDEZVOUS_ADDR/PORT are not set)"));
+  }
+  std::unique_ptr<ProcessSet> global;
+#if SPARK_HVD_HAVE_MPI
+  if (controller_name_ == "mpi") {
+    auto world = MpiCommunicator::World();  // MPI_Init happens on this (background) thread
+    rank_ = world->rank();
+    size_ = world->size();
+    SetLogRank(rank_);
+    global = std::make_unique<ProcessSet>();
+    for (int32_t r = 0; r < size_; ++r) global->ranks.push_back(r);
+    global->comms.push_back(std::move(world));
+  }
+#endif
+  if (!global) {
+    std::vector<int32_t> all;
+    for (int32_t r = 0; r < size_; ++r) all.push_back(r);
+    global = MakeProcessSet(0, all);
+  }
+  control_ = global->comms.at(0).get();
+  sets_.Add(std::move(global));
+}
+
+void Engine::Loop(std::promise<Status>* ready) {
+  try {
+    Connect();
+  } catch (const StatusError& e) {
+    sets_.Clear();
+    ready->set_value(e.status());
+    return;
+  } catch (const std::exception& e) {
+    sets_.Clear();
+    ready->set_value(Status::Internal(std::string("engine start failed: ") + e.what()));
+    return;
+  }
+  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &handles_);
+  Executor executor(rank_, &sets_, &handles_, &timeline_, controller_.get());
+  running_ = true;
+  ready->set_value(Status::OK());  // `ready` dies with Init's frame: no use after this
+
+  const auto cycle = std::chrono::duration<double, std::milli>(env::CycleTimeMs());
+  Status stop = Status::OK();
+  while (true) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<TensorEntry> incoming;
+    bool want_shutdown;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      incoming.swap(queue_);
+      want_shutdown = shutdown_requested_.load();
+    }
+    CycleResult cr;
+    try {
+      cr = controller_->Cycle(control_, std::move(incoming), want_shutdown);
+    } catch (const StatusError& e) {
+      stop = e.status();
+      break;
+    } catch (const std::exception& e) {
+      stop = Status::Internal(std::string("negotiation failed: ") + e.what());
+      break;
+    }
+    if (cr.shutdown) {
+      std::string who;
+      for (auto r : cr.shutdown_ranks) who += (who.empty() ? "" : ",") + std::to_string(r);
+      stop = Status::PeerLost("rank(s) " + who +
+                              " shut down (called shutdown() or exited) while this operation "
+                              "was pending on rank " + std::to_string(rank_) +
+                              "; every rank must run the same collectives");
+      break;
+    }
+    for (const Response& r : cr.responses) {
+      SHVD_LOG(kTrace, "engine") << "cycle response " << OpTypeName(r.op) << " "
+                                 << (r.tensors.empty() ? std::string("-") : r.tensors[0].name)
+                                 << " x" << r.tensors.size() << " error=" << static_cast<int>(r.error);
+      try {
+        if (r.op == kAddProcessSet || r.op == kRemoveProcessSet) {
+          ChangeProcessSets(r);
+          continue;
+        }
+        Status s = executor.Execute(r);
+        if (!s.ok()) {
+          stop = s;
+          break;
+        }
+      } catch (const StatusError& e) {
+        stop = e.status();
+        break;
+      }
+    }
+    if (!stop.ok()) break;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, start + cycle, [this] { return shutdown_requested_.load(); });
+  }
+  if (!stop.ok() && !shutdown_requested_.load()) {
+    SHVD_LOG(kWarning, "engine") << "stopping: " << stop.message();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = stop.ok() ? Status::NotInitialized("spark_hvd was shut down; call init() again")
+                         : stop;
+    running_ = false;
+    for (auto& e : queue_) handles_.Complete(*e.state, failure_);
+    queue_.clear();
+  }
+  controller_->FailAll(failure_);
+  control_ = nullptr;
+  sets_.Clear();
+#if SPARK_HVD_HAVE_MPI
+  if (controller_name_ == "mpi") MpiCommunicator::Finalize();
+#endif
+  timeline_.Stop();
+}
+
+void Engine::ChangeProcessSets(const Response& r) {
+  std::vector<int32_t> ranks(r.extra.begin(), r.extra.end());
+  auto e = controller_->Take(r.tensors[0].name);
+  int64_t value = -1;
+  if (r.op == kAddProcessSet) {
+    int32_t id = sets_.NextId();
+    sets_.Add(MakeProcessSet(id, ranks));
+    value = id;
+  } else if (!ranks.empty()) {
+    sets_.Remove(ranks[0]);
+    value = ranks[0];
+  }
+  if (e) {
+    e->state->value = value;
+    handles_.Complete(*e->state, Status::OK());
+  }
+}
+
+Status Engine::Stopped() const {
+  if (!failure_.ok()) return failure_;
+  return Status::NotInitialized("spark_hvd is not initialized: call spark_hvd.init() first");
+}
+
+void Engine::Validate(const Request& req) const {
+  auto bad = [&](const std::string& m) {
+    throw StatusError(Status::InvalidArgument(std::string(OpTypeName(req.op)) + " '" + req.name +
+                                              "': " + m));
+  };
+  if (req.op == OpType::kJoin || req.op == kAddProcessSet || req.op == kRemoveProcessSet) return;
+  for (int64_t d : req.shape) {
+    if (d < 0) bad("negative dimension in shape " + ShapeString(req.shape));
+  }
+  auto* self = const_cast<Engine*>(this);
+  std::vector<int32_t> members = self->sets_.Ranks(req.process_set);
+  if (members.empty()) {
+    bad("process set " + std::to_string(req.process_set) +
+        " does not exist; create it with add_process_set() on every rank first");
+  }
+  if (!std::binary_search(members.begin(), members.end(), rank_)) {
+    bad("rank " + std::to_string(rank_) + " is not a member of process set " +
+        std::to_string(req.process_set));
+  }
+  const bool is_reduction = req.op == OpType::kAllreduce || req.op == OpType::kReducescatter;
+  if (is_reduction && req.dtype == DataType::kBool &&
+      (req.reduce_op == ReduceOp::kAverage || req.prescale != 1.0 || req.postscale != 1.0)) {
+    bad("Average and scale factors are not defined for bool tensors; use Sum (logical or), "
+        "Min or Product (logical and) or Max");
+  }
+  if (is_reduction && req.reduce_op == ReduceOp::kAdasum) {
+    bad("op=Adasum is applied by the framework layer (spark_hvd.torch) on float tensors; "
+        "the core reduces with Sum, Average, Min, Max or Product");
+  }
+  if (req.op == OpType::kBroadcast &&
+      (req.root < 0 || req.root >= static_cast<int32_t>(members.size()))) {
+    bad("root_rank " + std::to_string(req.root) + " is out of range for " +
+        std::to_string(members.size()) + " ranks");
+  }
+  if ((req.op == OpType::kAllgather || req.op == OpType::kAlltoall ||
+       req.op == OpType::kReducescatter) &&
+      req.shape.empty()) {
+    bad("needs a tensor with at least one dimension (got a scalar)");
+  }
+  if (req.op == OpType::kAlltoall) {
+    if (req.splits.size() != members.size()) {
+      bad("splits has " + std::to_string(req.splits.size()) + " entries; it needs one per rank (" +
+          std::to_string(members.size()) + ")");
+    }
+    int64_t sum = 0;
+    for (int64_t s : req.splits) {
+      if (s < 0) bad("splits must not be negative");
+      sum += s;
+    }
+    if (sum != req.shape[0]) {
+      bad("splits add up to " + std::to_string(sum) + " but the first dimension is " +
+          std::to_string(req.shape[0]));
+    }
+  }
+}
+
+int64_t Engine::Enqueue(Request req, const void* input, void* output) {
+  req.rank = rank_;
+  Validate(req);
+  auto state = std::make_shared<OpState>();
+  TensorEntry e;
+  e.req = std::move(req);
+  e.input = input;
+  e.output = output;
+  e.state = state;
+  e.enqueue_us = NowMicros();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
+    queue_.push_back(std::move(e));
+  }
+  return handles_.Add(state);
+}
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutdown_requested_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  running_ = false;
+  timeline_.Stop();
+  options_.store.reset();  // may hold a Python object: drop it while the interpreter is alive
+}
+
+bool Engine::StartTimeline(const std::string& path) { return timeline_.Start(path, rank_); }
+
+void Engine::StopTimeline() { timeline_.Stop(); }
+
+}  // namespace spark_hvd

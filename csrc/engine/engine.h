@@ -1,0 +1,88 @@
+// Engine: the one object behind spark_hvd's API (no process-wide mutable state
+// besides the single instance the bindings hold). Owns the background thread
+// that connects the communicators, negotiates (Controller) and executes
+// (Executor) every cycle; API threads only enqueue and wait.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/gloo/communicator.h"
+#include "engine/controller.h"
+#include "engine/op_state.h"
+#include "engine/process_set.h"
+#include "engine/timeline.h"
+#include "rendezvous/store.h"
+
+namespace spark_hvd {
+
+struct EngineOptions {
+  int32_t rank = 0;
+  int32_t size = 1;
+  std::string controller = "gloo";  // "gloo" or "mpi"
+  std::shared_ptr<Store> store;     // gloo bootstrap (required for gloo with size > 1)
+  std::string store_prefix = "spark_hvd";
+  GlooOptions gloo;
+  std::string timeline_path;
+};
+
+class Engine {
+ public:
+  Engine() = default;
+  ~Engine();
+
+  // Connects and starts the background thread; returns once connected or throws.
+  void Init(const EngineOptions& options);
+  // Tells peers, fails what is still pending, joins the thread. Idempotent.
+  void Shutdown();
+
+  bool initialized() const { return running_.load(); }
+  int32_t rank() const { return rank_; }
+  int32_t size() const { return size_; }
+  const std::string& controller_name() const { return controller_name_; }
+
+  // Validates and queues one op; returns its handle. Throws StatusError on bad
+  // input, before init, or after the engine stopped (with the reason).
+  int64_t Enqueue(Request req, const void* input, void* output);
+  HandleTable& handles() { return handles_; }
+  std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
+  std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
+
+  bool StartTimeline(const std::string& path);
+  void StopTimeline();
+
+ private:
+  void Loop(std::promise<Status>* ready);
+  void Connect();
+  std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
+  void ChangeProcessSets(const Response& r);
+  void Validate(const Request& req) const;
+  Status Stopped() const;
+
+  EngineOptions options_;
+  int32_t rank_ = 0;
+  int32_t size_ = 1;
+  std::string controller_name_;
+  std::atomic<bool> running_{false};
+  std::atomic<bool> shutdown_requested_{false};
+
+  HandleTable handles_;
+  ProcessSetTable sets_;
+  Timeline timeline_;
+  Communicator* control_ = nullptr;  // the global set's first communicator
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<TensorEntry> queue_;
+  Status failure_;  // why the engine stopped, once it has
+  std::thread thread_;
+  std::unique_ptr<Controller> controller_;
+};
+
+}  // namespace spark_hvd

@@ -1,0 +1,273 @@
+#include "engine/executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "common/env.h"
+#include "common/reduce.h"
+
+namespace spark_hvd {
+namespace {
+
+std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
+  return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
+}
+
+std::string Upper(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(c));
+  return s;
+}
+
+}  // namespace
+
+uint8_t* Executor::FusionBuffer(int64_t bytes) {
+  if (static_cast<int64_t>(fusion_.size()) < bytes) {
+    // Allocate once at the threshold so the address stays put across steps.
+    fusion_.resize(static_cast<size_t>(std::max(bytes, env::FusionThresholdBytes())));
+  }
+  return fusion_.data();
+}
+
+void Executor::Phase(const Entries& es, const char* phase, int64_t start_us) {
+  if (!timeline_->active()) return;
+  int64_t now = NowMicros();
+  for (const auto& e : es) {
+    if (e) timeline_->Event(e->req.name, phase, start_us, now);
+  }
+}
+
+void Executor::Finish(const Response& r, void* buf, int64_t n) const {
+  if (r.reduce_op == ReduceOp::kAverage) {
+    DivideBuffer(buf, static_cast<size_t>(n), r.dtype, static_cast<int64_t>(r.active.size()));
+  }
+  ScaleBuffer(buf, static_cast<size_t>(n), r.dtype, r.postscale);
+}
+
+Status Executor::Execute(const Response& r) {
+  if (r.op == OpType::kJoin) {
+    auto e = controller_->TakeJoin();
+    if (e) {
+      e->state->value = r.extra.empty() ? -1 : r.extra[0];
+      handles_->Complete(*e->state, Status::OK());
+    }
+    return Status::OK();
+  }
+  Entries es;
+  for (const auto& t : r.tensors) es.push_back(controller_->Take(t.name));
+  auto fail_all = [&](const Status& s) {
+    for (auto& e : es) {
+      if (e) handles_->Complete(*e->state, s);
+    }
+  };
+  if (r.error != StatusCode::kOk) {
+    fail_all(Status(r.error, r.error_message));
+    return Status::OK();
+  }
+  ProcessSet* set = sets_->Get(r.process_set);
+  if (set == nullptr || !set->Contains(rank_)) return Status::OK();
+  Communicator* comm = set->For(r.device);
+  if (comm == nullptr) {
+    fail_all(Status::InvalidArgument(
+        "no backend of this build executes ops on device " + std::to_string(r.device) +
+        (r.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: spark_hvd.nccl_built())"
+                       : "")));
+    return Status::OK();
+  }
+  const int64_t start = NowMicros();
+  for (const auto& e : es) {
+    if (e && timeline_->active()) {
+      timeline_->Event(e->req.name, std::string("NEGOTIATE_") + Upper(OpTypeName(r.op)),
+                       e->enqueue_us, start);
+    }
+  }
+  Status s;
+  switch (r.op) {
+    case OpType::kAllreduce: s = Allreduce(r, es, comm); break;
+    case OpType::kAllgather: s = Allgather(r, es, comm); break;
+    case OpType::kBroadcast: s = Broadcast(r, es, comm); break;
+    case OpType::kAlltoall: s = Alltoall(r, es, comm); break;
+    case OpType::kReducescatter: s = Reducescatter(r, es, comm); break;
+    case OpType::kBarrier: {
+      s = comm->Barrier();
+      Phase(es, "BARRIER", start);
+      break;
+    }
+    default:
+      s = Status::Internal(std::string("executor got unexpected op ") + OpTypeName(r.op));
+  }
+  if (!s.ok()) {
+    fail_all(s);
+    return s;
+  }
+  for (auto& e : es) {
+    if (e) handles_->Complete(*e->state, Status::OK());
+  }
+  return Status::OK();
+}
+
+Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
+  const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
+  const int64_t total = r.TotalElements();
+  const int64_t threshold = env::FusionThresholdBytes();
+  if (r.tensors.size() == 1 && (threshold <= 0 || total * dsize > threshold)) {
+    return AllreduceOne(r, es[0].get(), r.tensors[0], comm);
+  }
+  // Fused: pack, reduce once, unpack.
+  int64_t t0 = NowMicros();
+  uint8_t* buf = FusionBuffer(total * dsize);
+  int64_t offset = 0;
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const int64_t n = NumElements(r.tensors[i].shape);
+    if (es[i]) {
+      std::memcpy(buf + offset, es[i]->input, static_cast<size_t>(n * dsize));
+      ScaleBuffer(buf + offset, static_cast<size_t>(n), r.dtype, r.prescale);
+    } else {
+      FillNeutral(buf + offset, static_cast<size_t>(n), r.dtype, r.reduce_op);
+    }
+    offset += n * dsize;
+  }
+  Phase(es, "MEMCPY_IN_FUSION_BUFFER", t0);
+  int64_t t1 = NowMicros();
+  Status s = comm->Allreduce(buf, total, r.dtype, r.reduce_op);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
+  int64_t t2 = NowMicros();
+  Finish(r, buf, total);
+  offset = 0;
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const int64_t n = NumElements(r.tensors[i].shape);
+    if (es[i]) std::memcpy(es[i]->output, buf + offset, static_cast<size_t>(n * dsize));
+    offset += n * dsize;
+  }
+  Phase(es, "MEMCPY_OUT_FUSION_BUFFER", t2);
+  return Status::OK();
+}
+
+Status Executor::AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t,
+                              Communicator* comm) {
+  const int64_t n = NumElements(t.shape);
+  const size_t bytes = static_cast<size_t>(n) * DataTypeSize(r.dtype);
+  std::vector<uint8_t> neutral;
+  void* buf;
+  if (e) {
+    buf = e->output;
+    if (e->input != e->output) std::memcpy(buf, e->input, bytes);
+    ScaleBuffer(buf, static_cast<size_t>(n), r.dtype, r.prescale);
+  } else {
+    neutral.resize(bytes);
+    buf = neutral.data();
+    FillNeutral(buf, static_cast<size_t>(n), r.dtype, r.reduce_op);
+  }
+  int64_t t1 = NowMicros();
+  Status s = comm->Allreduce(buf, n, r.dtype, r.reduce_op);
+  if (!s.ok()) return s;
+  if (e && timeline_->active()) {
+    timeline_->Event(e->req.name, Upper(comm->name()) + "_ALLREDUCE", t1, NowMicros());
+  }
+  Finish(r, buf, n);
+  return Status::OK();
+}
+
+Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
+  const ResponseTensor& t = r.tensors[0];
+  const int64_t row_bytes = NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  std::vector<int64_t> bytes(t.rank_dims.size());
+  int64_t rows = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    bytes[i] = t.rank_dims[i] * row_bytes;
+    rows += t.rank_dims[i];
+  }
+  TensorEntry* e = es[0].get();
+  std::vector<uint8_t> scratch;
+  std::vector<uint8_t>& out = e ? e->state->output : scratch;
+  out.resize(static_cast<size_t>(rows * row_bytes));
+  int64_t t1 = NowMicros();
+  Status s = comm->Allgatherv(e ? e->input : nullptr, out.data(), bytes);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_ALLGATHER").c_str(), t1);
+  if (e) {
+    e->state->output_shape = Tail(t.shape);
+    e->state->output_shape.insert(e->state->output_shape.begin(), rows);
+  }
+  return Status::OK();
+}
+
+Status Executor::Broadcast(const Response& r, Entries& es, Communicator* comm) {
+  const ResponseTensor& t = r.tensors[0];
+  const int64_t bytes = NumElements(t.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  TensorEntry* e = es[0].get();
+  std::vector<uint8_t> scratch;
+  void* buf;
+  if (e) {
+    buf = e->output;
+    if (comm->rank() == r.root && e->input != e->output) {
+      std::memcpy(buf, e->input, static_cast<size_t>(bytes));
+    }
+  } else {
+    scratch.resize(static_cast<size_t>(bytes));
+    buf = scratch.data();
+  }
+  int64_t t1 = NowMicros();
+  Status s = comm->Broadcast(buf, bytes, r.root);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_BROADCAST").c_str(), t1);
+  return Status::OK();
+}
+
+Status Executor::Alltoall(const Response& r, Entries& es, Communicator* comm) {
+  const ResponseTensor& t = r.tensors[0];
+  const size_t n = static_cast<size_t>(comm->size());
+  const size_t me = static_cast<size_t>(comm->rank());
+  const int64_t row_bytes = NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  std::vector<int64_t> send(n), recv(n), recv_rows(n);
+  int64_t rows = 0;
+  for (size_t j = 0; j < n; ++j) {
+    send[j] = t.rank_dims[me * n + j] * row_bytes;
+    recv_rows[j] = t.rank_dims[j * n + me];
+    recv[j] = recv_rows[j] * row_bytes;
+    rows += recv_rows[j];
+  }
+  TensorEntry* e = es[0].get();
+  SHVD_CHECK(e != nullptr);
+  e->state->output.resize(static_cast<size_t>(rows * row_bytes));
+  int64_t t1 = NowMicros();
+  Status s = comm->Alltoallv(e->input, send, e->state->output.data(), recv);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_ALLTOALL").c_str(), t1);
+  e->state->output_shape = Tail(t.shape);
+  e->state->output_shape.insert(e->state->output_shape.begin(), rows);
+  e->state->received_splits = recv_rows;
+  return Status::OK();
+}
+
+Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* comm) {
+  const ResponseTensor& t = r.tensors[0];
+  TensorEntry* e = es[0].get();
+  SHVD_CHECK(e != nullptr);
+  const int64_t n = NumElements(t.shape);
+  const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
+  // Reduce the whole tensor, keep this rank's rows: first dim split as evenly
+  // as possible, the first (rows % size) ranks taking one extra row.
+  std::vector<uint8_t> full(static_cast<size_t>(n * dsize));
+  if (n) std::memcpy(full.data(), e->input, full.size());
+  ScaleBuffer(full.data(), static_cast<size_t>(n), r.dtype, r.prescale);
+  int64_t t1 = NowMicros();
+  Status s = comm->Allreduce(full.data(), n, r.dtype, r.reduce_op);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
+  Finish(r, full.data(), n);
+  const int64_t d0 = t.shape.empty() ? 1 : t.shape[0];
+  const int64_t size = comm->size(), me = comm->rank();
+  const int64_t base = d0 / size, rem = d0 % size;
+  const int64_t my_rows = base + (me < rem ? 1 : 0);
+  const int64_t first_row = me * base + std::min(me, rem);
+  const int64_t row_bytes = NumElements(Tail(t.shape)) * dsize;
+  e->state->output.assign(full.begin() + first_row * row_bytes,
+                          full.begin() + (first_row + my_rows) * row_bytes);
+  e->state->output_shape = Tail(t.shape);
+  e->state->output_shape.insert(e->state->output_shape.begin(), my_rows);
+  return Status::OK();
+}
+
+}  // namespace spark_hvd

@@ -1,0 +1,46 @@
+// Executor: carries out the responses the controller agreed on, on the first
+// communicator of the process set that accepts the tensors' device; packs fused
+// allreduces through one persistent fusion buffer (stable address, so the
+// backends' set-up-once algorithms are reused every step).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "engine/controller.h"
+#include "engine/timeline.h"
+
+namespace spark_hvd {
+
+class Executor {
+ public:
+  Executor(int32_t rank, ProcessSetTable* sets, HandleTable* handles, Timeline* timeline,
+           Controller* controller)
+      : rank_(rank), sets_(sets), handles_(handles), timeline_(timeline), controller_(controller) {}
+
+  // Executes one response. A non-OK return means a communicator failed: the
+  // engine must stop (the response's own ops have already been failed).
+  Status Execute(const Response& r);
+
+ private:
+  using Entries = std::vector<std::unique_ptr<TensorEntry>>;
+  Status Allreduce(const Response& r, Entries& es, Communicator* comm);
+  Status AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t, Communicator* comm);
+  Status Allgather(const Response& r, Entries& es, Communicator* comm);
+  Status Broadcast(const Response& r, Entries& es, Communicator* comm);
+  Status Alltoall(const Response& r, Entries& es, Communicator* comm);
+  Status Reducescatter(const Response& r, Entries& es, Communicator* comm);
+  // Average and postscale after a reduction of n elements.
+  void Finish(const Response& r, void* buf, int64_t n) const;
+  void Phase(const Entries& es, const char* phase, int64_t start_us);
+  uint8_t* FusionBuffer(int64_t bytes);
+
+  int32_t rank_;
+  ProcessSetTable* sets_;
+  HandleTable* handles_;
+  Timeline* timeline_;
+  Controller* controller_;
+  std::vector<uint8_t> fusion_;
+};
+
+}  // namespace spark_hvd

@@ -1,0 +1,99 @@
+// Request: what one rank asks for one named tensor. Response: what every rank
+// of a process set executes — computed identically on every rank from the same
+// exchanged requests (see controller.h for the protocol).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+
+namespace spark_hvd {
+
+// Internal request kinds beyond the public collectives.
+constexpr OpType kAddProcessSet = static_cast<OpType>(100);
+constexpr OpType kRemoveProcessSet = static_cast<OpType>(101);
+
+struct Request {
+  int32_t rank = 0;  // global rank of the submitter
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;  // broadcast root, a rank within the process set
+  int32_t process_set = 0;
+  int32_t device = kCpuDevice;
+  std::vector<int64_t> splits;  // alltoall: rows sent to each set rank; process sets: members
+  std::string group;            // grouped ops: the group's name ("" = none)
+  int32_t group_size = 0;
+
+  // Exactly the same request, rank aside (how a response-cache hit is recognised).
+  bool Signature(const Request& other) const;
+};
+
+// One tensor inside a response.
+struct ResponseTensor {
+  std::string name;
+  std::vector<int64_t> shape;      // the agreed shape (allgather/alltoall: of the lowest active rank)
+  std::vector<int64_t> rank_dims;  // allgather: first dim per set rank;
+                                   // alltoall: size x size split matrix, row = sender
+};
+
+struct Response {
+  OpType op = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  int32_t process_set = 0;
+  int32_t device = kCpuDevice;
+  std::vector<ResponseTensor> tensors;  // > 1 when fused
+  std::vector<int32_t> active;          // set ranks contributing real data (others joined)
+  std::vector<int64_t> extra;           // process-set members; join: {last joined rank}
+  StatusCode error = StatusCode::kOk;   // != kOk: every rank fails these tensors
+  std::string error_message;
+
+  int64_t TotalElements() const;
+};
+
+// Compact binary encoding used on the control plane.
+class Writer {
+ public:
+  void I32(int32_t v) { Raw(&v, sizeof(v)); }
+  void I64(int64_t v) { Raw(&v, sizeof(v)); }
+  void F64(double v) { Raw(&v, sizeof(v)); }
+  void Str(const std::string& s);
+  void Vec(const std::vector<int64_t>& v);
+  void Raw(const void* p, size_t n);
+  std::string& data() { return buf_; }
+
+ private:
+  std::string buf_;
+};
+
+class Reader {
+ public:
+  Reader(const char* p, size_t n) : p_(p), end_(p + n) {}
+  int32_t I32();
+  int64_t I64();
+  double F64();
+  std::string Str();
+  std::vector<int64_t> Vec();
+  bool done() const { return p_ >= end_; }
+
+ private:
+  void Raw(void* out, size_t n);
+  const char* p_;
+  const char* end_;
+};
+
+void WriteRequest(Writer& w, const Request& r);
+Request ReadRequest(Reader& r);
+
+}  // namespace spark_hvd

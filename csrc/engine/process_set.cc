@@ -1,0 +1,68 @@
+#include "engine/process_set.h"
+
+#include <algorithm>
+
+namespace spark_hvd {
+
+bool ProcessSet::Contains(int32_t global_rank) const { return SetRank(global_rank) >= 0; }
+
+int32_t ProcessSet::SetRank(int32_t global_rank) const {
+  auto it = std::lower_bound(ranks.begin(), ranks.end(), global_rank);
+  if (it == ranks.end() || *it != global_rank) return -1;
+  return static_cast<int32_t>(it - ranks.begin());
+}
+
+Communicator* ProcessSet::For(int32_t device) const {
+  for (const auto& c : comms) {
+    if (c->Accepts(device)) return c.get();
+  }
+  return nullptr;
+}
+
+void ProcessSetTable::Add(std::unique_ptr<ProcessSet> set) {
+  std::lock_guard<std::mutex> lock(mu_);
+  next_id_ = std::max(next_id_, set->id + 1);
+  sets_[set->id] = std::move(set);
+}
+
+void ProcessSetTable::Remove(int32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sets_.erase(id);
+}
+
+ProcessSet* ProcessSetTable::Get(int32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? nullptr : it->second.get();
+}
+
+bool ProcessSetTable::Exists(int32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sets_.count(id) > 0;
+}
+
+std::vector<int32_t> ProcessSetTable::Ranks(int32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  return it == sets_.end() ? std::vector<int32_t>{} : it->second->ranks;
+}
+
+std::vector<int32_t> ProcessSetTable::Ids() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int32_t> ids;
+  for (auto& kv : sets_) ids.push_back(kv.first);
+  return ids;
+}
+
+int32_t ProcessSetTable::NextId() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return next_id_++;
+}
+
+void ProcessSetTable::Clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  sets_.clear();
+  next_id_ = 1;
+}
+
+}  // namespace spark_hvd

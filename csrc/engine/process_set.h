@@ -1,0 +1,45 @@
+// Process sets: subsets of the global ranks with their own communicators.
+// Negotiation for every set runs in the global control exchange (controller.h);
+// data moves on the set's own communicators.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "backends/communicator.h"
+
+namespace spark_hvd {
+
+struct ProcessSet {
+  int32_t id = 0;
+  std::vector<int32_t> ranks;  // global ranks, sorted
+  // Ordered registry: the first communicator that Accepts(device) executes the op.
+  std::vector<std::unique_ptr<Communicator>> comms;
+
+  bool Contains(int32_t global_rank) const;
+  int32_t SetRank(int32_t global_rank) const;  // -1 when not a member
+  Communicator* For(int32_t device) const;
+};
+
+// Owned by the engine. The background thread mutates it; API threads read
+// membership under the lock to validate requests early.
+class ProcessSetTable {
+ public:
+  void Add(std::unique_ptr<ProcessSet> set);
+  void Remove(int32_t id);
+  ProcessSet* Get(int32_t id);  // background thread only
+  bool Exists(int32_t id);
+  std::vector<int32_t> Ranks(int32_t id);  // empty when unknown
+  std::vector<int32_t> Ids();
+  int32_t NextId();
+  void Clear();
+
+ private:
+  std::mutex mu_;
+  std::map<int32_t, std::unique_ptr<ProcessSet>> sets_;
+  int32_t next_id_ = 1;
+};
+
+}  // namespace spark_hvd

@@ -1,0 +1,45 @@
+#include "engine/response_cache.h"
+
+namespace spark_hvd {
+
+int64_t ResponseCache::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
+}
+
+bool ResponseCache::Matches(int64_t slot, const Request& req) const {
+  if (slot < 0 || slot >= capacity()) return false;
+  const CacheSlot& s = slots_[static_cast<size_t>(slot)];
+  if (!s.valid) return false;
+  auto it = s.requests.find(req.rank);
+  return it != s.requests.end() && it->second.Signature(req);
+}
+
+int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests) {
+  if (requests.empty() || slots_.empty()) return -1;
+  const std::string& name = requests.begin()->second.name;
+  if (by_name_.count(name)) return -1;
+  // Deterministic: lowest free slot at or after the hint, wrapping once.
+  for (int64_t k = 0; k < capacity(); ++k) {
+    int64_t i = (next_free_hint_ + k) % capacity();
+    CacheSlot& s = slots_[static_cast<size_t>(i)];
+    if (s.valid) continue;
+    s.valid = true;
+    s.process_set = requests.begin()->second.process_set;
+    s.requests = requests;
+    s.first_bit_cycle = -1;
+    by_name_[name] = i;
+    next_free_hint_ = (i + 1) % capacity();
+    return i;
+  }
+  return -1;
+}
+
+void ResponseCache::Erase(int64_t slot) {
+  CacheSlot& s = slots_[static_cast<size_t>(slot)];
+  if (!s.valid) return;
+  by_name_.erase(s.requests.begin()->second.name);
+  s = CacheSlot();
+}
+
+}  // namespace spark_hvd

@@ -1,0 +1,46 @@
+// ResponseCache: tensors negotiated before get a slot; when a rank submits the
+// same request again it sends one bit (its slot) instead of the request. Every
+// rank updates its cache at the same point of the same cycle from the same
+// exchanged data, so slot numbers agree everywhere without extra messages.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/message.h"
+
+namespace spark_hvd {
+
+struct CacheSlot {
+  bool valid = false;
+  int32_t process_set = 0;
+  std::map<int32_t, Request> requests;  // by global rank, every member
+  int64_t first_bit_cycle = -1;  // first cycle any rank set this bit (stall inspection)
+  int64_t first_bit_us = 0;
+  bool reported = false;
+};
+
+class ResponseCache {
+ public:
+  explicit ResponseCache(int64_t capacity) : slots_(static_cast<size_t>(capacity)) {}
+
+  int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
+  // Slot holding `name`, or -1.
+  int64_t Find(const std::string& name) const;
+  // Is `req` (from its rank) exactly what that rank submitted when `slot` was cached?
+  bool Matches(int64_t slot, const Request& req) const;
+  // Caches a negotiated tensor; returns its slot, or -1 when full.
+  int64_t Put(const std::map<int32_t, Request>& requests);
+  void Erase(int64_t slot);
+  CacheSlot& slot(int64_t i) { return slots_[static_cast<size_t>(i)]; }
+
+ private:
+  std::vector<CacheSlot> slots_;
+  std::unordered_map<std::string, int64_t> by_name_;
+  int64_t next_free_hint_ = 0;
+};
+
+}  // namespace spark_hvd

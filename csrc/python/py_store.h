@@ -1,0 +1,55 @@
+// PyStore: the rendezvous Store implemented by a Python object (the job's
+// rendezvous client, spark_hvd/runner/rendezvous.py) with methods
+//   set(key: str, value: bytes), get(key: str, timeout_s: float) -> bytes,
+//   wait(keys: list[str], timeout_s: float)
+// Called from the engine's background thread: takes the GIL for each call.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include "common/status.h"
+#include "rendezvous/store.h"
+
+namespace spark_hvd {
+
+class PyStore : public Store {
+ public:
+  explicit PyStore(pybind11::object client) : client_(std::move(client)) {}
+  ~PyStore() override {
+    if (Py_IsInitialized()) {
+      pybind11::gil_scoped_acquire gil;
+      client_ = pybind11::object();
+    } else {
+      client_.release();  // interpreter gone: leak rather than touch it
+    }
+  }
+
+  void Set(const std::string& key, const std::string& value) override {
+    Call([&] { client_.attr("set")(key, pybind11::bytes(value)); });
+  }
+  std::string Get(const std::string& key, double timeout_s) override {
+    std::string out;
+    Call([&] { out = client_.attr("get")(key, timeout_s).cast<std::string>(); });
+    return out;
+  }
+  void Wait(const std::vector<std::string>& keys, double timeout_s) override {
+    Call([&] { client_.attr("wait")(keys, timeout_s); });
+  }
+
+ private:
+  template <typename F>
+  void Call(F&& f) {
+    pybind11::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (pybind11::error_already_set& e) {
+      const bool timeout = e.matches(PyExc_TimeoutError);
+      std::string msg = std::string("rendezvous store: ") + e.what();
+      if (timeout) throw StatusError(Status::Timeout(msg));
+      throw StatusError(Status::StoreError(msg));
+    }
+  }
+  pybind11::object client_;
+};
+
+}  // namespace spark_hvd

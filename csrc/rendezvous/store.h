@@ -1,0 +1,50 @@
+// Store: the key-value interface every backend bootstraps through (Gloo exchanges
+// its connection addresses here). Implemented by the job's rendezvous service
+// (through the Python client, see python/py_store.h) and by an in-memory store.
+//
+// Blocking behaviour:
+//   Set   returns once the value is stored; never blocks on other ranks.
+//   Get   blocks until the key exists, up to timeout_s; then throws StatusError(kTimeout).
+//   Wait  blocks until all keys exist, same timeout rule.
+// Failures of the store itself throw StatusError(kStoreError).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spark_hvd {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void Set(const std::string& key, const std::string& value) = 0;
+  virtual std::string Get(const std::string& key, double timeout_s) = 0;
+  virtual void Wait(const std::vector<std::string>& keys, double timeout_s) = 0;
+};
+
+// Namespaces every key with "<prefix>/", so several contexts can share one store.
+class PrefixStore : public Store {
+ public:
+  PrefixStore(std::string prefix, std::shared_ptr<Store> inner)
+      : prefix_(std::move(prefix)), inner_(std::move(inner)) {}
+  void Set(const std::string& key, const std::string& value) override {
+    inner_->Set(Key(key), value);
+  }
+  std::string Get(const std::string& key, double timeout_s) override {
+    return inner_->Get(Key(key), timeout_s);
+  }
+  void Wait(const std::vector<std::string>& keys, double timeout_s) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(Key(k));
+    inner_->Wait(full, timeout_s);
+  }
+
+ private:
+  std::string Key(const std::string& key) const { return prefix_ + "/" + key; }
+  std::string prefix_;
+  std::shared_ptr<Store> inner_;
+};
+
+}  // namespace spark_hvd

@@ -1,0 +1,382 @@
+"""DataFrame -> Parquet in the Store, written by Spark, read back by spark_hvd.data.
+
+``prepare_data`` does, in order:
+
+1. Validate (``validate_dataframe``): columns, types, ``validation``, enough rows.  Nothing is
+   written before all of it passed.
+2. Key: a hash of the DataFrame's analyzed plan and every option that changes the output.
+   If ``<dir>/_spark_hvd_meta.json`` exists for that key, the earlier write is reused as is
+   (Petastorm's converter semantics: the cache follows the plan, not the data; if the files
+   under an unchanged plan change, pass ``cache=False`` or build a new DataFrame).  ``<dir>``
+   is ``<store>/intermediate_train_data/<key>``, or ``<parentCacheDirUrl>/<key>`` when the Spark
+   conf ``petastorm.spark.converter.parentCacheDirUrl`` is set.
+3. One Spark job writes everything: the needed columns only, Vectors turned into arrays by
+   ``vector_to_array``, decimals cast to double, and a split column (``rand(seed) <
+   validation`` or the validation column) used with ``partitionBy``, so the train and
+   validation sets are disjoint and complete by construction and the input is computed once.
+   ``parquet.block.size`` sets the row-group size.
+4. Row counts, null counts and per-row shapes come from the Parquet footers and the first row.
+5. The marker file is written last (atomically).  If anything fails after the write started,
+   the key's directory, and any parent directory this call created, are removed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import posixpath
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import pyarrow.parquet as pq
+
+from spark_hvd.data import list_parquet_files, make_reader
+from spark_hvd.data._arrow import numpy_dtype_of, table_to_numpy
+from spark_hvd.exceptions import InvalidArgumentError
+
+from ._validate import ColumnInfo, as_column_list, check_enough_rows, validate_dataframe
+from .store import Store
+
+logger = logging.getLogger(__name__)
+
+PARENT_CACHE_DIR_CONF = "petastorm.spark.converter.parentCacheDirUrl"
+META_FILE = "_spark_hvd_meta.json"
+SPLIT_COL = "__spark_hvd_split"
+DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
+FORMAT_VERSION = 1
+
+__all__ = ["ColumnMeta", "DataMeta", "prepare_data", "validate_dataframe", "ColumnInfo"]
+
+
+@dataclass(frozen=True)
+class ColumnMeta:
+    """One column as the reader delivers it: a batch holds ``dtype`` arrays of shape
+    ``(rows,) + shape``; ``kind`` and ``spark_type`` say where it came from."""
+
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    kind: str
+    spark_type: str
+
+
+@dataclass
+class DataMeta:
+    """The materialized training data, as ``prepare_data`` returns it.
+
+    ``train_path`` and ``val_path`` are directories in ``store.filesystem``'s namespace holding
+    Parquet files.  Read them on a rank with
+    ``meta.make_reader("train", rank=r, size=n, batch_size=b)`` (or
+    ``spark_hvd.data.make_reader(meta.train_path, filesystem=meta.store.filesystem, ...)``):
+    a Vector column of size 64 arrives as a ``float64`` array of shape ``(rows, 64)``, see
+    ``columns``.  ``store`` is the Store the data lives in (the parent cache dir's when that
+    Spark conf is set); it is picklable, so the whole DataMeta travels to executors.
+    """
+
+    key: str
+    train_path: str
+    val_path: Optional[str]
+    train_rows: int
+    val_rows: int
+    columns: Dict[str, ColumnMeta]
+    feature_cols: List[str]
+    label_cols: List[str]
+    sample_weight_col: Optional[str]
+    num_proc: int
+    store: Optional[Store] = field(default=None, compare=False)
+
+    def make_reader(self, split: str = "train", *, rank: int, size: int, batch_size: int,
+                    columns: Optional[Sequence[str]] = None, **kwargs: Any) -> Any:
+        """A reader over the ``"train"`` or ``"val"`` data (see spark_hvd.data.make_reader)."""
+        path = {"train": self.train_path, "val": self.val_path}.get(split, "")
+        if not path:
+            raise InvalidArgumentError(
+                f"no {split!r} data: split must be 'train' or 'val' (val only when prepared "
+                f"with validation)")
+        kwargs.setdefault("filesystem", self.store.filesystem if self.store else None)
+        return make_reader(path, rank=rank, size=size, batch_size=batch_size,
+                           columns=list(columns) if columns else list(self.columns), **kwargs)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d.pop("store")
+        d["format_version"] = FORMAT_VERSION
+        return json.dumps(d, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, store: Optional[Store] = None) -> "DataMeta":
+        d = json.loads(text)
+        if d.pop("format_version", None) != FORMAT_VERSION:
+            raise ValueError("unknown DataMeta format")
+        d["columns"] = {k: ColumnMeta(**{**v, "shape": tuple(v["shape"])})
+                        for k, v in d["columns"].items()}
+        return cls(store=store, **d)
+
+
+def _plan_fingerprint(df: Any) -> Optional[str]:
+    """The analyzed plan (classic Spark), else the semantic hash (Spark Connect), else None."""
+    try:
+        jdf = df._jdf
+    except Exception:  # Spark Connect: no JVM handle (may raise on attribute access)
+        jdf = None
+    if jdf is not None:
+        try:
+            return "plan:" + jdf.queryExecution().analyzed().toString()
+        except Exception as exc:  # a py4j error: fall through to the semantic hash
+            logger.debug("no analyzed plan for the cache key: %s", exc)
+    semantic_hash = getattr(type(df), "semanticHash", None)
+    if semantic_hash is not None:
+        try:
+            return f"semantic:{semantic_hash(df)}"
+        except Exception as exc:
+            logger.debug("no semantic hash for the cache key: %s", exc)
+    return None
+
+
+def _cache_key(df: Any, options: Dict[str, Any], cache: bool) -> Tuple[str, bool]:
+    fingerprint = _plan_fingerprint(df) if cache else None
+    if fingerprint is None:
+        return "nocache-" + uuid.uuid4().hex[:24], False
+    blob = json.dumps({"plan": fingerprint, "schema": df.schema.json(), "options": options,
+                       "format": FORMAT_VERSION}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32], True
+
+
+def _target(df: Any, store: Store, key: str) -> Tuple[Store, str, List[str]]:
+    """The Store and directory for ``key``, and the directories on the way (outermost first)."""
+    try:
+        parent = df.sparkSession.conf.get(PARENT_CACHE_DIR_CONF, None)
+    except Exception:  # a session without this conf API
+        parent = None
+    if parent:
+        target = Store.create(parent)
+        return target, target.join(key), [target.prefix]
+    return store, store.get_data_path(key), [store.prefix, store.get_data_path("")]
+
+
+def _col(name: str) -> Any:
+    from pyspark.sql import functions as F
+    return F.col("`" + name.replace("`", "``") + "`")
+
+
+def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: int,
+                  vector_dtype: str, num_partitions: Optional[int]) -> Any:
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = {f.name: f.dataType for f in df.schema.fields}
+    select = []
+    for name, ci in info.items():
+        if ci.role == "validation":
+            continue
+        c = _col(name)
+        if ci.kind == "vector":
+            c = vector_to_array(c, dtype=vector_dtype)
+        elif isinstance(fields[name], T.DecimalType):
+            c = c.cast("double")
+        select.append(c.alias(name))
+    if isinstance(validation, str):
+        flag = _col(validation)
+        is_val = F.coalesce(flag if isinstance(fields[validation], T.BooleanType)
+                            else flag != 0, F.lit(False))
+    elif validation:
+        is_val = F.rand(seed) < F.lit(float(validation))
+    else:
+        is_val = F.lit(False)
+    out = df.select(*select, F.when(is_val, "val").otherwise("train").alias(SPLIT_COL))
+    return out.repartition(num_partitions) if num_partitions is not None else out
+
+
+def _write_parquet(out: Any, spark_path: str, row_group_size_bytes: int,
+                   compression: Optional[str]) -> None:
+    writer = out.write.mode("overwrite").option("parquet.block.size", str(row_group_size_bytes))
+    if compression is not None:
+        writer = writer.option("compression", compression)
+    writer.partitionBy(SPLIT_COL).parquet(spark_path)
+
+
+def _describe(target: Store, path: str, info: Dict[str, ColumnInfo]) -> Tuple[int, Dict[str, Any]]:
+    """Rows, null counts of scalar columns and the first row's arrays, from the footers."""
+    fs, files = list_parquet_files(path, target.filesystem)
+    rows, nulls = 0, {}
+    first: Optional[Tuple[str, int, Any]] = None
+    for f in files:
+        md = pq.read_metadata(f, filesystem=fs)
+        rows += md.num_rows
+        for g in range(md.num_row_groups):
+            rg = md.row_group(g)
+            if rg.num_rows and first is None:
+                first = (f, g, md)
+            for j in range(rg.num_columns):
+                col = rg.column(j)
+                name = col.path_in_schema
+                st = col.statistics
+                if name in info and st is not None and st.has_null_count and st.null_count:
+                    nulls[name] = nulls.get(name, 0) + st.null_count
+    shapes: Dict[str, Any] = {}
+    if first is not None:
+        f, g, md = first
+        names = [n for n in info if info[n].role != "validation"]
+        table = pq.ParquetFile(f, filesystem=fs, metadata=md).read_row_group(g, columns=names)
+        arrays = table_to_numpy(table.slice(0, 1), names, f" in '{f}'")
+        shapes = {n: (str(a.dtype), tuple(a.shape[1:])) for n, a in arrays.items()}
+        schema = md.schema.to_arrow_schema()
+        for n in names:  # scalars: the Parquet type, not a row's value, says the dtype
+            if info[n].kind == "scalar":
+                dt = numpy_dtype_of(schema.field(n).type)
+                shapes[n] = (str(dt) if dt is not None else shapes[n][0], ())
+    return rows, {"nulls": nulls, "shapes": shapes}
+
+
+def _remove_created(target: Store, base: str, parents: List[str], existed: List[bool]) -> None:
+    try:
+        target.delete(base)
+        for p, had in reversed(list(zip(parents, existed))):
+            if not had and target.exists(p) and not target.listdir(p):
+                target.filesystem.delete_dir(p)
+    except Exception as exc:  # never hide the original error
+        logger.warning("could not remove the partial data under %s: %s", base, exc)
+
+
+def _check_int(name: str, value: Any, minimum: Optional[int]) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise InvalidArgumentError(f"{name} must be an integer{bound}, got {value!r}")
+
+
+def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
+                 label_cols: Sequence[str], sample_weight_col: Optional[str] = None,
+                 validation: Any = None, *, num_proc: int = 1, seed: int = 0,
+                 num_partitions: Optional[int] = None,
+                 row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
+                 vector_dtype: str = "float64", compression: Optional[str] = None,
+                 cache: bool = True) -> DataMeta:
+    """Write the columns training needs as Parquet into the Store (or reuse an earlier write).
+
+    Parameters
+    ----------
+    df : pyspark.sql.DataFrame
+    store : Store
+    feature_cols, label_cols : list of str
+    sample_weight_col : str, optional
+    validation : float in [0, 1) or str, optional
+        A fraction of rows (drawn with ``seed``) or a boolean / 0-1 column (true or non-zero:
+        validation row; null: training row).
+    num_proc : int
+        Ranks that will read the data: each split needs at least that many rows.
+    num_partitions : int, optional
+        Repartition to this many partitions (about as many files per split) before writing.
+        By default the DataFrame's partitioning is kept: the reader shards by rows, not by
+        file or row group, so every rank gets ``rows // num_proc`` or one more row whatever
+        the file layout, and finding the current partition count would run the query early
+        under adaptive execution.  Repartition when the DataFrame has very few partitions
+        (a slow, serial write) or very many tiny ones.
+    row_group_size_bytes : int
+        Parquet ``parquet.block.size``.
+    vector_dtype : {"float64", "float32"}
+        Element type of Vector columns after ``vector_to_array``.
+    cache : bool
+        Reuse an earlier write of the same plan and options (see the module docstring).
+
+    Returns
+    -------
+    DataMeta
+    """
+    feature_cols = as_column_list(feature_cols, "feature_cols")
+    label_cols = as_column_list(label_cols, "label_cols", allow_empty=True)
+    _check_int("row_group_size_bytes", row_group_size_bytes, 1)
+    _check_int("seed", seed, None)
+    if num_partitions is not None:
+        _check_int("num_partitions", num_partitions, 1)
+    if vector_dtype not in ("float64", "float32"):
+        raise InvalidArgumentError(
+            f"vector_dtype must be 'float64' or 'float32', got {vector_dtype!r}")
+    if not isinstance(store, Store):
+        raise InvalidArgumentError(
+            f"store must be a Store (e.g. Store.create('/path')), got {type(store).__name__}")
+    info = validate_dataframe(df, feature_cols, label_cols, sample_weight_col, validation,
+                              num_proc=num_proc, check_rows=False)
+    has_val = isinstance(validation, str) or bool(validation)
+    options = {"features": feature_cols, "labels": label_cols, "weight": sample_weight_col,
+               "validation": validation,
+               "seed": seed if has_val and not isinstance(validation, str) else None,
+               "num_partitions": num_partitions,
+               "row_group_size_bytes": row_group_size_bytes, "vector_dtype": vector_dtype,
+               "compression": compression}
+    key, cacheable = _cache_key(df, options, cache)
+    target, base, parents = _target(df, store, key)
+    marker = posixpath.join(base, META_FILE)
+
+    if cacheable and target.exists(marker):
+        try:
+            meta = DataMeta.from_json(target.read_bytes(marker).decode(), store=target)
+        except (ValueError, KeyError, TypeError) as exc:
+            logger.warning("ignoring the unreadable %s (%s); writing again", marker, exc)
+        else:
+            if target.exists(meta.train_path):
+                logger.info("reusing the training data written earlier under %s", base)
+                _check_split_rows(meta.train_rows, meta.val_rows, has_val, validation, num_proc)
+                return dataclasses.replace(meta, num_proc=num_proc)
+
+    check_enough_rows(df, num_proc)  # after the cache lookup: a reuse needs no Spark job
+    existed = [target.exists(p) for p in parents]
+    out = _output_frame(df, info, validation, seed, vector_dtype, num_partitions)
+    try:
+        _write_parquet(out, target.to_spark_path(base), row_group_size_bytes, compression)
+        meta = _inspect(target, base, key, info, feature_cols, label_cols, sample_weight_col,
+                        has_val, validation, num_proc)
+        target.write_bytes_atomic(marker, meta.to_json().encode())
+    except BaseException:
+        _remove_created(target, base, parents, existed)
+        raise
+    return meta
+
+
+def _check_split_rows(train_rows: int, val_rows: int, has_val: bool, validation: Any,
+                      num_proc: int) -> None:
+    if train_rows < num_proc:
+        raise InvalidArgumentError(
+            f"the training split has {train_rows} row(s), fewer than num_proc={num_proc}. "
+            f"Use a smaller validation share, num_proc <= {train_rows}, or more data.")
+    if has_val and val_rows < num_proc:
+        raise InvalidArgumentError(
+            f"validation={validation!r} selected {val_rows} row(s), fewer than "
+            f"num_proc={num_proc}: every process needs a validation row. Use a larger "
+            f"validation share, more data, or validation=None.")
+
+
+def _inspect(target: Store, base: str, key: str, info: Dict[str, ColumnInfo],
+             feature_cols: List[str], label_cols: List[str], sample_weight_col: Optional[str],
+             has_val: bool, validation: Any, num_proc: int) -> DataMeta:
+    train_path = posixpath.join(base, f"{SPLIT_COL}=train")
+    val_path = posixpath.join(base, f"{SPLIT_COL}=val")
+    if not target.exists(train_path):
+        raise InvalidArgumentError(
+            f"validation={validation!r} put every row in the validation set; nothing is "
+            f"left to train on. Use a smaller fraction or a column that is false for most rows.")
+    train_rows, found = _describe(target, train_path, info)
+    val_rows, val_found = (_describe(target, val_path, info) if target.exists(val_path)
+                           else (0, {"nulls": {}, "shapes": {}}))
+    nulls = {n: found["nulls"].get(n, 0) + val_found["nulls"].get(n, 0)
+             for n in set(found["nulls"]) | set(val_found["nulls"])}
+    if nulls:
+        listing = ", ".join(f"'{n}' ({c})" for n, c in sorted(nulls.items()))
+        raise InvalidArgumentError(
+            f"null values in {listing}; training data must not contain nulls. Drop or fill "
+            f"them first, e.g. df.na.drop(subset={sorted(nulls)}).")
+    _check_split_rows(train_rows, val_rows, has_val, validation, num_proc)
+    columns = {}
+    for name, ci in info.items():
+        if ci.role == "validation":
+            continue
+        dtype, shape = found["shapes"][name]
+        columns[name] = ColumnMeta(name, dtype, shape, ci.kind, ci.spark_type)
+    return DataMeta(key=key, train_path=train_path, val_path=val_path if has_val else None,
+                    train_rows=train_rows, val_rows=val_rows if has_val else 0,
+                    columns=columns, feature_cols=feature_cols, label_cols=label_cols,
+                    sample_weight_col=sample_weight_col, num_proc=num_proc, store=target)

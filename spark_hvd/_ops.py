@@ -1,0 +1,300 @@
+"""Collectives on numpy arrays, and the handle machinery every framework layer shares.
+
+A framework layer (spark_hvd.torch, spark_hvd.tensorflow) describes a tensor to
+the core as (data pointer, dtype code, shape, device) and passes a ``keep``
+tuple that holds every buffer alive until the op completes, plus a ``finish``
+callable that turns the core's result into its own tensor type.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from spark_hvd import _core
+from spark_hvd._basics import _RUNTIME, ProcessSet, explain_failure, global_process_set
+from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code, numpy_dtype
+from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
+
+Sum = ReduceOp.SUM
+Average = ReduceOp.AVERAGE
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
+
+_WAIT_SLICE_S = 1.0  # wait in slices so Ctrl-C reaches Python
+
+
+class Handle:
+    """An in-flight op: pass it to ``synchronize`` or ``poll``."""
+
+    __slots__ = ("id", "keep", "finish", "done", "value")
+
+    def __init__(self, hid: int, keep: Any, finish: Callable) -> None:
+        self.id = hid
+        self.keep = keep
+        self.finish = finish
+        self.done = False
+        self.value = None
+
+    def __repr__(self) -> str:
+        return f"Handle({self.id})"
+
+
+def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, out_ptr: int,
+           keep: Any, finish: Callable, *, reduce_op: int = 0, prescale: float = 1.0,
+           postscale: float = 1.0, root: int = 0, process_set: ProcessSet = global_process_set,
+           device: int = -1, splits: Sequence[int] = (), group: str = "",
+           group_size: int = 0) -> Handle:
+    """Queues one op on the core; raises at once for invalid input."""
+    ps_id = process_set._require()
+    try:
+        hid = _core.enqueue(int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr),
+                            int(out_ptr), reduce_op=int(reduce_op), prescale=float(prescale),
+                            postscale=float(postscale), root=int(root), process_set=ps_id,
+                            device=int(device), splits=[int(s) for s in splits], group=group,
+                            group_size=int(group_size))
+    except SparkHvdError as exc:
+        raise explain_failure(exc) from None
+    return Handle(hid, keep, finish)
+
+
+def poll(handle: Handle) -> bool:
+    """True when the op is done (``synchronize`` then returns without waiting)."""
+    return handle.done or _core.poll(handle.id)
+
+
+def synchronize(handle: Handle):
+    """Waits for the op and returns its output (raises the op's error)."""
+    if handle.done:
+        return handle.value
+    while not _core.wait(handle.id, _WAIT_SLICE_S):
+        pass
+    try:
+        result = _core.result(handle.id)
+    except SparkHvdError as exc:
+        raise explain_failure(exc) from None
+    finally:
+        _core.release(handle.id)
+    handle.value = handle.finish(result)
+    handle.done = True
+    handle.keep = None
+    return handle.value
+
+
+def _name(name: Optional[str], op: str) -> str:
+    return name if name else _RUNTIME.auto_name(op)
+
+
+def _reduce_op(op, average, default=Average) -> ReduceOp:
+    if op is not None and average is not None:
+        raise InvalidArgumentError("give either op= or the deprecated average=, not both")
+    if average is not None:
+        return Average if average else Sum
+    return ReduceOp(default if op is None else op)
+
+
+def _array(tensor) -> np.ndarray:
+    arr = np.ascontiguousarray(tensor)
+    numpy_code(arr.dtype)  # validates the dtype early
+    return arr
+
+
+def _typed(result, dtype: np.dtype) -> np.ndarray:
+    raw, shape = result[0], result[1]
+    return raw.view(dtype).reshape(shape)
+
+
+# -- allreduce ---------------------------------------------------------------
+
+def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    arr = _array(tensor)
+    out = np.empty_like(arr)
+    rop = _reduce_op(op, average)
+    if rop == Adasum:
+        raise InvalidArgumentError("op=Adasum is available in spark_hvd.torch (float tensors)")
+    return submit(OpType.ALLREDUCE, _name(name, "allreduce"), numpy_code(arr.dtype), arr.shape,
+                  arr.ctypes.data, out.ctypes.data, (arr, out), lambda r: out,
+                  reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
+                  process_set=process_set)
+
+
+def allreduce(tensor, average=None, name: Optional[str] = None, op=None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Reduces `tensor` across ranks (default: Average) and returns the result."""
+    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
+                                       postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors, average=None, name: Optional[str] = None, op=None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Allreduces a list of tensors as one group: negotiated and fused together."""
+    arrays = [_array(t) for t in tensors]
+    base = _name(name, "grouped_allreduce")
+    rop = _reduce_op(op, average)
+    handles = [
+        submit(OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a.ctypes.data,
+               out.ctypes.data, (a, out), (lambda r, o=out: o), reduce_op=rop,
+               prescale=prescale_factor, postscale=postscale_factor, process_set=process_set,
+               group=base, group_size=len(arrays))
+        for a, out in ((a, np.empty_like(a)) for a in arrays)
+    ]
+    return Handle(-1, handles, lambda _: [synchronize(h) for h in handles])
+
+
+def grouped_allreduce(tensors, average=None, name: Optional[str] = None, op=None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
+    return synchronize_group(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                                     postscale_factor, process_set))
+
+
+def synchronize_group(handle: Handle):
+    if not handle.done:
+        handle.value = handle.finish(None)
+        handle.done = True
+    return handle.value
+
+
+# -- allgather, broadcast, alltoall, reducescatter -------------------------------
+
+def allgather_async(tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    arr = _array(tensor)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    return submit(OpType.ALLGATHER, _name(name, "allgather"), numpy_code(arr.dtype), arr.shape,
+                  arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
+                  process_set=process_set)
+
+
+def allgather(tensor, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Concatenates every rank's tensor along the first dimension (sizes may differ)."""
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    arr = _array(tensor)
+    out = arr.copy()
+    return submit(OpType.BROADCAST, _name(name, "broadcast"), numpy_code(arr.dtype), arr.shape,
+                  out.ctypes.data, out.ctypes.data, (out,), lambda r: out, root=root_rank,
+                  process_set=process_set)
+
+
+def broadcast(tensor, root_rank: int, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Returns root_rank's tensor on every rank."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def _even_splits(rows: int, n: int) -> List[int]:
+    base, rem = divmod(rows, n)
+    return [base + (1 if i < rem else 0) for i in range(n)]
+
+
+def alltoall_async(tensor, splits=None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    arr = _array(tensor)
+    if arr.ndim == 0:
+        raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
+    n = process_set.size()
+    if splits is None:
+        if arr.shape[0] % n:
+            raise InvalidArgumentError(
+                f"alltoall without splits needs the first dimension ({arr.shape[0]}) to divide "
+                f"evenly by the number of ranks ({n}); pass splits=")
+        splits = [arr.shape[0] // n] * n
+    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
+    return submit(OpType.ALLTOALL, _name(name, "alltoall"), numpy_code(arr.dtype), arr.shape,
+                  arr.ctypes.data, 0, (arr,),
+                  lambda r, dt=arr.dtype: (_typed(r, dt), np.asarray(r[2], dtype=np.int32)),
+                  splits=splits, process_set=process_set)
+
+
+def alltoall(tensor, splits=None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set) -> Tuple[np.ndarray, np.ndarray]:
+    """Sends splits[i] rows to rank i; returns (received rows, rows received from each rank)."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    arr = _array(tensor)
+    if arr.ndim == 0:
+        raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
+    return submit(OpType.REDUCESCATTER, _name(name, "reducescatter"), numpy_code(arr.dtype),
+                  arr.shape, arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
+                  reduce_op=_reduce_op(op, None), prescale=prescale_factor,
+                  postscale=postscale_factor, process_set=process_set)
+
+
+def reducescatter(tensor, name: Optional[str] = None, op=Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> np.ndarray:
+    """Reduces across ranks, then gives rank i the i-th block of rows (first ranks get the
+    remainder rows)."""
+    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
+                                           postscale_factor))
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Returns once every rank of the set has called barrier."""
+    synchronize(submit(OpType.BARRIER, _RUNTIME.auto_name("barrier"), DataType.UINT8, (), 0, 0,
+                       None, lambda r: None, process_set=process_set))
+
+
+def join(device: int = -1) -> int:
+    """Marks this rank as out of data: until every rank has joined, its share of
+    allreduces is the neutral value (and of allgathers, zero rows). Returns the
+    last rank to join."""
+    return synchronize(submit(OpType.JOIN, "__join", DataType.UINT8, (), 0, 0, None,
+                              lambda r: int(r[3])))
+
+
+def _run_control(op: int, name: str, values: Sequence[int]) -> int:
+    return synchronize(submit(op, _RUNTIME.auto_name(name), DataType.UINT8, (), 0, 0, None,
+                              lambda r: int(r[3]), splits=values))
+
+
+# -- objects -------------------------------------------------------------------
+
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Pickles obj on root_rank and returns it on every rank."""
+    import cloudpickle
+
+    name = _name(name, "broadcast_object")
+    is_root = process_set.rank() == root_rank
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else \
+        np.zeros(0, dtype=np.uint8)
+    length = broadcast(np.array([payload.size], dtype=np.int64), root_rank, name + ".len",
+                       process_set)
+    buf = payload if is_root else np.zeros(int(length[0]), dtype=np.uint8)
+    data = broadcast(buf, root_rank, name + ".data", process_set)
+    return obj if is_root else pickle.loads(data.tobytes())
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Returns the list of every rank's obj, in rank order."""
+    import cloudpickle
+
+    name = _name(name, "allgather_object")
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
+    sizes = allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set)
+    data = allgather(payload, name + ".data", process_set)
+    out, offset = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[offset:offset + n].tobytes()))
+        offset += n
+    return out

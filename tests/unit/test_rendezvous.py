@@ -1,0 +1,408 @@
+"""The rendezvous store: its contract, the signed wire protocol, lost-rank detection."""
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from spark_hvd.exceptions import (AuthenticationError, CollectiveTimeoutError,
+                                  InvalidArgumentError, StoreError)
+from spark_hvd.runner import _wire, env
+from spark_hvd.runner.rendezvous import RendezvousClient, RendezvousServer
+from spark_hvd.runner.store import InMemoryStore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WAIT_S = 10.0  # upper bound for things that should happen at once
+
+
+@pytest.fixture
+def server():
+    with RendezvousServer(host="127.0.0.1") as s:
+        yield s
+
+
+def connect(server, **kwargs):
+    return RendezvousClient("127.0.0.1", server.port, server.secret, server.run_id, **kwargs)
+
+
+@pytest.fixture
+def client(server):
+    c = connect(server)
+    yield c
+    c.close()
+
+
+class StoreContract:
+    """Behaviour every store implementation shares; subclasses give ``store`` and ``other``.
+
+    ``other`` is a second handle on the same data, used from another thread.
+    """
+
+    def test_set_get(self, store):
+        store.set("a", b"1")
+        assert store.get("a", 1.0) == b"1"
+        store.set("a", b"2")
+        assert store.get("a", 1.0) == b"2"
+
+    @pytest.mark.parametrize("value", [b"", bytes(range(256)) * 3, os.urandom(1 << 22)])
+    def test_values_are_binary_safe(self, store, value):
+        store.set("k", value)
+        assert store.get("k", 1.0) == value
+
+    def test_unicode_keys(self, store):
+        store.set("häst/ключ/鍵", b"x")
+        assert store.keys("häst/") == ["häst/ключ/鍵"]
+
+    def test_get_missing_times_out_naming_key_and_timeout(self, store):
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError) as info:
+            store.get("missing/key", 0.3)
+        assert time.monotonic() - start < WAIT_S
+        assert "missing/key" in str(info.value) and "0.3 s" in str(info.value)
+
+    def test_get_blocks_until_another_thread_sets(self, store, other):
+        got = []
+        reader = threading.Thread(target=lambda: got.append(store.get("late", WAIT_S)))
+        reader.start()
+        reader.join(0.2)
+        assert reader.is_alive() and not got  # still waiting for the key
+        other.set("late", b"here")
+        reader.join(WAIT_S)
+        assert got == [b"here"]
+
+    def test_wait_and_check(self, store, other):
+        assert store.check([])
+        assert not store.check(["w1", "w2"])
+        store.set("w1", b"")
+        with pytest.raises(CollectiveTimeoutError) as info:
+            store.wait(["w1", "w2"], 0.2)
+        assert "w2" in str(info.value)
+        setter = threading.Thread(target=other.set, args=("w2", b""))
+        setter.start()
+        store.wait(["w1", "w2"], WAIT_S)
+        setter.join()
+        assert store.check(["w1", "w2"])
+
+    def test_add(self, store):
+        assert store.add("n", 5) == 5
+        assert store.add("n", -7) == -2
+        assert store.add("n", 0) == -2
+        assert store.get("n", 1.0) == b"-2"
+        assert store.add("big", 1 << 70) == 1 << 70
+
+    def test_add_on_a_non_counter_fails(self, store):
+        store.set("s", b"not a number")
+        with pytest.raises(StoreError, match="not an integer"):
+            store.add("s", 1)
+
+    def test_delete(self, store):
+        store.set("d", b"x")
+        assert store.delete("d") is True
+        assert store.delete("d") is False
+        assert not store.check(["d"])
+
+    def test_keys_by_prefix(self, store):
+        for k in ("p/2", "p/1", "q/1", "p"):
+            store.set(k, b"")
+        assert store.keys("p/") == ["p/1", "p/2"]
+        assert store.keys("") == ["p", "p/1", "p/2", "q/1"]
+        assert store.keys("none/") == []
+
+    def test_bad_arguments(self, store):
+        with pytest.raises(InvalidArgumentError):
+            store.set("k", "a str, not bytes")
+        with pytest.raises(InvalidArgumentError):
+            store.set("", b"x")
+        with pytest.raises(InvalidArgumentError):
+            store.get("k", -1)
+        with pytest.raises(InvalidArgumentError):
+            store.add("k", 1.5)
+
+
+class TestInMemoryStore(StoreContract):
+    @pytest.fixture
+    def store(self):
+        return InMemoryStore()
+
+    @pytest.fixture
+    def other(self, store):
+        return store
+
+    def test_close_wakes_waiters(self, store):
+        errors = []
+
+        def read():
+            try:
+                store.get("never", WAIT_S)
+            except StoreError as e:
+                errors.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        store.close()
+        reader.join(WAIT_S)
+        assert len(errors) == 1 and "shut down" in str(errors[0])
+
+
+class TestRendezvousClient(StoreContract):
+    @pytest.fixture
+    def store(self, client):
+        return client
+
+    @pytest.fixture
+    def other(self, server):
+        c = connect(server)
+        yield c
+        c.close()
+
+
+class TestServer:
+    def test_start_binds_once_and_reports_the_port(self):
+        s = RendezvousServer(host="127.0.0.1")
+        host, port = s.start()
+        try:
+            assert (host, port) == ("127.0.0.1", s.port) and port > 0
+            assert s.start() == (host, port)
+            assert len(s.secret) == 32 and s.run_id
+            with socket.create_connection((host, port), timeout=WAIT_S):
+                pass  # listening without any client having connected before
+        finally:
+            s.stop()
+        with pytest.raises(StoreError):
+            connect(s)
+
+    def test_in_process_access_shares_the_store(self, server, client):
+        server.set("from/server", b"1")
+        assert client.get("from/server", 1.0) == b"1"
+        client.set("from/client", b"2")
+        assert server.get("from/client", 1.0) == b"2"
+
+    def test_stop_wakes_a_blocked_client(self):
+        s = RendezvousServer(host="127.0.0.1")
+        s.start()
+        c = connect(s)
+        errors = []
+
+        def read():
+            try:
+                c.get("never", 60.0)
+            except StoreError as e:
+                errors.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(0.1)
+        s.stop()
+        reader.join(WAIT_S)
+        assert not reader.is_alive() and len(errors) == 1
+        c.close()
+
+    def test_concurrent_clients_add_atomically(self, server):
+        clients = [connect(server) for _ in range(4)]
+        threads = [threading.Thread(target=lambda c=c: [c.add("counter", 1) for _ in range(50)])
+                   for c in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert server.get("counter", 1.0) == b"200"
+        for c in clients:
+            c.close()
+
+    def test_one_client_shared_by_threads(self, client):
+        threads = [threading.Thread(target=lambda i=i: [client.set(f"t{i}/{j}", b"v")
+                                                          for j in range(30)])
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert len(client.keys("t")) == 120
+
+    def test_blocked_get_does_not_hold_up_the_same_client(self, client):
+        got = []
+        reader = threading.Thread(target=lambda: got.append(client.get("x", WAIT_S)))
+        reader.start()
+        reader.join(0.1)
+        client.set("x", b"1")  # would deadlock with a single locked connection
+        reader.join(WAIT_S)
+        assert got == [b"1"]
+
+    def test_local_address(self, client):
+        assert client.local_address() == "127.0.0.1"
+
+
+class TestAuthentication:
+    def test_wrong_secret_is_refused_and_server_keeps_serving(self, server):
+        with pytest.raises(AuthenticationError, match="wrong secret or run id") as info:
+            RendezvousClient("127.0.0.1", server.port, b"not the secret", server.run_id)
+        assert f"127.0.0.1:{server.port}" in str(info.value)
+        good = connect(server)
+        good.set("still", b"serving")
+        assert good.get("still", 1.0) == b"serving"
+        good.close()
+
+    def test_wrong_run_id_is_refused(self, server):
+        with pytest.raises(AuthenticationError):
+            RendezvousClient("127.0.0.1", server.port, server.secret, "another-run")
+
+    def test_no_server_gives_store_error_with_address(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with pytest.raises(StoreError, match=f"127.0.0.1:{port}"):
+            RendezvousClient("127.0.0.1", port, b"s", "r", connect_timeout_s=2.0)
+
+
+def raw_connect(server) -> tuple:
+    """A plain socket to the server and the nonce of its greeting."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=WAIT_S)
+    nonce = _wire.parse_hello(_wire.read_frame(sock, 1 << 16))
+    return sock, nonce
+
+
+def refusal_or_eof(sock):
+    """What the server answers a bad frame with: a REFUSED frame, or just closing."""
+    try:
+        payload = _wire.read_frame(sock, 1 << 16)
+    except (_wire.ConnectionClosed, ConnectionResetError):
+        return "eof"
+    refused = _wire.parse_refused(payload)
+    assert refused is not None, bytes(payload)
+    sock.settimeout(WAIT_S)
+    with pytest.raises((_wire.ConnectionClosed, ConnectionResetError)):
+        _wire.read_frame(sock, 1 << 16)  # and the connection is closed after it
+    return refused
+
+
+class TestMalformedInput:
+    @pytest.mark.parametrize("garbage", [
+        pytest.param(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", id="http"),
+        pytest.param(b"\x00\x00\x00\x10" + b"\x02" * 16, id="short-request"),
+        pytest.param(b"\x00\x00\x00\x00", id="zero-length"),
+        pytest.param(b"\xff\xff\xff\xff", id="huge-length"),
+        pytest.param(struct.pack(">I", 1 << 20) + b"\x02" * 100, id="large-before-auth"),
+        pytest.param(os.urandom(300), id="random"),
+    ])
+    def test_garbage_is_refused_and_server_keeps_serving(self, server, client, garbage):
+        sock, _ = raw_connect(server)
+        with sock:
+            sock.sendall(garbage)
+            answer = refusal_or_eof(sock)
+        assert answer == "eof" or answer[0] in (StoreError.code, AuthenticationError.code)
+        client.set("after", b"garbage")
+        assert client.get("after", 1.0) == b"garbage"
+
+    def test_truncated_frame(self, server, client):
+        sock, _ = raw_connect(server)
+        with sock:
+            sock.sendall(struct.pack(">I", 100) + b"\x02" * 10)
+            sock.shutdown(socket.SHUT_WR)
+            assert refusal_or_eof(sock) == "eof"
+        assert client.add("after-truncation", 1) == 1
+
+    def test_signed_request_replayed_on_another_connection_is_refused(self, server):
+        sock_a, nonce_a = raw_connect(server)
+        auth = _wire.signed_frame(_wire.Kind.REQUEST, server.secret, server.run_id.encode(),
+                                  nonce_a, 1, _wire.Op.AUTH, [])
+        with sock_a:
+            sock_a.sendall(auth)
+            seq, status, _ = _wire.parse_signed(
+                _wire.read_frame(sock_a, 1 << 16), _wire.Kind.RESPONSE, server.secret,
+                server.run_id.encode(), nonce_a)
+            assert (seq, status) == (1, _wire.OK)
+            sock_a.sendall(auth)  # the same request again on the same connection
+            assert refusal_or_eof(sock_a)[0] == AuthenticationError.code
+        sock_b, _ = raw_connect(server)
+        with sock_b:
+            sock_b.sendall(auth)  # signed for connection A's nonce
+            assert refusal_or_eof(sock_b)[0] == AuthenticationError.code
+
+    def test_unauthenticated_request_is_refused(self, server):
+        sock, nonce = raw_connect(server)
+        with sock:
+            sock.sendall(_wire.signed_frame(_wire.Kind.REQUEST, server.secret,
+                                            server.run_id.encode(), nonce, 1, _wire.Op.SET,
+                                            [b"k", b"v"]))
+            assert refusal_or_eof(sock)[0] == AuthenticationError.code
+        assert not server.store.check(["k"])
+
+
+REGISTER_AND_DIE = """
+import os, sys
+from spark_hvd.runner.rendezvous import RendezvousClient
+c = RendezvousClient("127.0.0.1", int(sys.argv[1]), bytes.fromhex(sys.argv[2]), sys.argv[3])
+c.register_rank(1, host="dying-host")
+os._exit(1)
+"""
+
+
+class TestLostRanks:
+    def test_process_dying_after_registering_is_lost(self, server, client):
+        proc = subprocess.run(
+            [sys.executable, "-c", REGISTER_AND_DIE, str(server.port), server.secret.hex(),
+             server.run_id], env=dict(os.environ, PYTHONPATH=ROOT), timeout=30)
+        assert proc.returncode == 1
+        client.get("__lost__/1", WAIT_S)  # set by the server when the connection dropped
+        assert server.lost_ranks() == [1]
+        assert client.lost_ranks() == [1]
+        assert client.get("__host__/1", 1.0) == b"dying-host"
+
+    def test_abrupt_close_is_lost_and_clean_close_is_not(self, server, client):
+        clean = connect(server)
+        clean.register_rank(2)
+        clean.close()
+        abrupt = connect(server)
+        abrupt.register_rank(3)
+        abrupt._registration.sock.close()  # the socket goes away without a goodbye
+        client.get("__lost__/3", WAIT_S)
+        assert server.lost_ranks() == [3]
+        assert not client.check(["__lost__/2"])
+        assert client.get("__host__/2", 1.0) == b"127.0.0.1"
+        abrupt.close()
+
+    def test_registering_again_clears_lost(self, server, client):
+        first = connect(server)
+        first.register_rank(0)
+        first._registration.sock.close()
+        client.get("__lost__/0", WAIT_S)
+        second = connect(server)
+        second.register_rank(0)
+        assert server.lost_ranks() == [] and not client.check(["__lost__/0"])
+        second.close()
+        first.close()
+
+    def test_stopping_the_server_loses_nobody(self):
+        s = RendezvousServer(host="127.0.0.1")
+        s.start()
+        c = connect(s)
+        c.register_rank(0)
+        s.stop()
+        assert s.lost_ranks() == []
+        c.close()
+
+
+class TestEnv:
+    def test_secret_round_trip(self):
+        secret = os.urandom(32)
+        assert env.secret_from_env(env.secret_to_env(secret)) == secret
+        with pytest.raises(InvalidArgumentError):
+            env.secret_from_env("not hex")
+
+    def test_client_from_env(self, server):
+        assert env.client_from_env({}) is None
+        environ = env.rendezvous_env("127.0.0.1", server.port, server.secret, server.run_id)
+        assert set(environ) == {env.RENDEZVOUS_ADDR_ENV_VAR, env.RENDEZVOUS_PORT_ENV_VAR,
+                                env.SECRET_ENV_VAR, env.RUN_ID_ENV_VAR}
+        c = env.client_from_env(environ)
+        c.set("env", b"ok")
+        assert server.get("env", 1.0) == b"ok"
+        c.close()
+        del environ[env.SECRET_ENV_VAR]
+        with pytest.raises(InvalidArgumentError, match=env.SECRET_ENV_VAR):
+            env.client_from_env(environ)
