@@ -21,7 +21,9 @@ class CMakeBuild(build_ext):
         import pybind11
 
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / "cmake"
+        # A stable build folder keeps CMake incremental across (editable) reinstalls.
+        tag = f"py{sys.version_info.major}{sys.version_info.minor}"
+        build_dir = ROOT / "build" / f"cmake-{tag}"
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = os.environ.get("SPARK_HVD_BUILD_TYPE", "Release")
         configure = [

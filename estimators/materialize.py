@@ -18,6 +18,9 @@
 4. Row counts, null counts and per-row shapes come from the Parquet footers and the first row.
 5. The marker file is written last (atomically).  If anything fails after the write started,
    the key's directory, and any parent directory this call created, are removed.
+
+Two calls writing the same key at the same moment are not coordinated (the second overwrites
+the first); run one fit per DataFrame and options at a time, or pass ``cache=False``.
 """
 
 from __future__ import annotations

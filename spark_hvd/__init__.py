@@ -4,18 +4,13 @@
 ``spark_hvd.torch`` and ``spark_hvd.tensorflow`` give it on their tensors;
 ``spark_hvd.spark.run`` launches a function as a distributed job on Spark;
 ``spark_hvd.estimators`` has the Spark ML estimators.
+
+The native core (``spark_hvd._core``) loads on first use of the collective API,
+so drivers that only launch jobs or prepare data never need it.
 """
 
-from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size,
-                               global_process_set, gloo_built, gloo_enabled, init,
-                               is_homogeneous, is_initialized, local_rank, local_size,
-                               mpi_built, mpi_enabled, nccl_built, rank, remove_process_set,
-                               shutdown, size, start_timeline, stop_timeline)
-from spark_hvd._ops import (Adasum, Average, Handle, Max, Min, Product, Sum, allgather,
-                            allgather_async, allgather_object, allreduce, allreduce_async,
-                            alltoall, alltoall_async, barrier, broadcast, broadcast_async,
-                            broadcast_object, grouped_allreduce, grouped_allreduce_async, join,
-                            poll, reducescatter, reducescatter_async, synchronize)
+import importlib
+
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, InvalidArgumentError,
                                   NotInitializedError, PeerLostError, SparkHvdError,
@@ -23,16 +18,35 @@ from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, Invalid
 
 __version__ = "0.1.0"
 
-__all__ = [
+_BASICS = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built",
     "gloo_enabled", "mpi_enabled", "start_timeline", "stop_timeline",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+)
+_OPS = (
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
     "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall",
     "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
     "broadcast_object", "allgather_object", "poll", "synchronize", "Handle",
-    "Sum", "Average", "Min", "Max", "Product", "Adasum", "ReduceOp",
-    "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
-    "CollectiveTimeoutError", "PeerLostError", "InternalError",
+    "Sum", "Average", "Min", "Max", "Product", "Adasum",
+)
+_LAZY = {**{n: "spark_hvd._basics" for n in _BASICS}, **{n: "spark_hvd._ops" for n in _OPS}}
+
+__all__ = list(_BASICS) + list(_OPS) + [
+    "ReduceOp", "SparkHvdError", "InvalidArgumentError", "TensorMismatchError",
+    "NotInitializedError", "CollectiveTimeoutError", "PeerLostError", "InternalError",
 ]
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_hvd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,47 @@
+# spark_hvd: `make demo` and `make test` do all set-up on a fresh Debian/Ubuntu machine.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+APT_PACKAGES := libgloo-dev libopenmpi-dev openmpi-bin cmake g++ make openjdk-17-jre-headless
+STAMP_DEPS := $(VENV)/.deps-stamp
+STAMP_BUILD := $(VENV)/.build-stamp
+CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
+PYTEST_ARGS ?=
+
+.PHONY: setup apt venv test demo bench clean
+
+setup: apt $(STAMP_BUILD)
+
+# Installs only what is missing (idempotent, no-op when everything is there).
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ] && ! { [ "$$missing" = " openjdk-17-jre-headless" ] && command -v java >/dev/null; }; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+$(STAMP_DEPS): requirements/dev.txt | $(VPY)
+	$(VPY) -m pip install -q -r requirements/dev.txt
+	touch $@
+
+$(STAMP_BUILD): $(STAMP_DEPS) $(CORE_SOURCES)
+	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+test: setup
+	$(VPY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+
+demo: setup
+	$(VPY) examples/demo.py
+
+bench: setup
+	$(VPY) -m spark_hvd.runner -np 2 $(VPY) bench/allreduce.py --max-size 64MiB
+
+clean:
+	rm -rf build *.egg-info spark_hvd/_core*.so
