@@ -273,6 +273,10 @@ void Engine::Validate(const Request& req) const {
 }
 
 int64_t Engine::Enqueue(Request req, const void* input, void* output) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
+  }
   req.rank = rank_;
   Validate(req);
   auto state = std::make_shared<OpState>();
