@@ -66,6 +66,7 @@ class Controller {
   // The local join request, once the join response arrives.
   std::unique_ptr<TensorEntry> TakeJoin();
   bool joined() const { return join_entry_ != nullptr; }
+  bool HasPending() const { return !pending_.empty() || join_entry_ != nullptr; }
   // Fails every local pending op (engine shutdown or failure).
   void FailAll(const Status& status);
 

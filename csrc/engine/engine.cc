@@ -174,7 +174,12 @@ void Engine::Loop(std::promise<Status>* ready) {
     cv_.wait_until(lock, start + cycle, [this] { return shutdown_requested_.load(); });
   }
   if (!stop.ok() && !shutdown_requested_.load()) {
-    SHVD_LOG(kWarning, "engine") << "stopping: " << stop.message();
+    // A peer's orderly exit is news only to a rank that still has work in flight.
+    if (controller_->HasPending() || stop.code() != StatusCode::kPeerLost) {
+      SHVD_LOG(kWarning, "engine") << "stopping: " << stop.message();
+    } else {
+      SHVD_LOG(kDebug, "engine") << "stopping: " << stop.message();
+    }
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
