@@ -34,8 +34,17 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CORE_SOURCES)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 
+# Suites that start a SparkSession run in their own pytest process (one JVM each:
+# a local-cluster session and a local[N] one cannot share a driver).
+TEST_GROUPS := "tests/unit tests/multiproc tests/torch tests/tensorflow" "tests/spark" "tests/estimators"
+
 test: setup
-	$(VPY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	@status=0; for group in $(TEST_GROUPS); do \
+	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
+	  [ -n "$$dirs" ] || continue; \
+	  echo "== pytest$$dirs"; \
+	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider $(PYTEST_ARGS) || status=1; \
+	done; exit $$status
 
 demo: setup
 	$(VPY) examples/demo.py
