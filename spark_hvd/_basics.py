@@ -86,6 +86,7 @@ class _Runtime:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.client = None
+        self.store_prefix = ""
         self.topology = None
         self.init_count = 0
         self.atexit_registered = False
@@ -101,6 +102,19 @@ class _Runtime:
         return f"{op}.noname.{n}"
 
     # -- lost ranks --------------------------------------------------------
+    def exited_key(self, rank_: int) -> str:
+        return f"{self.store_prefix}/__exited__/{rank_}"
+
+    def exited_ranks(self) -> List[int]:
+        """Ranks that shut down cleanly (they leave a mark in the store first)."""
+        if self.client is None:
+            return []
+        try:
+            keys = self.client.keys(self.exited_key(0)[:-1])
+        except Exception:  # the service may be gone with the driver
+            return []
+        return sorted(int(k.rsplit("/", 1)[1]) for k in keys)
+
     def lost_ranks(self, wait_s: float) -> List[int]:
         """Ranks the rendezvous service saw disappear; waits up to wait_s for news."""
         if self.client is None:
@@ -164,9 +178,10 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
         run_id = os.environ.get(renv.RUN_ID_ENV_VAR, "local")
         _RUNTIME.init_count += 1
         _RUNTIME.name_counters = {}
+        _RUNTIME.store_prefix = f"{run_id}/init{_RUNTIME.init_count}"
         try:
             _core.init(rank=rank_, size=size_, controller=controller, store=client,
-                       store_prefix=f"{run_id}/init{_RUNTIME.init_count}", bind_host=bind_host,
+                       store_prefix=_RUNTIME.store_prefix, bind_host=bind_host,
                        connect_timeout_s=_config.get_float(_config.START_TIMEOUT_ENV_VAR,
                                                            _config.DEFAULT_START_TIMEOUT_S),
                        timeline_path=os.environ.get(_config.TIMELINE_ENV_VAR, ""))
@@ -202,6 +217,11 @@ def _discover_topology():
 def shutdown() -> None:
     """Stops spark_hvd in this process; pending ops fail, peers are told."""
     with _RUNTIME.lock:
+        if _RUNTIME.client is not None and _core.is_initialized():
+            try:  # lets peers that see our connections close tell "exited" from "crashed"
+                _RUNTIME.client.set(_RUNTIME.exited_key(_core.rank()), b"1")
+            except Exception:
+                pass
         _core.shutdown()
         if _RUNTIME.client is not None:
             try:
@@ -283,15 +303,25 @@ def stop_timeline() -> None:
 
 
 def explain_failure(exc: SparkHvdError) -> SparkHvdError:
-    """Adds the lost ranks the rendezvous service knows of to a PeerLostError."""
-    if isinstance(exc, PeerLostError) and not exc.ranks:
-        lost = _RUNTIME.lost_ranks(_config.get_float(_config.LOST_RANK_WAIT_ENV_VAR,
-                                                     _config.DEFAULT_LOST_RANK_WAIT_S))
-        if lost:
-            from spark_hvd.exceptions import format_ranks
+    """Adds what the rendezvous service knows to a PeerLostError: which peers had
+    already shut down cleanly, or else which ones vanished."""
+    if not isinstance(exc, PeerLostError) or exc.ranks:
+        return exc
+    from spark_hvd.exceptions import format_ranks
 
-            return PeerLostError(f"{exc.message} -- lost {format_ranks(lost)} (the process "
-                                 "exited or its host is unreachable)", ranks=lost)
+    me = _core.rank() if _core.is_initialized() else -1
+    exited = [r for r in _RUNTIME.exited_ranks() if r != me]
+    if exited and "shut down (called shutdown() or exited)" in exc.message:
+        return PeerLostError(exc.message, ranks=exited)  # the core already said so
+    if exited:
+        return PeerLostError(f"{exc.message} -- {format_ranks(exited)} had already shut down "
+                             "(called shutdown() or exited); every rank must run the same "
+                             "collectives", ranks=exited)
+    lost = _RUNTIME.lost_ranks(_config.get_float(_config.LOST_RANK_WAIT_ENV_VAR,
+                                                 _config.DEFAULT_LOST_RANK_WAIT_S))
+    if lost:
+        return PeerLostError(f"{exc.message} -- lost {format_ranks(lost)} (the process "
+                             "exited or its host is unreachable)", ranks=lost)
     return exc
 
 

@@ -372,12 +372,13 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
     j.extra = {last};
     ready.push_back(std::move(j));
   }
-  InspectStalls(headers[0].stall_cutoff, &ready);
+  InspectStalls(headers[0].stall_cutoff, bit, &ready);
   result.responses = Fuse(std::move(ready));
   return result;
 }
 
-void Controller::InspectStalls(int64_t cutoff, std::vector<Response>* out) {
+void Controller::InspectStalls(int64_t cutoff, const std::function<bool(int32_t, int64_t)>& bit,
+                               std::vector<Response>* out) {
   const double check_s = env::StallCheckTimeS();
   const int64_t now = NowMicros();
   auto missing_from = [&](int32_t set_id, const std::map<int32_t, Request>* have,
@@ -431,12 +432,19 @@ void Controller::InspectStalls(int64_t cutoff, std::vector<Response>* out) {
     bool expire = cutoff >= 0 && cs.first_bit_cycle <= cutoff;
     if (!stalled && !expire) continue;
     const Request& first = cs.requests.begin()->second;
-    std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) +
-                       ", cached) is waiting for some ranks of process set " +
-                       std::to_string(cs.process_set);
+    std::vector<int32_t> got, missing;
+    if (ProcessSet* set = sets_->Get(cs.process_set)) {
+      for (int32_t m : set->ranks) {
+        if (bit(m, slot)) got.push_back(m);
+        else if (!joined_[m]) missing.push_back(m);
+      }
+    }
+    std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) + ", process set " +
+                       std::to_string(cs.process_set) + ") was submitted by ranks " +
+                       RankList(got) + " but not yet by ranks " + RankList(missing);
     if (stalled) {
       cs.reported = true;
-      SHVD_LOG(kWarning, "stall") << text << " for " << (now - cs.first_bit_us) / 1000000
+      SHVD_LOG(kWarning, "stall") << text << " after " << (now - cs.first_bit_us) / 1000000
                                   << " s (SPARK_HVD_STALL_CHECK_TIME_S)";
     }
     if (expire) {
@@ -445,7 +453,8 @@ void Controller::InspectStalls(int64_t cutoff, std::vector<Response>* out) {
       r.process_set = cs.process_set;
       r.tensors.push_back({first.name, first.shape, {}});
       r.error = StatusCode::kTimeout;
-      r.error_message = text + "; gave up after SPARK_HVD_STALL_SHUTDOWN_TIME_S";
+      r.error_message = text + " after SPARK_HVD_STALL_SHUTDOWN_TIME_S=" +
+                        std::to_string(env::StallShutdownTimeS()) + " s";
       out->push_back(std::move(r));
       cached_local_.erase(slot);
       cs.first_bit_cycle = -1;

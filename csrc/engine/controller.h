@@ -27,6 +27,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -84,7 +85,9 @@ class Controller {
   std::vector<int32_t> Active(const ProcessSet& set) const;
   // Rank 0 warns about tensors some ranks are missing; every rank fails the
   // tensors pending since rank 0's cutoff cycle (SPARK_HVD_STALL_SHUTDOWN_TIME_S).
-  void InspectStalls(int64_t cutoff, std::vector<Response>* out);
+  // bit(rank, slot): did that rank set the cache bit of slot this cycle.
+  void InspectStalls(int64_t cutoff, const std::function<bool(int32_t, int64_t)>& bit,
+                     std::vector<Response>* out);
   static std::vector<Response> Fuse(std::vector<Response> ready);
   void Fail(TensorEntry& e, const Status& s);
 
