@@ -93,13 +93,14 @@ class _Runtime:
         self.name_counters: dict = {}
 
     # -- names -------------------------------------------------------------
-    def auto_name(self, op: str) -> str:
-        """Deterministic name for an unnamed op: identical across ranks that
-        issue their unnamed ops of each kind in the same order."""
+    def auto_name(self, op: str, process_set_id: Optional[int] = 0) -> str:
+        """Deterministic name for an unnamed op: identical across the ranks of a
+        process set that issue their unnamed ops of each kind in the same order."""
+        key = (op, process_set_id)
         with self.lock:
-            n = self.name_counters.get(op, 0)
-            self.name_counters[op] = n + 1
-        return f"{op}.noname.{n}"
+            n = self.name_counters.get(key, 0)
+            self.name_counters[key] = n + 1
+        return f"{op}.noname.{n}" if not process_set_id else f"{op}.noname.ps{process_set_id}.{n}"
 
     # -- lost ranks --------------------------------------------------------
     def exited_key(self, rank_: int) -> str:
@@ -184,7 +185,8 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
                        store_prefix=_RUNTIME.store_prefix, bind_host=bind_host,
                        connect_timeout_s=_config.get_float(_config.START_TIMEOUT_ENV_VAR,
                                                            _config.DEFAULT_START_TIMEOUT_S),
-                       timeline_path=os.environ.get(_config.TIMELINE_ENV_VAR, ""))
+                       timeline_path=timeline_path(os.environ.get(_config.TIMELINE_ENV_VAR, ""),
+                                                   rank_, size_))
         except BaseException:
             if client is not None:
                 client.close()
@@ -237,7 +239,8 @@ def is_initialized() -> bool:
 
 
 def _topology():
-    if not _core.is_initialized() or _RUNTIME.topology is None:
+    # Still answers after a peer failure stopped the engine; only shutdown() clears it.
+    if _RUNTIME.topology is None:
         raise NotInitializedError("spark_hvd is not initialized: call spark_hvd.init() first")
     return _RUNTIME.topology
 
@@ -292,8 +295,21 @@ def mpi_enabled() -> bool:
     return _core.is_initialized() and _core.controller() == "mpi"
 
 
+def timeline_path(path: str, rank_: int, size_: int) -> str:
+    """Where SPARK_HVD_TIMELINE=path puts each rank's timeline: rank 0 writes `path`
+    itself, rank r > 0 `<stem>.rank<r>.<suffix>` beside it, so ranks sharing a host
+    never write one file."""
+    if not path or size_ == 1 or rank_ == 0:
+        return path
+    stem, dot, suffix = path.rpartition(".")
+    if not dot or "/" in suffix:
+        return f"{path}.rank{rank_}"
+    return f"{stem}.rank{rank_}.{suffix}"
+
+
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Starts writing a Chrome-trace timeline of every tensor's phases to file_path."""
+    """Starts writing this rank's Chrome-trace timeline of every tensor's phases to
+    file_path (give each rank its own path; SPARK_HVD_TIMELINE does that for you)."""
     _topology()
     _core.start_timeline(file_path)
 

@@ -62,14 +62,25 @@ def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, ou
     return Handle(hid, keep, finish)
 
 
+_GROUP = -1  # id of a handle that stands for a list of member handles (in .keep)
+
+
 def poll(handle: Handle) -> bool:
     """True when the op is done (``synchronize`` then returns without waiting)."""
-    return handle.done or _core.poll(handle.id)
+    if handle.done:
+        return True
+    if handle.id == _GROUP:
+        return all(poll(h) for h in handle.keep)
+    return _core.poll(handle.id)
 
 
 def synchronize(handle: Handle):
     """Waits for the op and returns its output (raises the op's error)."""
     if handle.done:
+        return handle.value
+    if handle.id == _GROUP:
+        handle.value = handle.finish(None)
+        handle.done = True
         return handle.value
     while not _core.wait(handle.id, _WAIT_SLICE_S):
         pass
@@ -85,8 +96,8 @@ def synchronize(handle: Handle):
     return handle.value
 
 
-def _name(name: Optional[str], op: str) -> str:
-    return name if name else _RUNTIME.auto_name(op)
+def _name(name: Optional[str], op: str, process_set: ProcessSet = global_process_set) -> str:
+    return name if name else _RUNTIME.auto_name(op, process_set.process_set_id)
 
 
 def _reduce_op(op, average, default=Average) -> ReduceOp:
@@ -98,7 +109,7 @@ def _reduce_op(op, average, default=Average) -> ReduceOp:
 
 
 def _array(tensor) -> np.ndarray:
-    arr = np.ascontiguousarray(tensor)
+    arr = np.asarray(tensor, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
     numpy_code(arr.dtype)  # validates the dtype early
     return arr
 
@@ -118,7 +129,7 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None,
     rop = _reduce_op(op, average)
     if rop == Adasum:
         raise InvalidArgumentError("op=Adasum is available in spark_hvd.torch (float tensors)")
-    return submit(OpType.ALLREDUCE, _name(name, "allreduce"), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.ALLREDUCE, _name(name, "allreduce", process_set), numpy_code(arr.dtype), arr.shape,
                   arr.ctypes.data, out.ctypes.data, (arr, out), lambda r: out,
                   reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
                   process_set=process_set)
@@ -137,30 +148,24 @@ def grouped_allreduce_async(tensors, average=None, name: Optional[str] = None, o
                             process_set: ProcessSet = global_process_set) -> Handle:
     """Allreduces a list of tensors as one group: negotiated and fused together."""
     arrays = [_array(t) for t in tensors]
-    base = _name(name, "grouped_allreduce")
+    base = _name(name, "grouped_allreduce", process_set)
     rop = _reduce_op(op, average)
-    handles = [
-        submit(OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a.ctypes.data,
-               out.ctypes.data, (a, out), (lambda r, o=out: o), reduce_op=rop,
-               prescale=prescale_factor, postscale=postscale_factor, process_set=process_set,
-               group=base, group_size=len(arrays))
-        for a, out in ((a, np.empty_like(a)) for a in arrays)
-    ]
-    return Handle(-1, handles, lambda _: [synchronize(h) for h in handles])
+    handles = []
+    for i, a in enumerate(arrays):
+        out = np.empty_like(a)
+        handles.append(submit(
+            OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a.ctypes.data,
+            out.ctypes.data, (a, out), (lambda r, o=out: o), reduce_op=rop,
+            prescale=prescale_factor, postscale=postscale_factor, process_set=process_set,
+            group=base, group_size=len(arrays)))
+    return Handle(_GROUP, handles, lambda _: [synchronize(h) for h in handles])
 
 
 def grouped_allreduce(tensors, average=None, name: Optional[str] = None, op=None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
-    return synchronize_group(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                                     postscale_factor, process_set))
-
-
-def synchronize_group(handle: Handle):
-    if not handle.done:
-        handle.value = handle.finish(None)
-        handle.done = True
-    return handle.value
+    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
+                                               postscale_factor, process_set))
 
 
 # -- allgather, broadcast, alltoall, reducescatter -------------------------------
@@ -170,7 +175,7 @@ def allgather_async(tensor, name: Optional[str] = None,
     arr = _array(tensor)
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    return submit(OpType.ALLGATHER, _name(name, "allgather"), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.ALLGATHER, _name(name, "allgather", process_set), numpy_code(arr.dtype), arr.shape,
                   arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
                   process_set=process_set)
 
@@ -185,7 +190,7 @@ def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     arr = _array(tensor)
     out = arr.copy()
-    return submit(OpType.BROADCAST, _name(name, "broadcast"), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.BROADCAST, _name(name, "broadcast", process_set), numpy_code(arr.dtype), arr.shape,
                   out.ctypes.data, out.ctypes.data, (out,), lambda r: out, root=root_rank,
                   process_set=process_set)
 
@@ -214,7 +219,7 @@ def alltoall_async(tensor, splits=None, name: Optional[str] = None,
                 f"evenly by the number of ranks ({n}); pass splits=")
         splits = [arr.shape[0] // n] * n
     splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-    return submit(OpType.ALLTOALL, _name(name, "alltoall"), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), numpy_code(arr.dtype), arr.shape,
                   arr.ctypes.data, 0, (arr,),
                   lambda r, dt=arr.dtype: (_typed(r, dt), np.asarray(r[2], dtype=np.int32)),
                   splits=splits, process_set=process_set)
@@ -232,7 +237,7 @@ def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
     arr = _array(tensor)
     if arr.ndim == 0:
         raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
-    return submit(OpType.REDUCESCATTER, _name(name, "reducescatter"), numpy_code(arr.dtype),
+    return submit(OpType.REDUCESCATTER, _name(name, "reducescatter", process_set), numpy_code(arr.dtype),
                   arr.shape, arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
                   reduce_op=_reduce_op(op, None), prescale=prescale_factor,
                   postscale=postscale_factor, process_set=process_set)
@@ -249,7 +254,8 @@ def reducescatter(tensor, name: Optional[str] = None, op=Average,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the set has called barrier."""
-    synchronize(submit(OpType.BARRIER, _RUNTIME.auto_name("barrier"), DataType.UINT8, (), 0, 0,
+    synchronize(submit(OpType.BARRIER, _RUNTIME.auto_name("barrier", process_set.process_set_id),
+                       DataType.UINT8, (), 0, 0,
                        None, lambda r: None, process_set=process_set))
 
 
@@ -273,7 +279,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     """Pickles obj on root_rank and returns it on every rank."""
     import cloudpickle
 
-    name = _name(name, "broadcast_object")
+    name = _name(name, "broadcast_object", process_set)
     is_root = process_set.rank() == root_rank
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else \
         np.zeros(0, dtype=np.uint8)
@@ -289,7 +295,7 @@ def allgather_object(obj: Any, name: Optional[str] = None,
     """Returns the list of every rank's obj, in rank order."""
     import cloudpickle
 
-    name = _name(name, "allgather_object")
+    name = _name(name, "allgather_object", process_set)
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name + ".len", process_set)
     data = allgather(payload, name + ".data", process_set)

@@ -62,21 +62,21 @@ void Controller::File(TensorEntry e) {
     join_entry_ = std::make_unique<TensorEntry>(std::move(e));
     return;
   }
-  const std::string name = e.req.name;
-  if (pending_.count(name)) {
+  const std::string key = TensorKey(e.req);
+  if (pending_.count(key)) {
     Fail(e, Status::InvalidArgument(
-                "a tensor named '" + name + "' is already in flight on rank " +
-                std::to_string(rank_) +
+                "a tensor named '" + e.req.name + "' is already in flight on rank " +
+                std::to_string(rank_) + " in process set " + std::to_string(e.req.process_set) +
                 "; names of concurrent operations must be unique (omit name= to get a generated one)"));
     return;
   }
-  int64_t slot = Cacheable(e.req) ? cache_.Find(name) : -1;
+  int64_t slot = Cacheable(e.req) ? cache_.Find(key) : -1;
   if (slot >= 0 && cache_.Matches(slot, e.req)) {
-    cached_local_[slot] = name;
+    cached_local_[slot] = key;
   } else {
-    to_send_.push_back(name);
+    to_send_.push_back(key);
   }
-  pending_[name] = std::make_unique<TensorEntry>(std::move(e));
+  pending_[key] = std::make_unique<TensorEntry>(std::move(e));
 }
 
 std::vector<int32_t> Controller::Active(const ProcessSet& set) const {
@@ -99,9 +99,10 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
   r.process_set = first.process_set;
   r.device = first.device;
   r.active = Active(*set);
-  ResponseTensor t;
-  t.name = first.name;
-  t.shape = first.shape;
+  // The tensor goes in first: an error response must still name it, so every
+  // rank fails its own entry instead of waiting for it forever.
+  r.tensors.push_back({first.name, first.shape, {}});
+  ResponseTensor& t = r.tensors.back();
 
   const std::string what = "tensor '" + first.name + "' (" + OpTypeName(first.op) + ")";
   auto mismatch = [&](const std::string& field, const std::string& a, int32_t rb,
@@ -192,7 +193,6 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
   } else if (first.op == kAddProcessSet || first.op == kRemoveProcessSet) {
     r.extra = first.splits;
   }
-  r.tensors.push_back(std::move(t));
   return r;
 }
 
@@ -277,7 +277,8 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
     offset += sizes[r];
     while (!rd.done()) {
       Request req = ReadRequest(rd);
-      int64_t slot = cache_.Find(req.name);
+      const std::string key = TensorKey(req);
+      int64_t slot = cache_.Find(key);
       if (slot >= 0) {
         cache_.Erase(slot);
         auto it = cached_local_.find(slot);
@@ -286,7 +287,7 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
           cached_local_.erase(it);
         }
       }
-      TableEntry& te = table_[req.name];
+      TableEntry& te = table_[key];
       if (te.requests.empty()) {
         te.seq = seq_++;
         te.first_cycle = cycle_;
@@ -349,11 +350,12 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
       }
     }
     if (!first.group.empty() && resp.error == StatusCode::kOk) {
-      auto& g = groups_[first.group];
+      const std::string group_key = TensorKey(first.process_set, first.group);
+      auto& g = groups_[group_key];
       g.push_back(std::move(resp));
       if (static_cast<int32_t>(g.size()) >= first.group_size) {
         for (auto& gr : g) ready.push_back(std::move(gr));
-        groups_.erase(first.group);
+        groups_.erase(group_key);
       }
     } else {
       ready.push_back(std::move(resp));
@@ -400,7 +402,7 @@ void Controller::InspectStalls(int64_t cutoff, const std::function<bool(int32_t,
     bool expire = cutoff >= 0 && te.first_cycle <= cutoff;
     if (!stalled && !expire) continue;
     missing_from(first.process_set, &te.requests, &got, &missing);
-    std::string text = "tensor '" + kv.first + "' (" + OpTypeName(first.op) + ", process set " +
+    std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) + ", process set " +
                        std::to_string(first.process_set) + ") was submitted by ranks " +
                        RankList(got) + " but not yet by ranks " + RankList(missing);
     if (stalled) {
@@ -415,7 +417,7 @@ void Controller::InspectStalls(int64_t cutoff, const std::function<bool(int32_t,
       Response r;
       r.op = first.op;
       r.process_set = first.process_set;
-      r.tensors.push_back({kv.first, first.shape, {}});
+      r.tensors.push_back({first.name, first.shape, {}});
       r.error = StatusCode::kTimeout;
       r.error_message = text + " after SPARK_HVD_STALL_SHUTDOWN_TIME_S=" +
                         std::to_string(env::StallShutdownTimeS()) + " s";
@@ -486,8 +488,8 @@ std::vector<Response> Controller::Fuse(std::vector<Response> ready) {
   return out;
 }
 
-std::unique_ptr<TensorEntry> Controller::Take(const std::string& name) {
-  auto it = pending_.find(name);
+std::unique_ptr<TensorEntry> Controller::Take(int32_t process_set, const std::string& name) {
+  auto it = pending_.find(TensorKey(process_set, name));
   if (it == pending_.end()) return nullptr;
   auto e = std::move(it->second);
   pending_.erase(it);

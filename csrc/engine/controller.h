@@ -63,7 +63,7 @@ class Controller {
   CycleResult Cycle(Communicator* control, std::vector<TensorEntry> incoming, bool shutdown);
 
   // The local entry for a response tensor (null when this rank joined and holds none).
-  std::unique_ptr<TensorEntry> Take(const std::string& name);
+  std::unique_ptr<TensorEntry> Take(int32_t process_set, const std::string& name);
   // The local join request, once the join response arrives.
   std::unique_ptr<TensorEntry> TakeJoin();
   bool joined() const { return join_entry_ != nullptr; }
@@ -100,15 +100,15 @@ class Controller {
   int64_t seq_ = 0;
 
   // Identical on every rank.
-  std::map<std::string, TableEntry> table_;
+  std::map<std::string, TableEntry> table_;  // by TensorKey
   std::map<std::string, std::vector<Response>> groups_;
   std::vector<bool> joined_;
   std::vector<int64_t> join_cycle_;
 
   // This rank only.
-  std::map<std::string, std::unique_ptr<TensorEntry>> pending_;
-  std::deque<std::string> to_send_;
-  std::map<int64_t, std::string> cached_local_;  // slot -> name
+  std::map<std::string, std::unique_ptr<TensorEntry>> pending_;  // by TensorKey
+  std::deque<std::string> to_send_;                                // TensorKeys
+  std::map<int64_t, std::string> cached_local_;                    // slot -> TensorKey
   std::unique_ptr<TensorEntry> join_entry_;
 };
 

@@ -142,6 +142,7 @@ void Engine::Loop(std::promise<Status>* ready) {
       break;
     }
     if (cr.shutdown) {
+      if (want_shutdown) break;  // our own shutdown(): ops after it are "not initialized"
       std::string who;
       for (auto r : cr.shutdown_ranks) who += (who.empty() ? "" : ",") + std::to_string(r);
       stop = Status::PeerLost("rank(s) " + who +
@@ -200,7 +201,7 @@ void Engine::Loop(std::promise<Status>* ready) {
 
 void Engine::ChangeProcessSets(const Response& r) {
   std::vector<int32_t> ranks(r.extra.begin(), r.extra.end());
-  auto e = controller_->Take(r.tensors[0].name);
+  auto e = controller_->Take(r.process_set, r.tensors[0].name);
   int64_t value = -1;
   if (r.op == kAddProcessSet) {
     int32_t id = sets_.NextId();
@@ -307,6 +308,12 @@ void Engine::Shutdown() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   running_ = false;
+  {
+    // Whatever stopped the engine before, after our own shutdown() the answer is
+    // "not initialized".
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = Status::NotInitialized("spark_hvd was shut down; call spark_hvd.init() again");
+  }
   timeline_.Stop();
   options_.store.reset();  // may hold a Python object: drop it while the interpreter is alive
 }

@@ -10,6 +10,8 @@
 namespace spark_hvd {
 namespace {
 
+constexpr int64_t kInPlaceBytes = 1 << 20;
+
 std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
   return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
 }
@@ -54,7 +56,7 @@ Status Executor::Execute(const Response& r) {
     return Status::OK();
   }
   Entries es;
-  for (const auto& t : r.tensors) es.push_back(controller_->Take(t.name));
+  for (const auto& t : r.tensors) es.push_back(controller_->Take(r.process_set, t.name));
   auto fail_all = [&](const Status& s) {
     for (auto& e : es) {
       if (e) handles_->Complete(*e->state, s);
@@ -110,7 +112,11 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
   const int64_t total = r.TotalElements();
   const int64_t threshold = env::FusionThresholdBytes();
-  if (r.tensors.size() == 1 && (threshold <= 0 || total * dsize > threshold)) {
+  // A lone tensor of at least kInPlaceBytes reduces in its own output buffer:
+  // packing would only add two copies. Smaller ones go through the fusion buffer,
+  // whose fixed address lets the backend reuse its set-up-once algorithms.
+  if (r.tensors.size() == 1 &&
+      (threshold <= 0 || total * dsize > threshold || total * dsize >= kInPlaceBytes)) {
     return AllreduceOne(r, es[0].get(), r.tensors[0], comm);
   }
   // Fused: pack, reduce once, unpack.

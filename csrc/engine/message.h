@@ -93,6 +93,12 @@ class Reader {
   const char* end_;
 };
 
+// Names are scoped by process set: the same name may be in flight in two sets.
+inline std::string TensorKey(int32_t process_set, const std::string& name) {
+  return std::to_string(process_set) + "/" + name;
+}
+inline std::string TensorKey(const Request& r) { return TensorKey(r.process_set, r.name); }
+
 void WriteRequest(Writer& w, const Request& r);
 Request ReadRequest(Reader& r);
 

@@ -2,8 +2,8 @@
 
 namespace spark_hvd {
 
-int64_t ResponseCache::Find(const std::string& name) const {
-  auto it = by_name_.find(name);
+int64_t ResponseCache::Find(const std::string& key) const {
+  auto it = by_name_.find(key);
   return it == by_name_.end() ? -1 : it->second;
 }
 
@@ -17,7 +17,7 @@ bool ResponseCache::Matches(int64_t slot, const Request& req) const {
 
 int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests) {
   if (requests.empty() || slots_.empty()) return -1;
-  const std::string& name = requests.begin()->second.name;
+  const std::string name = TensorKey(requests.begin()->second);
   if (by_name_.count(name)) return -1;
   // Deterministic: lowest free slot at or after the hint, wrapping once.
   for (int64_t k = 0; k < capacity(); ++k) {
@@ -38,7 +38,7 @@ int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests) {
 void ResponseCache::Erase(int64_t slot) {
   CacheSlot& s = slots_[static_cast<size_t>(slot)];
   if (!s.valid) return;
-  by_name_.erase(s.requests.begin()->second.name);
+  by_name_.erase(TensorKey(s.requests.begin()->second));
   s = CacheSlot();
 }
 

@@ -28,8 +28,8 @@ class ResponseCache {
   explicit ResponseCache(int64_t capacity) : slots_(static_cast<size_t>(capacity)) {}
 
   int64_t capacity() const { return static_cast<int64_t>(slots_.size()); }
-  // Slot holding `name`, or -1.
-  int64_t Find(const std::string& name) const;
+  // Slot holding the tensor with this TensorKey, or -1.
+  int64_t Find(const std::string& key) const;
   // Is `req` (from its rank) exactly what that rank submitted when `slot` was cached?
   bool Matches(int64_t slot, const Request& req) const;
   // Caches a negotiated tensor; returns its slot, or -1 when full.
@@ -39,7 +39,7 @@ class ResponseCache {
 
  private:
   std::vector<CacheSlot> slots_;
-  std::unordered_map<std::string, int64_t> by_name_;
+  std::unordered_map<std::string, int64_t> by_name_;  // by TensorKey
   int64_t next_free_hint_ = 0;
 };
 

@@ -1,0 +1,280 @@
+"""Error cases, run by case_worker.py on 1, 2 and 3 ranks: ops before init() and after
+shutdown(), invalid arguments, a duplicate in-flight name, and tensor mismatches.
+
+Ops that might hang are waited on with a deadline (harness.wait_for), so a hang fails
+its case instead of the job.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import numpy as np
+
+import spark_hvd as hvd
+from harness import (POST_SHUTDOWN, PRE_INIT, CaseTimeout, Registry, Skip, expect_error,
+                     wait_for)
+from refdata import assert_same, values
+
+CASES = Registry()
+HANG_S = 3.0  # an error is decided within a few 1 ms cycles; this is a hang
+
+
+def _not_initialized(what: str, fn, *args, **kwargs) -> None:
+    err = expect_error(hvd.NotInitializedError, fn, *args, **kwargs)
+    assert "init()" in str(err), f"{what}: the message should say to call init(): {err}"
+
+
+def _every_op_not_initialized() -> None:
+    x = np.ones(4, np.float32)
+    failures = []
+    for what, fn, args, kwargs in [
+        ("allreduce", hvd.allreduce, (x,), {"name": "pre.ar"}),
+        ("allreduce_async", hvd.allreduce_async, (x,), {"name": "pre.ara"}),
+        ("grouped_allreduce", hvd.grouped_allreduce, ([x],), {"name": "pre.gar"}),
+        ("allgather", hvd.allgather, (x,), {"name": "pre.ag"}),
+        ("broadcast", hvd.broadcast, (x, 0), {"name": "pre.bc"}),
+        ("alltoall", hvd.alltoall, (x,), {"splits": [4], "name": "pre.a2a"}),
+        ("reducescatter", hvd.reducescatter, (x,), {"name": "pre.rs"}),
+        ("barrier", hvd.barrier, (), {}),
+        ("join", hvd.join, (), {}),
+        ("broadcast_object", hvd.broadcast_object, ({"a": 1},), {}),
+        ("allgather_object", hvd.allgather_object, ({"a": 1},), {}),
+        ("add_process_set", hvd.add_process_set, ([0],), {}),
+        ("rank", hvd.rank, (), {}),
+        ("size", hvd.size, (), {}),
+        ("local_rank", hvd.local_rank, (), {}),
+        ("start_timeline", hvd.start_timeline, ("/tmp/never-written.json",), {}),
+    ]:
+        try:
+            _not_initialized(what, fn, *args, **kwargs)
+        except AssertionError as e:
+            failures.append(f"{what}: {e}")
+    assert hvd.is_initialized() is False
+    assert not failures, "\n".join(failures)
+
+
+@CASES.case("before_init/every_op_raises_not_initialized", phase=PRE_INIT)
+def _(ctx):
+    _every_op_not_initialized()
+
+
+# -- invalid arguments -----------------------------------------------------------------
+
+@CASES.case("invalid/bool_average_and_scaling")
+def _(ctx):
+    b = np.array([True, False, True])
+    for what, kwargs in [("Average", {"op": hvd.Average}), ("default op", {}),
+                         ("prescale", {"op": hvd.Sum, "prescale_factor": 2.0}),
+                         ("postscale", {"op": hvd.Max, "postscale_factor": 0.5})]:
+        err = expect_error(hvd.InvalidArgumentError, hvd.allreduce, b,
+                           name=f"inv.bool.{what}", **kwargs)
+        assert "bool" in str(err), f"{what}: {err}"
+    expect_error(hvd.InvalidArgumentError, hvd.reducescatter, b, name="inv.bool.rs")
+    # and the engine still works
+    got = hvd.allreduce(b, op=hvd.Sum, name="inv.bool.ok")
+    assert_same(got, b)
+
+
+@CASES.case("invalid/unsupported_dtype")
+def _(ctx):
+    for dt in (np.complex64, np.uint16, np.uint32, object):
+        err = expect_error(hvd.InvalidArgumentError, hvd.allreduce, np.zeros(3, dt),
+                           name=f"inv.dtype.{np.dtype(dt).name}")
+        assert np.dtype(dt).name in str(err), str(err)
+
+
+@CASES.case("invalid/broadcast_root_out_of_range")
+def _(ctx):
+    for root in (ctx.size, -1):
+        err = expect_error(hvd.InvalidArgumentError, hvd.broadcast, np.ones(2), root,
+                           name=f"inv.root.{root}")
+        assert str(root) in str(err), str(err)
+
+
+@CASES.case("invalid/alltoall_splits")
+def _(ctx):
+    n = ctx.size
+    x = np.ones(2 * n, np.float32)
+    expect_error(hvd.InvalidArgumentError, hvd.alltoall, x, splits=[2 * n] + [0] * n,
+                 name="inv.a2a.count")        # one split too many
+    expect_error(hvd.InvalidArgumentError, hvd.alltoall, x, splits=[2 * n + 1] + [0] * (n - 1),
+                 name="inv.a2a.sum")          # more rows than the tensor has
+    negative = [-1, 2 * n + 1] + [0] * (n - 2) if n >= 2 else [-1]
+    expect_error(hvd.InvalidArgumentError, hvd.alltoall, x, splits=negative,
+                 name="inv.a2a.negative")
+    expect_error(hvd.InvalidArgumentError, hvd.alltoall, np.float32(1), name="inv.a2a.0d")
+    if n > 1:
+        expect_error(hvd.InvalidArgumentError, hvd.alltoall, np.ones(n + 1), name="inv.a2a.even")
+    out, splits = hvd.alltoall(x, name="inv.a2a.ok")  # the engine still works
+    assert list(splits) == [2] * n
+
+
+@CASES.case("invalid/process_sets")
+def _(ctx):
+    n = ctx.size
+    expect_error(hvd.InvalidArgumentError, hvd.ProcessSet, [])
+    expect_error(hvd.InvalidArgumentError, hvd.ProcessSet, [0, 0])
+    expect_error(hvd.InvalidArgumentError, hvd.add_process_set, [0, n])
+    unregistered = hvd.ProcessSet([0])
+    err = expect_error(hvd.InvalidArgumentError, hvd.allreduce, np.ones(2), name="inv.ps.unreg",
+                       process_set=unregistered)
+    assert "add_process_set" in str(err), str(err)
+    if n > 1:
+        ps = hvd.add_process_set([0])
+        if ctx.rank != 0:
+            err = expect_error(hvd.InvalidArgumentError, hvd.allreduce, np.ones(2),
+                               name="inv.ps.nonmember", process_set=ps)
+            assert "not a member" in str(err), str(err)
+        hvd.remove_process_set(ps)
+    got = hvd.allreduce(np.ones(2), op=hvd.Sum, name="inv.ps.ok")
+    assert_same(got, np.full(2, float(n)))
+
+
+@CASES.case("duplicate_name/in_flight")
+def _(ctx):
+    """The last rank is 0.5 s late, so on the others the first 'dup.grad' is surely still
+    in flight when they submit a second one under the same name."""
+    n, me = ctx.size, ctx.rank
+    if n < 2:
+        raise Skip("needs 2 ranks to hold the first op in flight (see test_core_single.py)")
+    late = me == n - 1
+    x = values(np.float32, me, (5,))
+    if late:
+        time.sleep(0.5)
+    h1 = hvd.allreduce_async(x, op=hvd.Sum, name="dup.grad")
+    err = None
+    if not late:
+        try:
+            h2 = hvd.allreduce_async(x, op=hvd.Sum, name="dup.grad")
+        except hvd.InvalidArgumentError as e:
+            err = e
+        else:
+            err = expect_error(hvd.InvalidArgumentError, wait_for, h2, HANG_S,
+                               "second dup.grad", ctx)
+    want = sum(values(np.float32, r, (5,)) for r in range(n))
+    assert_same(wait_for(h1, HANG_S + 1, "first dup.grad", ctx), want, "the first op")
+    # once done, the name is free again
+    assert_same(hvd.allreduce(x, op=hvd.Sum, name="dup.grad"), want, "reuse")
+    if err is not None:
+        assert "dup.grad" in str(err) and "in flight" in str(err), str(err)
+
+
+# -- tensor mismatches (2+ ranks) --------------------------------------------------------
+#
+# All mismatching ops are submitted together and waited on with one deadline, so a
+# mismatch that hangs costs HANG_S once per job, not once per case.
+
+def _mismatches(n: int, me: int):
+    """name -> (submit function, the two values the message must name)."""
+    odd = me == n - 1  # the last rank disagrees
+    f32 = np.float32
+    return {
+        "shape": (lambda nm: hvd.allreduce_async(np.ones(5 if odd else 3, f32), name=nm),
+                  ("3", "5")),
+        "dtype": (lambda nm: hvd.allreduce_async(np.ones(3, np.float64 if odd else f32),
+                                                 name=nm), ("float32", "float64")),
+        "reduce_op": (lambda nm: hvd.allreduce_async(np.ones(3, f32), name=nm,
+                                                     op=hvd.Max if odd else hvd.Sum),
+                      ("sum", "max")),
+        "prescale": (lambda nm: hvd.allreduce_async(np.ones(3, f32), name=nm, op=hvd.Sum,
+                                                    prescale_factor=2.0 if odd else 1.0),
+                     ("1", "2")),
+        "broadcast_root": (lambda nm: hvd.broadcast_async(np.ones(3, f32), 1 if odd else 0,
+                                                          name=nm), ("0", "1")),
+        "allgather_trailing_dims": (lambda nm: hvd.allgather_async(
+            np.ones((2, 4 if odd else 3), f32), name=nm), ("3", "4")),
+        "op_type": (lambda nm: hvd.allgather_async(np.ones(3, f32), name=nm) if odd else
+                    hvd.allreduce_async(np.ones(3, f32), name=nm), ("allreduce", "allgather")),
+        "reducescatter_shape": (lambda nm: hvd.reducescatter_async(
+            np.ones((7 if odd else 6, 2), f32), name=nm), ("6", "7")),
+        "after_cache": (lambda nm: hvd.allreduce_async(np.ones(5 if odd else 3, f32), name=nm),
+                        ("3", "5")),
+    }
+
+
+_OUTCOMES: dict = {}
+
+
+def _mismatch_outcomes(ctx) -> dict:
+    """Submits every mismatch at once (first), returns name -> exception or result."""
+    if _OUTCOMES:
+        return _OUTCOMES
+    n, me = ctx.size, ctx.rank
+    cases = _mismatches(n, me)
+    for step in range(3):  # warm the response cache with an agreeing shape first
+        hvd.allreduce(np.ones(3, np.float32), name="mm.after_cache")
+    handles = {}
+    for kind, (submit, _) in cases.items():
+        try:
+            handles[kind] = submit(f"mm.{kind}")
+        except Exception as e:  # noqa: BLE001 - raised at submit: recorded as the outcome
+            _OUTCOMES[kind] = e
+    deadline = time.monotonic() + HANG_S
+    for kind, h in handles.items():
+        try:
+            _OUTCOMES[kind] = wait_for(h, max(0.1, deadline - time.monotonic()),
+                                       f"mismatched tensor mm.{kind}", ctx)
+        except Exception as e:  # noqa: BLE001 - the outcome under test
+            _OUTCOMES[kind] = e
+    # the engine keeps working after mismatch errors
+    try:
+        h = hvd.allreduce_async(np.ones(2, np.float32), op=hvd.Sum, name="mm.healthy")
+        _OUTCOMES["__healthy__"] = wait_for(h, HANG_S, "the allreduce after the mismatches", ctx)
+    except Exception as e:  # noqa: BLE001
+        _OUTCOMES["__healthy__"] = e
+    return _OUTCOMES
+
+
+def _mismatch_case(kind: str):
+    def fn(ctx):
+        if ctx.size < 2:
+            raise Skip("a mismatch needs 2 or more ranks")
+        outcome = _mismatch_outcomes(ctx)[kind]
+        if isinstance(outcome, CaseTimeout):
+            raise AssertionError(f"mismatched tensor 'mm.{kind}' hung instead of raising "
+                                 f"TensorMismatchError: {outcome}")
+        assert isinstance(outcome, hvd.TensorMismatchError), \
+            f"expected TensorMismatchError on every rank, got {type(outcome).__name__}: {outcome}"
+        msg = str(outcome)
+        assert f"mm.{kind}" in msg, f"the message should name the tensor: {msg}"
+        assert f"rank {ctx.size - 1}" in msg, f"the message should name rank {ctx.size - 1}: {msg}"
+        for value in _mismatches(ctx.size, ctx.rank)[kind][1]:
+            assert re.search(rf"(?<![\w.]){re.escape(value)}(?![\w])", msg, re.IGNORECASE), \
+                f"the message should name the value {value!r}: {msg}"
+    return fn
+
+
+for _kind in _mismatches(2, 0):
+    CASES.add(f"mismatch/{_kind}", _mismatch_case(_kind))
+
+
+@CASES.case("mismatch/engine_still_works_after")
+def _(ctx):
+    if ctx.size < 2:
+        raise Skip("a mismatch needs 2 or more ranks")
+    got = _mismatch_outcomes(ctx)["__healthy__"]
+    if isinstance(got, BaseException):
+        raise AssertionError(f"allreduce after the mismatch errors failed: "
+                             f"{type(got).__name__}: {got}")
+    assert_same(got, np.full(2, float(ctx.size), np.float32))
+
+
+# -- after shutdown --------------------------------------------------------------------------
+
+@CASES.case("after_shutdown/every_op_raises_not_initialized", phase=POST_SHUTDOWN)
+def _(ctx):
+    _every_op_not_initialized()
+
+
+@CASES.case("after_shutdown/init_again_works", phase=POST_SHUTDOWN)
+def _(ctx):
+    hvd.init()
+    try:
+        assert hvd.size() == ctx.size and hvd.rank() == ctx.rank
+        h = hvd.allreduce_async(np.ones(3), op=hvd.Sum, name="reinit.sum")
+        assert_same(wait_for(h, 10, "allreduce after a second init()", ctx),
+                    np.full(3, float(ctx.size)))
+    finally:
+        hvd.shutdown()

@@ -1,0 +1,63 @@
+"""Cases run under non-default engine settings (test_mp_knobs.py sets the env):
+a tiny fusion buffer, a tiny or disabled response cache, SPARK_HVD_TIMELINE."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+import spark_hvd as hvd
+from harness import Registry
+from refdata import BF16, Checks, reduce, values
+
+CASES = Registry()
+
+
+@CASES.case("knobs/env_reaches_every_rank")
+def _(ctx):
+    for var in ("SPARK_HVD_FUSION_THRESHOLD", "SPARK_HVD_CACHE_CAPACITY"):
+        assert var in os.environ, f"{var} not set on rank {ctx.rank}"
+
+
+@CASES.case("knobs/fusion_tensors_around_the_threshold")
+def _(ctx):
+    """With SPARK_HVD_FUSION_THRESHOLD=4096 (or 0: no fusion): tensors below, at and
+    above the threshold, of several dtypes, all in flight together."""
+    n, me = ctx.size, ctx.rank
+    specs = [(np.dtype(np.float32), (300,))] * 40 + [(np.dtype(np.float32), (1024,)),
+                                                    (np.dtype(np.float32), (10001,))] \
+        + [(np.dtype(np.int8), (i,)) for i in range(30)] + [(BF16, (2049,)),
+                                                          (np.dtype(np.float64), (513,))]
+    hs = [hvd.allreduce_async(values(dt, me, shape, salt=i), op=hvd.Sum, name=f"kf.{i}")
+          for i, (dt, shape) in enumerate(specs)]
+    chk = Checks()
+    for i, (dt, shape) in enumerate(specs):
+        want = reduce([values(dt, r, shape, salt=i) for r in range(n)], "Sum", dt)
+        chk.same(hvd.synchronize(hs[i]), want, f"tensor {i} {dt} {shape}")
+    chk.done()
+
+
+@CASES.case("knobs/cache_churn")
+def _(ctx):
+    """More live names than SPARK_HVD_CACHE_CAPACITY, over many steps, with a shape
+    change half-way: evictions and re-insertions must keep results right."""
+    n, me = ctx.size, ctx.rank
+    chk = Checks()
+    for s in range(15):
+        for j in range(6):
+            shape = (j + 1,) if s < 8 else (j + 2, 2)
+            op = ["Sum", "Max", "Average"][j % 3]
+            got = hvd.allreduce(values(np.float32, me, shape, salt=s), name=f"kc.{j}",
+                                op={"Sum": hvd.Sum, "Max": hvd.Max, "Average": hvd.Average}[op])
+            chk.same(got, reduce([values(np.float32, r, shape, salt=s) for r in range(n)], op,
+                                 np.float32), f"step {s} tensor {j}")
+    chk.done()
+
+
+@CASES.case("knobs/timeline_tensors")
+def _(ctx):
+    """Ops the test then looks for in the SPARK_HVD_TIMELINE file."""
+    hvd.allreduce(np.ones(8, np.float32), name="knobs.tl.alpha")
+    hvd.allgather(np.ones((ctx.rank + 1, 2), np.int32), name="knobs.tl.beta")
+    hvd.broadcast(np.ones(3), root_rank=ctx.size - 1, name="knobs.tl.gamma")

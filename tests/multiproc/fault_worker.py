@@ -1,0 +1,119 @@
+"""One rank of a fault scenario: ``python fault_worker.py SCENARIO OUTDIR``.
+
+Each rank writes OUTDIR/pid<r> at start and OUTDIR/result<r>.json with what it
+saw (error type, message, lost ranks, seconds). test_mp_faults.py asserts on them.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import spark_hvd as hvd
+
+OUT = sys.argv[2]
+
+
+def save(name: str, **record) -> None:
+    path = os.path.join(OUT, name)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+
+
+def wait_file(name: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(os.path.join(OUT, name)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def attempt(fn, *args, **kwargs) -> dict:
+    """Runs one op; returns what happened and when."""
+    t0 = time.monotonic()
+    try:
+        value = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the outcome under test
+        return {"error": type(e).__name__, "message": str(e),
+                "ranks": list(getattr(e, "ranks", []) or []), "at": time.time(),
+                "seconds": time.monotonic() - t0}
+    return {"error": None, "value": np.asarray(value).tolist(), "at": time.time(),
+            "seconds": time.monotonic() - t0}
+
+
+def kill() -> None:
+    """The last rank SIGKILLs itself while the others wait in an allreduce with it."""
+    n, me = hvd.size(), hvd.rank()
+    hvd.allreduce(np.ones(4), name="warm")
+    if me == n - 1:
+        time.sleep(0.5)  # the others are inside "victim" by now
+        save("killed_at", at=time.time())
+        os.kill(os.getpid(), signal.SIGKILL)
+    save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
+
+
+def freeze() -> None:
+    """The last rank stops (SIGSTOP) without dying; SPARK_HVD_TIMEOUT_S must end the wait."""
+    n, me = hvd.size(), hvd.rank()
+    hvd.allreduce(np.ones(4), name="warm")
+    if me == n - 1:
+        time.sleep(0.5)
+        save("frozen_at", at=time.time())
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return
+    save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
+
+
+def shutdown_early() -> None:
+    """The last rank calls shutdown() while the others have an allreduce pending."""
+    n, me = hvd.size(), hvd.rank()
+    hvd.allreduce(np.ones(4), name="warm")
+    if me == n - 1:
+        time.sleep(0.5)
+        save("shutdown_at", at=time.time())
+        hvd.shutdown()
+        save(f"result{me}", error=None, shut_down=True)
+        return
+    save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="pending"))
+
+
+def stall_warning() -> None:
+    """The last rank is 3 s late for a fresh tensor, then for a cached one."""
+    n, me = hvd.size(), hvd.rank()
+    late = me == n - 1
+    out = {}
+    if late:
+        time.sleep(3)
+    out["fresh"] = attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum, name="stall.fresh")
+    for _ in range(3):  # the response cache now holds it
+        hvd.allreduce(np.full(3, me + 1.0), op=hvd.Sum, name="stall.cached")
+    if late:
+        time.sleep(3)
+    out["cached"] = attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum,
+                            name="stall.cached")
+    save(f"result{me}", **out)
+
+
+def stall_shutdown() -> None:
+    """With SPARK_HVD_STALL_SHUTDOWN_TIME_S=2: a rank waiting for a late peer, then two
+    ranks waiting on different names, get CollectiveTimeoutError; the engine goes on."""
+    me = hvd.rank()
+    out = {}
+    if me == 0:
+        out["alone"] = attempt(hvd.allreduce, np.ones(3), name="stall.alone")
+        save("alone_done", at=time.time())
+    else:
+        wait_file("alone_done", 20)
+    out["sync"] = attempt(hvd.allreduce, np.ones(3), op=hvd.Sum, name="stall.sync")
+    out["crossed"] = attempt(hvd.allreduce, np.ones(3), name=f"stall.crossed.{me}")
+    out["final"] = attempt(hvd.allreduce, np.ones(3), op=hvd.Sum, name="stall.final")
+    save(f"result{me}", **out)
+
+
+if __name__ == "__main__":
+    hvd.init()
+    save(f"pid{hvd.rank()}", pid=os.getpid())
+    {"kill": kill, "freeze": freeze, "shutdown_early": shutdown_early,
+     "stall_warning": stall_warning, "stall_shutdown": stall_shutdown}[sys.argv[1]]()

@@ -1,0 +1,27 @@
+"""The op matrix (cases_collectives.py) on 1, 2 and 3 ranks, and under ``--mpi`` on 2.
+
+One job per rank count runs every case; each case is its own test item here.
+"""
+
+import pytest
+
+import cases_collectives
+from harness import have_mpirun
+
+NAMES = cases_collectives.CASES.names()
+# Under --mpi: the op matrix proper (every op x every dtype, join, fusion, cache).
+MPI_PATTERN = r"^(allreduce|allgather|broadcast|alltoall|reducescatter|grouped_allreduce|join|" \
+              r"barrier|fusion|cache|process_set|topology)"
+MPI_NAMES = cases_collectives.CASES.names(MPI_PATTERN)
+
+
+@pytest.mark.parametrize("np", [1, 2, 3])
+@pytest.mark.parametrize("case", NAMES)
+def test_case(case_runs, case, np):
+    case_runs.get("cases_collectives", np).check(case)
+
+
+@pytest.mark.skipif(not have_mpirun(), reason="mpirun not on PATH (apt-get install openmpi-bin)")
+@pytest.mark.parametrize("case", MPI_NAMES)
+def test_case_mpi(case_runs, case):
+    case_runs.get("cases_collectives", 2, mpi=True, pattern=MPI_PATTERN).check(case)

@@ -1,0 +1,170 @@
+"""Failures across ranks: a killed rank, a frozen rank, a rank that shuts down early,
+stalls (warning and shutdown). Each scenario is one launch of fault_worker.py.
+
+A test never asserts a timing except the contract "an error, not a hang, within
+seconds" (10 s here); measured times are printed (pytest -s) and in failure messages.
+"""
+
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from harness import PYTHON, DirectJob, hvdrun, rank_lines, wait_gone
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_worker.py")
+DEADLINE_S = 10.0
+
+
+def load(outdir, name):
+    path = os.path.join(outdir, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def pids(outdir, np):
+    return [load(outdir, f"pid{r}")["pid"] for r in range(np) if load(outdir, f"pid{r}")]
+
+
+def names_rank(result, rank) -> bool:
+    return rank in result.get("ranks", []) or \
+        re.search(rf"\branks? \[?([\d,]*,)?{rank}\b", result["message"]) is not None
+
+
+# -- a killed rank ------------------------------------------------------------------
+
+def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path):
+    """Without a launcher that tears the job down: ranks 0 and 1 must see rank 2's
+    death as PeerLostError on their own, and then exit by themselves."""
+    job = DirectJob(3, [PYTHON, WORKER, "kill", str(tmp_path)])
+    try:
+        codes = job.wait(DEADLINE_S + 20)
+        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(3))
+        killed = load(tmp_path, "killed_at")
+        assert killed is not None, logs
+        assert codes[2] == -signal.SIGKILL, (codes, logs)
+        for r in (0, 1):
+            res = load(tmp_path, f"result{r}")
+            assert res is not None, f"rank {r} did not report (exit {codes[r]})\n{logs}"
+            detect = res["at"] - killed["at"]
+            print(f"rank {r}: {res['error']} {detect:.2f} s after the kill: {res['message']}")
+            assert res["error"] == "PeerLostError", (res, logs)
+            assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s to notice"
+            assert names_rank(res, 2), f"rank {r}'s error does not name rank 2: {res}"
+            assert codes[r] == 0, f"rank {r} did not exit cleanly after the error: {codes}\n{logs}"
+        assert not wait_gone(job.pids, 5), "rank processes left running"
+    finally:
+        job.close()
+
+
+def test_killed_rank_under_the_launcher_fails_the_job_and_leaves_nothing_running(tmp_path):
+    proc = hvdrun(3, [PYTHON, WORKER, "kill", str(tmp_path)], timeout=60)
+    ranks = pids(tmp_path, 3)
+    assert len(ranks) == 3, proc.stderr
+    assert proc.returncode == 128 + signal.SIGKILL, (proc.returncode, proc.stderr[-2000:])
+    assert "rank 2 was killed by signal 9" in proc.stderr, proc.stderr[-2000:]
+    left = wait_gone(ranks, 2)
+    assert not left, f"rank processes {left} still running after the launcher exited"
+
+
+def test_frozen_rank_is_declared_lost_after_spark_hvd_timeout_s(tmp_path):
+    """A rank that stops answering without closing its sockets (SIGSTOP): the others
+    must give up after SPARK_HVD_TIMEOUT_S (3 s here), not wait forever."""
+    job = DirectJob(3, [PYTHON, WORKER, "freeze", str(tmp_path)],
+                    env={"SPARK_HVD_TIMEOUT_S": "3"})
+    try:
+        codes = job.wait(DEADLINE_S + 20, ranks=[0, 1])
+        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(2))
+        frozen = load(tmp_path, "frozen_at")
+        assert frozen is not None, logs
+        for r in (0, 1):
+            res = load(tmp_path, f"result{r}")
+            assert res is not None, f"rank {r} did not report in time (exit {codes[r]})\n{logs}"
+            detect = res["at"] - frozen["at"]
+            print(f"rank {r}: {res['error']} {detect:.2f} s after the freeze: {res['message']}")
+            assert res["error"] in ("PeerLostError", "CollectiveTimeoutError"), res
+            assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s"
+    finally:
+        job.close()  # kills the stopped rank
+    assert not wait_gone(job.pids, 5)
+
+
+# -- a rank that shuts down early -------------------------------------------------------
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_rank_that_shuts_down_early_fails_the_others_pending_op(tmp_path, np):
+    proc = hvdrun(np, [PYTHON, WORKER, "shutdown_early", str(tmp_path)], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    at = load(tmp_path, "shutdown_at")["at"]
+    for r in range(np - 1):
+        res = load(tmp_path, f"result{r}")
+        assert res is not None, proc.stderr[-3000:]
+        print(f"rank {r}: {res['error']} {res['at'] - at:.2f} s after the shutdown")
+        assert res["error"] == "PeerLostError", res
+        assert res["at"] - at < DEADLINE_S
+        assert names_rank(res, np - 1) or f"rank(s) {np - 1}" in res["message"], res
+    assert not wait_gone(pids(tmp_path, np), 2)
+
+
+# -- stalls -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stall_warning_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stall_warning")
+    proc = hvdrun(3, [PYTHON, WORKER, "stall_warning", str(out)],
+                  env={"SPARK_HVD_STALL_CHECK_TIME_S": "1"}, timeout=60)
+    return proc, out
+
+
+@pytest.mark.parametrize("tensor", ["fresh", "cached"])
+def test_stall_warning_on_rank_0_names_the_tensor_and_the_missing_rank(stall_warning_job,
+                                                                        tensor):
+    proc, out = stall_warning_job
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(3):  # the late rank only delays the op
+        res = load(out, f"result{r}")[tensor]
+        assert res["error"] is None and res["value"] == [6.0, 6.0, 6.0], res
+    lines = [ln for ln in rank_lines(proc.stderr, 0) if f"stall.{tensor}" in ln]
+    assert lines, f"no stall warning for stall.{tensor} on rank 0's stderr:\n" \
+        + "\n".join(rank_lines(proc.stderr, 0))
+    assert any(re.search(r"(missing|not yet|waiting)", ln, re.I) and
+               re.search(r"\branks? \[?2\]?(?![\d,])", ln) for ln in lines), \
+        f"the warning should name the missing rank 2: {lines}"
+
+
+@pytest.fixture(scope="module")
+def stall_shutdown_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stall_shutdown")
+    proc = hvdrun(2, [PYTHON, WORKER, "stall_shutdown", str(out)],
+                  env={"SPARK_HVD_STALL_CHECK_TIME_S": "1",
+                       "SPARK_HVD_STALL_SHUTDOWN_TIME_S": "2"}, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, [load(out, f"result{r}") for r in range(2)]
+
+
+def test_stall_shutdown_fails_the_waiting_rank_with_collective_timeout(stall_shutdown_job):
+    _, results = stall_shutdown_job
+    res = results[0]["alone"]
+    print(f"rank 0: {res['error']} after {res['seconds']:.2f} s: {res['message']}")
+    assert res["error"] == "CollectiveTimeoutError", res
+    assert 1.5 <= res["seconds"] < DEADLINE_S, res
+    assert "stall.alone" in res["message"] and re.search(r"\b1\b", res["message"]), res
+
+
+def test_stall_shutdown_fails_every_stalled_rank(stall_shutdown_job):
+    _, results = stall_shutdown_job
+    for r, out in enumerate(results):
+        res = out["crossed"]
+        assert res["error"] == "CollectiveTimeoutError", (r, res)
+        assert f"stall.crossed.{r}" in res["message"], res
+
+
+def test_engine_keeps_working_after_stall_errors(stall_shutdown_job):
+    _, results = stall_shutdown_job
+    for out in results:
+        for step in ("sync", "final"):
+            assert out[step]["error"] is None and out[step]["value"] == [2.0] * 3, out[step]

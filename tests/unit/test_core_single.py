@@ -1,0 +1,392 @@
+"""Every op in a single process: ``init()`` without a launcher is rank 0 of 1.
+
+At size 1 every reduction returns its input (integer Average divides by 1), so the
+expectations are the inputs themselves, with scale factors applied.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import spark_hvd as hvd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16)] \
+    + [BF16] + [np.dtype(t) for t in (np.float32, np.float64, np.bool_)]
+FLOATS = {np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)}
+OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
+       "Product": hvd.Product}
+SHAPES = [(0,), (1,), (7,), (3, 5), (0, 4)]  # 0-d: test_zero_dim_keeps_its_shape
+
+
+def ids(dt):
+    return "bfloat16" if np.dtype(dt) == BF16 else np.dtype(dt).name
+
+
+def sample(dt, shape, salt=0):
+    n = int(np.prod(shape, dtype=np.int64))
+    base = (np.arange(n) * 7 + salt) % 5
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        raw = base % 2 == 1
+    elif dt.kind == "u":
+        raw = base + 1
+    elif dt in FLOATS:
+        raw = (base - 2) * 0.5
+    else:
+        raw = base - 2
+    return np.asarray(raw).astype(dt).reshape(shape)
+
+
+def same(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.array_equal(got.astype(np.float64) if want.dtype in FLOATS else got,
+                          want.astype(np.float64) if want.dtype in FLOATS else want), (got, want)
+
+
+def run_python(code: str, env_extra=None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_HVD_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single():
+    """hvd.init() with no launcher environment: a one-rank job in this process."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SPARK_HVD_")}
+    if hvd.is_initialized():
+        hvd.shutdown()
+    hvd.init()
+    try:
+        yield
+    finally:
+        hvd.shutdown()
+        os.environ.update(saved)
+
+
+# -- topology -------------------------------------------------------------------------
+
+def test_rank_0_of_1():
+    assert hvd.is_initialized()
+    assert (hvd.rank(), hvd.size()) == (0, 1)
+    assert (hvd.local_rank(), hvd.local_size()) == (0, 1)
+    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
+    assert hvd.is_homogeneous()
+    assert hvd.gloo_enabled() and not hvd.mpi_enabled()
+
+
+def test_init_twice_is_a_no_op():
+    hvd.init()
+    assert hvd.size() == 1
+    same(hvd.allreduce(np.ones(2), op=hvd.Sum, name="single.init_twice"), np.ones(2))
+
+
+# -- allreduce ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dt", DTYPES, ids=ids)
+def test_allreduce_returns_the_input(dt, op):
+    for k, shape in enumerate(SHAPES):
+        x = sample(dt, shape, k)
+        name = f"single.ar.{ids(dt)}.{op}.{k}"
+        if dt == np.bool_ and op == "Average":
+            with pytest.raises(hvd.InvalidArgumentError, match="bool"):
+                hvd.allreduce(x, op=OPS[op], name=name)
+            continue
+        got = hvd.allreduce(x, op=OPS[op], name=name)
+        same(got, x)
+        assert got is not x and not np.shares_memory(got, x)
+
+
+@pytest.mark.parametrize("dt", [d for d in DTYPES if d != np.bool_], ids=ids)
+def test_allreduce_scale_factors(dt):
+    x = sample(dt, (9,))
+    pre, post = (0.5, 4.0) if dt in FLOATS else (2.0, 3.0)
+    for op in ("Sum", "Average"):
+        got = hvd.allreduce(x, op=OPS[op], prescale_factor=pre, postscale_factor=post,
+                            name=f"single.scaled.{ids(dt)}.{op}")
+        want = (x.astype(np.float64) * pre * post).astype(dt)
+        same(got, want)
+
+
+def test_allreduce_default_op_is_average():
+    x = np.array([1, -3, 5], np.int32)
+    same(hvd.allreduce(x, name="single.default"), x)
+
+
+def test_allreduce_accepts_non_contiguous_and_python_lists():
+    x = np.arange(20, dtype=np.float32).reshape(4, 5)[:, ::2]
+    same(hvd.allreduce(x, op=hvd.Sum, name="single.strided"), np.ascontiguousarray(x))
+    same(hvd.allreduce([1.0, 2.0], op=hvd.Sum, name="single.list"), np.array([1.0, 2.0]))
+
+
+def test_async_poll_synchronize():
+    x = np.arange(100, dtype=np.float64)
+    h = hvd.allreduce_async(x, op=hvd.Sum, name="single.async")
+    got = hvd.synchronize(h)
+    assert hvd.poll(h)
+    same(got, x)
+    same(hvd.synchronize(h), x)  # a second synchronize returns the same value
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=ids)
+def test_grouped_allreduce(dt):
+    xs = [sample(dt, s, i) for i, s in enumerate([(0,), (5,), (2, 3), (1,)])]
+    op = hvd.Max if dt == np.bool_ else hvd.Sum
+    got = hvd.grouped_allreduce(xs, op=op, name=f"single.group.{ids(dt)}")
+    assert len(got) == len(xs)
+    for g, x in zip(got, xs):
+        same(g, x)
+
+
+def test_many_async_allreduces_in_flight():
+    xs = [sample(np.float32, (i % 13,), i) for i in range(200)]
+    hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"single.many.{i}") for i, x in enumerate(xs)]
+    for h, x in zip(reversed(hs), reversed(xs)):
+        same(hvd.synchronize(h), x)
+
+
+def test_repeated_steps_with_changing_shape_and_op():
+    for s in range(20):
+        x = sample(np.float32, (4,), s)
+        same(hvd.allreduce(x, op=hvd.Sum, name="single.cache"), x)
+    same(hvd.allreduce(sample(np.float32, (6,)), op=hvd.Sum, name="single.cache"),
+         sample(np.float32, (6,)))
+    same(hvd.allreduce(sample(np.int64, (6,)), op=hvd.Max, name="single.cache"),
+         sample(np.int64, (6,)))
+
+
+@pytest.mark.parametrize("op", ["allreduce", "broadcast", "grouped_allreduce"])
+@pytest.mark.parametrize("dt", [np.dtype(np.float32), np.dtype(np.int64), np.dtype(np.bool_)],
+                         ids=ids)
+def test_zero_dim_keeps_its_shape(dt, op):
+    x = sample(dt, (), 1)
+    name = f"single.0d.{op}.{ids(dt)}"
+    if op == "allreduce":
+        got = hvd.allreduce(x, op=hvd.Max, name=name)
+    elif op == "broadcast":
+        got = hvd.broadcast(x, 0, name=name)
+    else:
+        got = hvd.grouped_allreduce([x], op=hvd.Max, name=name)[0]
+    same(got, x)
+
+
+# -- allgather, broadcast, alltoall, reducescatter -------------------------------------
+
+@pytest.mark.parametrize("dt", DTYPES, ids=ids)
+def test_allgather(dt):
+    for k, shape in enumerate([(0, 3), (4, 3), (1,), (6,)]):
+        x = sample(dt, shape, k)
+        same(hvd.allgather(x, name=f"single.ag.{ids(dt)}.{k}"), x)
+    same(hvd.allgather(sample(dt, ()), name=f"single.ag.{ids(dt)}.0d"), sample(dt, (1,)))
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=ids)
+def test_broadcast(dt):
+    for k, shape in enumerate(SHAPES):
+        x = sample(dt, shape, k)
+        same(hvd.broadcast(x, root_rank=0, name=f"single.bc.{ids(dt)}.{k}"), x)
+
+
+@pytest.mark.parametrize("dt", DTYPES, ids=ids)
+def test_alltoall(dt):
+    x = sample(dt, (5, 2))
+    out, splits = hvd.alltoall(x, splits=[5], name=f"single.a2a.{ids(dt)}")
+    same(out, x)
+    assert list(splits) == [5]
+    out, splits = hvd.alltoall(x, name=f"single.a2a.{ids(dt)}.nosplits")
+    same(out, x)
+    assert list(splits) == [5]
+    out, splits = hvd.alltoall(sample(dt, (0,)), splits=[0], name=f"single.a2a.{ids(dt)}.0")
+    same(out, sample(dt, (0,)))
+    assert list(splits) == [0]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dt", DTYPES, ids=ids)
+def test_reducescatter(dt, op):
+    for rows in (0, 1, 7):
+        x = sample(dt, (rows, 3), rows)
+        name = f"single.rs.{ids(dt)}.{op}.{rows}"
+        if dt == np.bool_ and op == "Average":
+            with pytest.raises(hvd.InvalidArgumentError):
+                hvd.reducescatter(x, op=OPS[op], name=name)
+            continue
+        same(hvd.reducescatter(x, op=OPS[op], name=name), x)
+
+
+# -- barrier, join, objects, process sets -------------------------------------------------
+
+def test_barrier_and_join():
+    hvd.barrier()
+    assert hvd.join() == 0
+    same(hvd.allreduce(np.ones(3), op=hvd.Sum, name="single.after_join"), np.ones(3))
+
+
+def test_objects():
+    obj = {"a": [1, 2, 3], "b": ("x", None), "c": b"\x00\x01"}
+    assert hvd.broadcast_object(obj, root_rank=0) == obj
+    assert hvd.allgather_object(obj) == [obj]
+    assert hvd.allgather_object(None) == [None]
+
+
+def test_process_set_of_rank_0():
+    ps = hvd.add_process_set([0])
+    assert ps.process_set_id not in (None, 0) and ps.included() and ps.rank() == 0
+    same(hvd.allreduce(np.arange(3.0), op=hvd.Sum, name="single.ps", process_set=ps),
+         np.arange(3.0))
+    same(hvd.allgather(np.ones((2, 2)), name="single.ps.ag", process_set=ps), np.ones((2, 2)))
+    hvd.barrier(process_set=ps)
+    assert hvd.remove_process_set(ps) is True
+    assert hvd.remove_process_set(ps) is False
+    with pytest.raises(hvd.InvalidArgumentError):
+        hvd.allreduce(np.ones(1), name="single.ps.removed", process_set=ps)
+    with pytest.raises(hvd.InvalidArgumentError):
+        hvd.add_process_set([0, 1])
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+
+
+# -- timeline ------------------------------------------------------------------------------
+
+def test_timeline_start_stop_writes_chrome_trace(tmp_path):
+    path = tmp_path / "timeline.json"
+    hvd.start_timeline(str(path))
+    hvd.allreduce(np.ones(8, np.float32), name="single.tl.grad")
+    hvd.allgather(np.ones(2, np.int32), name="single.tl.gather")
+    hvd.stop_timeline()
+    trace = json.loads(path.read_text())
+    names = {str(e.get("args", {}).get(k)) for e in trace["traceEvents"]
+             for k in ("tensor", "name")}
+    assert {"single.tl.grad", "single.tl.gather"} <= names
+    assert all({"name", "ph", "pid"} <= set(e) for e in trace["traceEvents"])
+
+
+def test_timeline_at_an_unwritable_path_raises(tmp_path):
+    with pytest.raises(hvd.InvalidArgumentError):
+        hvd.start_timeline(str(tmp_path / "no" / "such" / "dir" / "t.json"))
+
+
+# -- errors -------------------------------------------------------------------------------
+
+def test_duplicate_name_in_flight():
+    """A slow cycle (SPARK_HVD_CYCLE_TIME_MS=300) keeps the first op in flight while the
+    second is submitted; a fresh interpreter, so the other tests keep the fast cycle."""
+    proc = run_python("""
+        import numpy as np, spark_hvd as hvd
+        hvd.init()
+        x = np.ones(4)
+        h1 = hvd.allreduce_async(x, op=hvd.Sum, name="single.dup")
+        try:
+            hvd.synchronize(hvd.allreduce_async(x, op=hvd.Sum, name="single.dup"))
+            print("no error")
+        except hvd.InvalidArgumentError as e:
+            print("InvalidArgumentError", e)
+        print("first", hvd.synchronize(h1).tolist())
+        print("reuse", hvd.allreduce(x, op=hvd.Sum, name="single.dup").tolist())
+    """, {"SPARK_HVD_CYCLE_TIME_MS": "300"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("InvalidArgumentError") and "single.dup" in lines[0], lines
+    assert lines[1:] == ["first [1.0, 1.0, 1.0, 1.0]", "reuse [1.0, 1.0, 1.0, 1.0]"], lines
+
+
+@pytest.mark.parametrize("call", [
+    lambda: hvd.allreduce(np.zeros(2, np.complex64), name="single.bad.dtype"),
+    lambda: hvd.allreduce(np.ones(2), name="single.bad.adasum", op=hvd.Adasum),
+    lambda: hvd.allreduce(np.ones(2), name="single.bad.both", op=hvd.Sum, average=True),
+    lambda: hvd.broadcast(np.ones(2), root_rank=1, name="single.bad.root"),
+    lambda: hvd.alltoall(np.ones(4), splits=[3], name="single.bad.splits"),
+    lambda: hvd.alltoall(np.ones(4), splits=[2, 2], name="single.bad.nsplits"),
+    lambda: hvd.alltoall(np.float32(1), name="single.bad.a2a0d"),
+    lambda: hvd.reducescatter(np.float32(1), name="single.bad.rs0d"),
+    lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Sum, prescale_factor=2.0,
+                          name="single.bad.boolscale"),
+], ids=["complex", "adasum_numpy", "op_and_average", "root", "splits_sum", "splits_count",
+        "alltoall_0d", "reducescatter_0d", "bool_scale"])
+def test_invalid_arguments(call):
+    with pytest.raises(hvd.InvalidArgumentError):
+        call()
+
+
+def test_native_errors_are_the_picklable_taxonomy():
+    import pickle
+
+    with pytest.raises(hvd.InvalidArgumentError) as info:
+        hvd.allreduce(np.ones(2, bool), name="single.bool.avg")
+    e = pickle.loads(pickle.dumps(info.value))
+    assert type(e) is type(info.value) and str(e) == str(info.value)
+
+
+# -- before init, after shutdown, re-init (fresh interpreters) ---------------------------
+
+BEFORE_AND_AFTER = """
+    import json, numpy as np, spark_hvd as hvd
+    def probe():
+        out = {}
+        for what, fn in [
+            ("allreduce", lambda: hvd.allreduce(np.ones(2), name="p.ar")),
+            ("allgather", lambda: hvd.allgather(np.ones(2), name="p.ag")),
+            ("broadcast", lambda: hvd.broadcast(np.ones(2), 0, name="p.bc")),
+            ("alltoall", lambda: hvd.alltoall(np.ones(2), splits=[2], name="p.a2a")),
+            ("reducescatter", lambda: hvd.reducescatter(np.ones(2), name="p.rs")),
+            ("grouped_allreduce", lambda: hvd.grouped_allreduce([np.ones(2)], name="p.g")),
+            ("barrier", hvd.barrier), ("join", hvd.join),
+            ("broadcast_object", lambda: hvd.broadcast_object(1)),
+            ("rank", hvd.rank), ("size", hvd.size), ("local_rank", hvd.local_rank),
+        ]:
+            try:
+                fn()
+                out[what] = "no error"
+            except Exception as e:
+                out[what] = type(e).__name__
+        return out
+    before = probe()
+    hvd.init()
+    ok = hvd.allreduce(np.ones(2), op=hvd.Sum, name="ok").tolist()
+    hvd.shutdown()
+    after = probe()
+    hvd.init()
+    again = hvd.allreduce(np.ones(2), op=hvd.Sum, name="again").tolist()
+    hvd.shutdown()
+    print(json.dumps({"before": before, "ok": ok, "after": after, "again": again}))
+"""
+
+
+@pytest.fixture(scope="module")
+def lifecycle():
+    proc = run_python(BEFORE_AND_AFTER)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_ops_outside_init_raise_not_initialized(lifecycle, when):
+    wrong = {k: v for k, v in lifecycle[when].items() if v != "NotInitializedError"}
+    assert not wrong, f"{when} init/shutdown, these did not raise NotInitializedError: {wrong}"
+
+
+def test_init_again_after_shutdown(lifecycle):
+    assert lifecycle["ok"] == [1.0, 1.0] and lifecycle["again"] == [1.0, 1.0]
+
+
+def test_size_without_rendezvous_is_a_clear_error():
+    proc = run_python("""
+        import spark_hvd as hvd
+        try:
+            hvd.init()
+        except hvd.InvalidArgumentError as e:
+            print("InvalidArgumentError", e)
+    """, {"SPARK_HVD_RANK": "0", "SPARK_HVD_SIZE": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("InvalidArgumentError") and "spark-hvdrun" in proc.stdout

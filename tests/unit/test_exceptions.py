@@ -1,0 +1,144 @@
+"""The exception taxonomy: picklable with its fields (errors cross Spark executors),
+the documented base classes, and the native status-code mapping."""
+
+import concurrent.futures
+import multiprocessing
+import pickle
+
+import cloudpickle
+import pytest
+
+import spark_hvd
+from spark_hvd import exceptions as E
+
+ALL = [E.SparkHvdError, E.InvalidArgumentError, E.TensorMismatchError, E.NotInitializedError,
+       E.CollectiveTimeoutError, E.PeerLostError, E.StoreError, E.AuthenticationError,
+       E.InternalError, E.RankFailedError]
+
+
+def samples():
+    """One instance of every class, with every field set."""
+    out = [cls(f"{cls.__name__}: tensor 'grad.0' on [ranks 0,2]") for cls in ALL
+           if cls not in (E.PeerLostError, E.RankFailedError)]
+    out.append(E.PeerLostError("rank 2 exited", ranks=[2, 5]))
+    out.append(E.RankFailedError("ranks 1,3 failed",
+                                 failures={1: "Traceback...\nValueError: x", 3: "killed"}))
+    return out
+
+
+def fields(e):
+    return (type(e), e.message, str(e), e.args, getattr(e, "ranks", None),
+            getattr(e, "failures", None))
+
+
+@pytest.mark.parametrize("exc", samples(), ids=lambda e: type(e).__name__)
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_pickle_round_trip_keeps_type_and_fields(exc, protocol):
+    back = pickle.loads(pickle.dumps(exc, protocol=protocol))
+    assert fields(back) == fields(exc)
+
+
+@pytest.mark.parametrize("exc", samples(), ids=lambda e: type(e).__name__)
+def test_cloudpickle_round_trip(exc):
+    assert fields(cloudpickle.loads(cloudpickle.dumps(exc))) == fields(exc)
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_no_argument_construction_pickles(cls):
+    e = cls()
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is cls and back.message == "" and str(back) == ""
+    if cls is E.PeerLostError:
+        assert back.ranks == []
+    if cls is E.RankFailedError:
+        assert back.failures == {}
+
+
+def test_peer_lost_ranks_are_a_list_and_not_shared():
+    src = (3, 1)
+    e = E.PeerLostError("lost", ranks=src)
+    assert e.ranks == [3, 1] and isinstance(e.ranks, list)
+    f = E.RankFailedError("x", failures={0: "a"})
+    f2 = pickle.loads(pickle.dumps(f))
+    f2.failures[1] = "b"
+    assert f.failures == {0: "a"}
+
+
+def test_raised_with_a_cause_still_pickles():
+    try:
+        try:
+            raise OSError("socket closed")
+        except OSError as inner:
+            raise E.PeerLostError("rank 1 lost", ranks=[1]) from inner
+    except E.PeerLostError as e:
+        back = pickle.loads(pickle.dumps(e))
+    assert fields(back)[:5] == (E.PeerLostError, "rank 1 lost", "rank 1 lost", ("rank 1 lost",),
+                                [1])
+
+
+def _raise_in_child(kind):
+    if kind == "peer":
+        raise E.PeerLostError("rank 2 died", ranks=[2])
+    if kind == "mismatch":
+        raise E.TensorMismatchError("tensor 'w' shape differs: rank 0 has (3,), rank 1 has (4,)")
+    raise E.RankFailedError("rank 0 failed", failures={0: "tail"})
+
+
+@pytest.fixture(scope="module")
+def pool():
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as p:
+        yield p
+
+
+@pytest.mark.parametrize("kind", ["peer", "mismatch", "failed"])
+def test_error_raised_in_another_process_arrives_intact(pool, kind):
+    """What a rank raises is what the driver re-raises (the process-pool path pickles)."""
+    with pytest.raises(E.SparkHvdError) as info:
+        pool.submit(_raise_in_child, kind).result(timeout=60)
+    e = info.value
+    if kind == "peer":
+        assert type(e) is E.PeerLostError and e.ranks == [2] and str(e) == "rank 2 died"
+    elif kind == "mismatch":
+        assert type(e) is E.TensorMismatchError and "rank 1 has (4,)" in str(e)
+    else:
+        assert type(e) is E.RankFailedError and e.failures == {0: "tail"}
+
+
+def test_standard_base_classes():
+    assert issubclass(E.InvalidArgumentError, ValueError)
+    assert issubclass(E.TensorMismatchError, E.InvalidArgumentError)
+    assert issubclass(E.NotInitializedError, RuntimeError)
+    assert issubclass(E.CollectiveTimeoutError, TimeoutError)
+    assert issubclass(E.PeerLostError, ConnectionError)
+    assert issubclass(E.InternalError, RuntimeError)
+    assert issubclass(E.AuthenticationError, E.StoreError)
+    for cls in ALL:
+        assert issubclass(cls, E.SparkHvdError) and issubclass(cls, Exception)
+
+
+def test_codes_are_unique_and_from_code_maps_back():
+    codes = [cls.code for cls in ALL]
+    assert len(set(codes)) == len(codes)
+    for cls in ALL:
+        e = E.from_code(cls.code, "msg")
+        assert type(e) is cls and str(e) == "msg" and e.message == "msg"
+
+
+@pytest.mark.parametrize("code", [0, -1, 99, 12345])
+def test_unknown_code_is_an_internal_error(code):
+    e = E.from_code(code, "boom")
+    assert type(e) is E.InternalError and str(e) == "boom"
+
+
+def test_format_ranks():
+    assert E.format_ranks([3]) == "[rank 3]"
+    assert E.format_ranks([3, 0, 2, 2]) == "[ranks 0,2,3]"
+    assert E.format_ranks(iter([1, 0])) == "[ranks 0,1]"
+
+
+def test_public_names_are_the_same_classes():
+    for name in ("SparkHvdError", "InvalidArgumentError", "TensorMismatchError",
+                 "NotInitializedError", "CollectiveTimeoutError", "PeerLostError",
+                 "InternalError"):
+        assert getattr(spark_hvd, name) is getattr(E, name)
