@@ -34,8 +34,11 @@ class Communicator {
   virtual Status AllgatherFixed(const void* in, void* out, int64_t bytes) = 0;
 
   // In-place reduction of `count` elements (Average is reduced as Sum; the
-  // engine divides afterwards).
-  virtual Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
+  // engine divides afterwards). `stable_buffer`: buf is engine-owned and will be
+  // passed again (the fusion buffer), so per-buffer set-up may be cached. It is
+  // the same on every rank for a given call, so caching stays in lockstep.
+  virtual Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                           bool stable_buffer) = 0;
 
   // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
   virtual Status Allgatherv(const void* in, void* out,

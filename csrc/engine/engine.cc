@@ -171,8 +171,12 @@ void Engine::Loop(std::promise<Status>* ready) {
       }
     }
     if (!stop.ok()) break;
+    // Sleep out the cycle unless work arrives: a rank that enqueues while the
+    // engine idles starts the next exchange at once (peers join it on their own
+    // cycle), so a blocking op does not pay up to a whole cycle of latency.
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, start + cycle, [this] { return shutdown_requested_.load(); });
+    cv_.wait_until(lock, start + cycle,
+                   [this] { return shutdown_requested_.load() || !queue_.empty(); });
   }
   if (!stop.ok() && !shutdown_requested_.load()) {
     // A peer's orderly exit is news only to a rank that still has work in flight.
@@ -297,6 +301,7 @@ int64_t Engine::Enqueue(Request req, const void* input, void* output) {
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
     queue_.push_back(std::move(e));
   }
+  cv_.notify_one();
   return handles_.Add(state);
 }
 

@@ -135,7 +135,7 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   }
   Phase(es, "MEMCPY_IN_FUSION_BUFFER", t0);
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(buf, total, r.dtype, r.reduce_op);
+  Status s = comm->Allreduce(buf, total, r.dtype, r.reduce_op, /*stable_buffer=*/true);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
   int64_t t2 = NowMicros();
@@ -166,7 +166,7 @@ Status Executor::AllreduceOne(const Response& r, TensorEntry* e, const ResponseT
     FillNeutral(buf, static_cast<size_t>(n), r.dtype, r.reduce_op);
   }
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(buf, n, r.dtype, r.reduce_op);
+  Status s = comm->Allreduce(buf, n, r.dtype, r.reduce_op, /*stable_buffer=*/false);
   if (!s.ok()) return s;
   if (e && timeline_->active()) {
     timeline_->Event(e->req.name, Upper(comm->name()) + "_ALLREDUCE", t1, NowMicros());
@@ -259,7 +259,7 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   if (n) std::memcpy(full.data(), e->input, full.size());
   ScaleBuffer(full.data(), static_cast<size_t>(n), r.dtype, r.prescale);
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(full.data(), n, r.dtype, r.reduce_op);
+  Status s = comm->Allreduce(full.data(), n, r.dtype, r.reduce_op, /*stable_buffer=*/false);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
   Finish(r, full.data(), n);

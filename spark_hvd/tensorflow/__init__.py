@@ -1,1 +1,85 @@
-"""Placeholder: filled in by its issue."""
+"""Horovod's TensorFlow 2 API on spark_hvd: ``import spark_hvd.tensorflow as hvd``.
+
+Collectives take and return ``tf.Tensor`` s, eagerly and inside ``tf.function`` (not
+under XLA: see :mod:`spark_hvd.tensorflow.mpi_ops`), with gradients.
+``DistributedGradientTape`` is for custom training loops; Keras models use
+``spark_hvd.tensorflow.keras.DistributedOptimizer`` (``DistributedOptimizer`` here
+accepts Keras optimizers too, and tf.compat.v1.train optimizers).
+"""
+
+from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size,
+                               global_process_set, gloo_built, gloo_enabled, init,
+                               is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
+                               mpi_enabled, nccl_built, rank, remove_process_set, shutdown, size,
+                               start_timeline, stop_timeline)
+from spark_hvd._types import ReduceOp
+from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, InvalidArgumentError,
+                                  NotInitializedError, PeerLostError, SparkHvdError,
+                                  TensorMismatchError)
+from spark_hvd.tensorflow.compression import Compression
+from spark_hvd.tensorflow.functions import (allgather_object, broadcast_object,
+                                            broadcast_object_fn, broadcast_variables)
+from spark_hvd.tensorflow.gradient_tape import DistributedGradientTape
+from spark_hvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
+                                          allreduce, alltoall, barrier, broadcast, broadcast_,
+                                          grouped_allgather, grouped_allreduce,
+                                          grouped_reducescatter, join, local_rank_op,
+                                          local_size_op, rank_op, reducescatter, size_op)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
+                         device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, backward_passes_per_step=1, op=Average,
+                         gradient_predivide_factor=1.0, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=global_process_set):
+    """Wraps an optimizer so that it applies gradients reduced across the ranks.
+
+    A Keras optimizer gets :func:`spark_hvd.tensorflow.keras.DistributedOptimizer`; a
+    ``tf.compat.v1.train.Optimizer`` gets a copy whose ``compute_gradients`` reduces
+    (``backward_passes_per_step`` must then be 1).
+    """
+    import tensorflow as tf
+
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        from spark_hvd.tensorflow._legacy import wrap_v1
+        from spark_hvd.tensorflow._reducer import GradientReducer
+
+        if backward_passes_per_step != 1:
+            raise InvalidArgumentError("backward_passes_per_step > 1 needs a Keras optimizer")
+        reducer = GradientReducer(compression=compression, op=op,
+                                  gradient_predivide_factor=gradient_predivide_factor,
+                                  sparse_as_dense=sparse_as_dense, process_set=process_set,
+                                  prefix="DistributedOptimizer")
+        return wrap_v1(optimizer, reducer)
+    from spark_hvd.tensorflow.keras.optimizer import DistributedOptimizer as keras_optimizer
+
+    return keras_optimizer(optimizer, name=name, compression=compression,
+                           sparse_as_dense=sparse_as_dense,
+                           gradient_predivide_factor=gradient_predivide_factor, op=op,
+                           backward_passes_per_step=backward_passes_per_step,
+                           average_aggregated_gradients=average_aggregated_gradients,
+                           process_set=process_set)
+
+
+def broadcast_global_variables(root_rank: int):
+    """TF1 graph-collection broadcast: not available in TensorFlow 2."""
+    raise InvalidArgumentError(
+        "broadcast_global_variables() needs TF1 global-variable collections; in TensorFlow 2 "
+        "use broadcast_variables(model.variables, root_rank) (or, with Keras, "
+        "spark_hvd.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback)")
+
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "gloo_enabled", "mpi_built",
+    "mpi_enabled", "nccl_built", "start_timeline", "stop_timeline", "ProcessSet",
+    "global_process_set", "add_process_set", "remove_process_set", "ReduceOp",
+    "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
+    "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
+    "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
+    "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
+    "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
+    "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
+    "CollectiveTimeoutError", "PeerLostError", "InternalError",
+]

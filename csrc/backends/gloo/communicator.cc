@@ -3,6 +3,7 @@
 #include <gloo/algorithm.h>
 #include <gloo/allgather_ring.h>
 #include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/allreduce_ring_chunked.h>
 #include <gloo/alltoallv.h>
@@ -109,6 +110,23 @@ std::unique_ptr<gloo::Algorithm> MakeAllreduce(const std::shared_ptr<gloo::Conte
     return std::make_unique<gloo::AllreduceRingChunked<T>>(ctx, ptrs, static_cast<int>(count), fn);
   }
   return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, static_cast<int>(count), fn);
+}
+
+// One-shot allreduce through gloo's options API (ring): no per-buffer set-up
+// to cache, and at large sizes as fast as the set-up-once algorithm objects.
+template <typename T>
+void RunRingAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* buf, int64_t count,
+                      DataType dtype, ReduceOp op, uint32_t tag) {
+  ReduceFn fn = GetReduceFn(dtype, op);
+  gloo::AllreduceOptions opts(ctx);
+  opts.setOutput(static_cast<T*>(buf), static_cast<size_t>(count));
+  opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  opts.setReduceFunction([fn](void* c, const void* a, const void* b, size_t n) {
+    if (c != a) std::memcpy(c, a, n * sizeof(T));
+    fn(c, b, n);
+  });
+  opts.setTag(tag);
+  gloo::allreduce(opts);
 }
 
 // Runs a gloo call, turning its exceptions into a Status that names what failed.
@@ -232,9 +250,24 @@ gloo::Algorithm* GlooCommunicator::CachedAllreduce(void* buf, int64_t count, Dat
   return algos_.front().second.get();
 }
 
-Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                   bool stable_buffer) {
   if (size_ == 1 || count == 0) return Status::OK();
-  return Guard("allreduce", rank_, [&] { CachedAllreduce(buf, count, dtype, op)->run(); });
+  return Guard("allreduce", rank_, [&] {
+    if (stable_buffer) {
+      CachedAllreduce(buf, count, dtype, op)->run();
+    } else {
+      // A caller's buffer: its address may repeat on one rank and not on another
+      // (the allocator reuses memory), so never key a cache on it.
+      const uint32_t tag = tag_++;
+      switch (DataTypeSize(dtype)) {
+        case 1: RunRingAllreduce<uint8_t>(context_, buf, count, dtype, op, tag); break;
+        case 2: RunRingAllreduce<uint16_t>(context_, buf, count, dtype, op, tag); break;
+        case 4: RunRingAllreduce<uint32_t>(context_, buf, count, dtype, op, tag); break;
+        default: RunRingAllreduce<uint64_t>(context_, buf, count, dtype, op, tag); break;
+      }
+    }
+  });
 }
 
 Status GlooCommunicator::Allgatherv(const void* in, void* out,

@@ -37,7 +37,8 @@ class GlooCommunicator : public Communicator {
   bool Accepts(int32_t device) const override { return device == kCpuDevice; }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
-  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override;
+  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                   bool stable_buffer) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,

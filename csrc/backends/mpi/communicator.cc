@@ -154,7 +154,8 @@ Status MpiCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
   return Check(MPI_Allgather(in, n, MPI_BYTE, out, n, MPI_BYTE, impl_->comm), "control allgather");
 }
 
-Status MpiCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+Status MpiCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                  bool /*stable_buffer*/) {
   if (size_ == 1 || count == 0) return Status::OK();
   int n;
   Status s = ToCount(count, &n, "allreduce");

@@ -1,0 +1,81 @@
+"""Reducing a list of gradients across ranks: shared by DistributedGradientTape and the
+Keras DistributedOptimizer.
+
+Dense gradients go as one group (one host call, one negotiation, fused by the core);
+``tf.IndexedSlices`` are allgathered unless ``sparse_as_dense``; ``None`` stays ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import tensorflow as tf
+
+from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.tensorflow import mpi_ops
+from spark_hvd.tensorflow.compression import Compression
+
+
+class GradientReducer:
+    """Callable: ``reducer(grads, name=None) -> reduced grads`` (same length, same Nones).
+
+    Parameters
+    ----------
+    compression : how dense gradients travel (``Compression.none/fp16/bf16``).
+    op : ``Average`` (default), ``Sum``, ...; Adasum is not available for TensorFlow.
+    gradient_predivide_factor : with op=Average, divide by this before the sum and by
+        ``size / factor`` after it (same result, different rounding).
+    sparse_as_dense : convert ``tf.IndexedSlices`` to dense tensors before reducing.
+    process_set : the ranks to reduce over.
+    prefix : base of the names of the collectives.
+    """
+
+    def __init__(self, compression=Compression.none, op=mpi_ops.Average,
+                 gradient_predivide_factor: float = 1.0, sparse_as_dense: bool = False,
+                 process_set: ProcessSet = global_process_set,
+                 prefix: str = "gradients") -> None:
+        op = mpi_ops._reduce_op(op, None)
+        if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
+            raise InvalidArgumentError("gradient_predivide_factor is only supported with "
+                                       f"op=Average, got op={op.name}")
+        if gradient_predivide_factor <= 0:
+            raise InvalidArgumentError("gradient_predivide_factor must be positive, got "
+                                       f"{gradient_predivide_factor}")
+        self.compression = compression
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self.prefix = prefix
+
+    def _op_and_scales(self):
+        if self.gradient_predivide_factor == 1.0:
+            return self.op, 1.0, 1.0
+        f = self.gradient_predivide_factor
+        return mpi_ops.Sum, 1.0 / f, f / self.process_set.size()
+
+    def __call__(self, grads: Sequence, name: Optional[str] = None) -> List:
+        grads = list(grads)
+        out: list = [None] * len(grads)
+        op, prescale, postscale = self._op_and_scales()
+        dense_idx, dense = [], []
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense:
+                out[i] = ("sparse", g)
+                continue
+            dense_idx.append(i)
+            dense.append(tf.convert_to_tensor(g))
+        base = name or mpi_ops.stable_name(self.prefix, dense)
+        compressed = [self.compression.compress(g) for g in dense]
+        reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in compressed], op, prescale,
+                                                 postscale, base, self.process_set)
+        for i, r, (_, ctx) in zip(dense_idx, reduced, compressed):
+            out[i] = self.compression.decompress(r, ctx)
+        for i, g in enumerate(out):
+            if isinstance(g, tuple):
+                out[i] = mpi_ops._allreduce_sparse(g[1], op, prescale, postscale,
+                                                   f"{base}.sparse{i}", self.process_set)
+        return out

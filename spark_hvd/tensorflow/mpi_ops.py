@@ -1,0 +1,593 @@
+"""Collectives on TensorFlow tensors, eagerly and inside ``tf.function``, with gradients.
+
+Nothing here is compiled against TensorFlow. Every collective is a host function on
+numpy arrays (``spark_hvd._ops``):
+
+- eagerly it runs at once on ``tensor.numpy()`` and the result becomes a tensor again;
+- inside a graph (``tf.function``, Keras ``fit``) it becomes one ``tf.numpy_function``
+  node marked stateful. TensorFlow's automatic control dependencies run stateful nodes
+  in program order, so every rank issues its collectives in the same order even though
+  each node blocks until its collective is done.
+
+XLA cannot compile a ``numpy_function``: inside ``tf.function(jit_compile=True)`` the ops
+raise a clear error (the Keras ``DistributedOptimizer`` turns XLA off for ``fit`` instead).
+
+Names: an explicit ``name=`` is used as given. Without one, an eager op gets the next
+name of a per-kind counter and a graph op a name unique within its ``tf.function``
+graph (``<function>/<scope>/SparkHvdAllreduce_3``), which is the same on every rank and
+every retrace as long as the ranks run the same code.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from spark_hvd import _ops as _np
+from spark_hvd._basics import _RUNTIME, ProcessSet, global_process_set
+from spark_hvd._types import OpType, ReduceOp, numpy_code
+from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.tensorflow.compression import Compression
+
+Sum = ReduceOp.SUM
+Average = ReduceOp.AVERAGE
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
+
+# Bit-exact ops (broadcast, allgather, alltoall) move these as same-width signed ints.
+_BITCAST = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
+            np.dtype(np.uint64): np.dtype(np.int64)}
+
+try:  # private, but the only way to see that a graph is being compiled by XLA
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
+except ImportError:  # pragma: no cover - depends on the TensorFlow version
+    def _in_xla(graph) -> bool:
+        return False
+
+
+# -- plumbing -------------------------------------------------------------------------
+
+# AutoGraph would otherwise rewrite these functions (their control flow is on Python
+# values only) every time a tf.function that calls them is traced.
+_not_autograph = tf.autograph.experimental.do_not_convert
+
+
+def _numpy_dtype(dtype: tf.DType) -> np.dtype:
+    return np.dtype(dtype.as_numpy_dtype)
+
+
+def _check_dtype(dtype: tf.DType, bitcast: bool = False) -> None:
+    np_dtype = _numpy_dtype(dtype)
+    if bitcast and np_dtype in _BITCAST:
+        return
+    try:
+        numpy_code(np_dtype)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"spark_hvd.tensorflow: dtype {dtype.name} is not supported; use one of uint8, int8, "
+            "int16, int32, int64, float16, bfloat16, float32, float64, bool") from None
+
+
+def _differentiable(dtype: tf.DType) -> bool:
+    return dtype.is_floating or dtype.is_complex
+
+
+def _to_numpy(value) -> np.ndarray:
+    if hasattr(value, "numpy"):
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def _check_not_xla(kind: str) -> None:
+    if _in_xla(tf.compat.v1.get_default_graph()):
+        raise InvalidArgumentError(
+            f"spark_hvd.tensorflow.{kind} cannot run inside an XLA-compiled function: spark_hvd "
+            "collectives run on the host through tf.numpy_function, which XLA cannot compile. "
+            "Use tf.function(jit_compile=False) for the function that calls it (Keras: "
+            "model.compile(..., jit_compile=False), which DistributedOptimizer does for fit)")
+
+
+def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dtypes: Sequence,
+              kind: str) -> List[tf.Tensor]:
+    """Runs ``fn`` (numpy arrays in, a list of numpy arrays out) now when eager, else as one
+    stateful ``tf.numpy_function`` node of the current graph."""
+    if tf.executing_eagerly():
+        outs = fn(*[_to_numpy(t) for t in inputs])
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+    _check_not_xla(kind)
+    outs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
+                             name=_op_name(kind))
+    return list(outs)
+
+
+def _op_name(kind: str) -> str:
+    return "SparkHvd" + "".join(p[:1].upper() + p[1:] for p in kind.split("_"))
+
+
+def collective_name(name: Optional[str], kind: str) -> str:
+    """``name`` if given, else a deterministic name (see the module docstring)."""
+    if name:
+        return name
+    if tf.executing_eagerly():
+        return _RUNTIME.auto_name(f"tf.{kind}")
+    graph = tf.compat.v1.get_default_graph()
+    unique = graph.unique_name(_op_name(kind), mark_as_used=True)
+    return f"{getattr(graph, 'name', 'graph')}/{unique}"
+
+
+def stable_name(prefix: str, tensors: Sequence) -> str:
+    """For the reduction issued once per training step: the tensors' dtypes and shapes
+    are part of the name, so each model's gradients keep their own entry in the core's
+    response cache. Eagerly the name is the same every step; in a graph it is also
+    unique within the function."""
+    signature = ";".join(f"{t.dtype.name}{t.shape}" for t in tensors)
+    suffix = f"{len(tensors)}.{zlib.crc32(signature.encode()):08x}"
+    if tf.executing_eagerly():
+        return f"{prefix}.{suffix}"
+    return f"{collective_name(None, prefix)}.{suffix}"
+
+
+def _set_shape(tensor: tf.Tensor, shape) -> tf.Tensor:
+    if not tf.executing_eagerly():
+        tensor.set_shape(shape)
+    return tensor
+
+
+def _rest(shape: tf.TensorShape) -> list:
+    return [] if shape.rank is None else shape.as_list()[1:]
+
+
+def _first_dim_unknown(shape: tf.TensorShape) -> tf.TensorShape:
+    if shape.rank is None:
+        return tf.TensorShape(None)
+    return tf.TensorShape([None] + _rest(shape))
+
+
+def _reduce_op(op, average) -> ReduceOp:
+    rop = _np._reduce_op(op, average)
+    if rop == Adasum:
+        raise InvalidArgumentError("op=Adasum is not available for TensorFlow tensors; use "
+                                   "Average or Sum")
+    return rop
+
+
+def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
+    if factor == 1.0:
+        return tensor
+    return tensor * tf.cast(factor, tensor.dtype)
+
+
+# -- numpy-side grouped submission ---------------------------------------------------------
+
+def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
+                          prescale: float, postscale: float,
+                          process_set: ProcessSet) -> List[np.ndarray]:
+    """Submits every array as one negotiated, fused group, then waits for all of them."""
+    shapes = [np.shape(a) for a in arrays]
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    codes = [numpy_code(a.dtype) for a in arrays]  # validate all before submitting any
+    handles = []
+    for i, (a, code) in enumerate(zip(arrays, codes)):
+        out = np.empty_like(a)
+        handles.append(_np.submit(
+            OpType.ALLREDUCE, f"{name}.{i}", code, a.shape, a.ctypes.data, out.ctypes.data,
+            (a, out), (lambda r, o=out: o), reduce_op=op, prescale=prescale,
+            postscale=postscale, process_set=process_set, group=name, group_size=len(arrays)))
+    return [_np.synchronize(h).reshape(shape) for h, shape in zip(handles, shapes)]
+
+
+def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
+    """Runs a bit-exact numpy collective on x, through a same-width int view if needed."""
+    wire = _BITCAST.get(x.dtype)
+    if wire is None:
+        return fn(x, *args, **kwargs)
+    out = fn(np.ascontiguousarray(x).view(wire), *args, **kwargs)
+    if isinstance(out, tuple):
+        return (out[0].view(x.dtype),) + tuple(out[1:])
+    return out.view(x.dtype)
+
+
+# -- allreduce ---------------------------------------------------------------------------
+
+def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
+    def fn(x):
+        out = _np.allreduce(x, op=op, name=name, prescale_factor=prescale,
+                            postscale_factor=postscale, process_set=process_set)
+        return [out.reshape(x.shape)]  # numpy's layer returns 0-d arrays as shape (1,)
+    (out,) = host_call(fn, [tensor], [tensor.dtype], "allreduce")
+    return _set_shape(out, tensor.shape)
+
+
+def _allreduce_dense(tensor, op, prescale, postscale, name, process_set):
+    if not _differentiable(tensor.dtype):
+        return _allreduce_raw(tensor, op, prescale, postscale, name, process_set)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _allreduce_raw(x, op, prescale, postscale, name, process_set)
+
+        def grad(dy):
+            if op in (Sum, Average):
+                return _allreduce_dense(dy, op, prescale, postscale, name + ".grad", process_set)
+            if op in (Min, Max):  # the rank(s) holding the extreme get the summed gradient
+                total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
+                mask = tf.cast(tf.equal(_scaled(x, prescale * postscale), y), dy.dtype)
+                return total * mask * tf.cast(prescale * postscale, dy.dtype)
+            raise InvalidArgumentError(f"allreduce with op={ReduceOp(op).name} has no gradient")
+        return y, grad
+
+    return forward(tensor)
+
+
+def _allreduce_sparse(slices: tf.IndexedSlices, op, prescale, postscale, name, process_set):
+    if op not in (Sum, Average):
+        raise InvalidArgumentError("allreduce of tf.IndexedSlices supports op=Sum or Average "
+                                   f"only, got {ReduceOp(op).name}")
+    values = allgather(slices.values, name=name + ".values", process_set=process_set)
+    indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
+    factor = prescale * postscale / (process_set.size() if op == Average else 1)
+    return tf.IndexedSlices(_scaled(values, factor), indices, dense_shape=slices.dense_shape)
+
+
+@_not_autograph
+def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str = "",
+              compression=Compression.none, op=None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False):
+    """Reduces ``tensor`` over the ranks of ``process_set`` (default op: Average).
+
+    ``tf.IndexedSlices`` are allgathered (values and indices) instead, and averaged by
+    dividing the values. Differentiable: the gradient is the same allreduce of the
+    upstream gradient (Min/Max: the summed gradient where this rank held the extreme).
+    ``device_*`` and ``ignore_name_scope`` are accepted for Horovod compatibility.
+    """
+    rop = _reduce_op(op, average)
+    name = collective_name(name, "allreduce")
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, rop, prescale_factor, postscale_factor, name,
+                                 process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor.dtype)
+    compressed, ctx = compression.compress(tensor)
+    out = _allreduce_dense(compressed, rop, prescale_factor, postscale_factor, name, process_set)
+    return compression.decompress(out, ctx)
+
+
+def _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set):
+    if not tensors:
+        return []
+
+    def fn(*arrays):
+        return _np_grouped_allreduce(arrays, name, op, prescale, postscale, process_set)
+    outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_allreduce")
+    return [_set_shape(o, t.shape) for o, t in zip(outs, tensors)]
+
+
+def _grouped_allreduce_dense(tensors, op, prescale, postscale, name, process_set):
+    if not any(_differentiable(t.dtype) for t in tensors) or op not in (Sum, Average):
+        return _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = _grouped_allreduce_raw(list(xs), op, prescale, postscale, name, process_set)
+
+        def grad(*dys):
+            idx = [i for i, (x, dy) in enumerate(zip(xs, dys))
+                   if dy is not None and _differentiable(x.dtype)]
+            reduced = _grouped_allreduce_dense([dys[i] for i in idx], op, prescale, postscale,
+                                               name + ".grad", process_set)
+            out = [None] * len(xs)
+            for i, r in zip(idx, reduced):
+                out[i] = r
+            return out
+        return ys, grad
+
+    return list(forward(*tensors))
+
+
+@_not_autograph
+def grouped_allreduce(tensors, average=None, device_dense: str = "", device_sparse: str = "",
+                      compression=Compression.none, op=None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set, name: Optional[str] = None):
+    """Allreduces a list of tensors as one group: negotiated together and fused into as few
+    collectives as the fusion threshold allows. Returns the list of results."""
+    rop = _reduce_op(op, average)
+    base = collective_name(name, "grouped_allreduce")
+    tensors = list(tensors)
+    out: list = [None] * len(tensors)
+    dense_idx, dense, ctxs = [], [], []
+    for i, t in enumerate(tensors):
+        if isinstance(t, tf.IndexedSlices):
+            out[i] = _allreduce_sparse(t, rop, prescale_factor, postscale_factor,
+                                       f"{base}.sparse{i}", process_set)
+            continue
+        t = tf.convert_to_tensor(t)
+        _check_dtype(t.dtype)
+        c, ctx = compression.compress(t)
+        dense_idx.append(i)
+        dense.append(c)
+        ctxs.append(ctx)
+    reduced = _grouped_allreduce_dense(dense, rop, prescale_factor, postscale_factor, base,
+                                       process_set)
+    for i, r, ctx in zip(dense_idx, reduced, ctxs):
+        out[i] = compression.decompress(r, ctx)
+    return out
+
+
+# -- allgather -----------------------------------------------------------------------------
+
+def _allgather_raw(tensor, name, process_set):
+    def fn(x):
+        return [_np_bitcast(_np.allgather, x, name=name, process_set=process_set)]
+    (out,) = host_call(fn, [tensor], [tensor.dtype], "allgather")
+    shape = tensor.shape
+    return _set_shape(out, [None] if shape.rank == 0 else _first_dim_unknown(shape))
+
+
+def _own_rows(full, x, name, process_set):
+    """The rows of an allgather result that came from this rank."""
+    rows = tf.reshape(tf.shape(tf.reshape(x, [-1]) if x.shape.rank == 0 else x,
+                               out_type=tf.int64)[0], [1])
+    sizes = _allgather_raw(rows, name, process_set)
+    me = process_set.rank()
+    offset = tf.reduce_sum(sizes[:me])
+    mine = full[offset:offset + sizes[me]]
+    return tf.reshape(mine, tf.shape(x))
+
+
+@_not_autograph
+def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
+              process_set: ProcessSet = global_process_set):
+    """Concatenates every rank's tensor along the first dimension (its size may differ
+    between ranks; a scalar counts as one row). Differentiable: the gradient is the
+    Sum-allreduce of the upstream gradient, sliced to this rank's rows."""
+    name = collective_name(name, "allgather")
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor.dtype, bitcast=True)
+    if not _differentiable(tensor.dtype):
+        return _allgather_raw(tensor, name, process_set)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _allgather_raw(x, name, process_set)
+
+        def grad(dy):
+            total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
+            return _own_rows(total, x, name + ".grad.rows", process_set)
+        return y, grad
+
+    return forward(tensor)
+
+
+@_not_autograph
+def grouped_allgather(tensors, name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set):
+    """``allgather`` of each tensor; returns the list of results."""
+    base = collective_name(name, "grouped_allgather")
+    return [allgather(t, name=f"{base}.{i}", process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
+# -- broadcast -----------------------------------------------------------------------------
+
+def _broadcast_raw(tensor, root_rank, name, process_set):
+    def fn(x):
+        out = _np_bitcast(_np.broadcast, x, root_rank, name=name, process_set=process_set)
+        return [out.reshape(x.shape)]
+    (out,) = host_call(fn, [tensor], [tensor.dtype], "broadcast")
+    return _set_shape(out, tensor.shape)
+
+
+@_not_autograph
+def broadcast(tensor, root_rank: int, name: Optional[str] = None,
+              ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set):
+    """Returns root_rank's tensor on every rank. Differentiable: root_rank gets the
+    Sum-allreduce of every rank's upstream gradient, the other ranks zero."""
+    name = collective_name(name, "broadcast")
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor.dtype, bitcast=True)
+    if not _differentiable(tensor.dtype):
+        return _broadcast_raw(tensor, root_rank, name, process_set)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _broadcast_raw(x, root_rank, name, process_set)
+
+        def grad(dy):
+            total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
+            return total if process_set.rank() == root_rank else tf.zeros_like(total)
+        return y, grad
+
+    return forward(tensor)
+
+
+@_not_autograph
+def broadcast_(variables, root_rank: int, name: Optional[str] = None,
+               process_set: ProcessSet = global_process_set):
+    """In-place broadcast: assigns root_rank's values to ``variables``; returns them."""
+    from spark_hvd.tensorflow.functions import broadcast_variables
+
+    broadcast_variables(variables, root_rank, process_set=process_set, name=name)
+    return variables
+
+
+# -- alltoall ------------------------------------------------------------------------------
+
+def _alltoall_raw(tensor, splits, name, process_set):
+    inputs = [tensor] if splits is None else [tensor, splits]
+
+    def fn(x, s=None):
+        out, received = _np_bitcast(_np.alltoall, x, splits=s, name=name,
+                                    process_set=process_set)
+        return [out, received.astype(np.int32)]
+    out, received = host_call(fn, inputs, [tensor.dtype, tf.int32], "alltoall")
+    return _set_shape(out, _first_dim_unknown(tensor.shape)), \
+        _set_shape(received, [process_set.size()])
+
+
+@_not_autograph
+def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope: bool = False,
+             process_set: ProcessSet = global_process_set):
+    """Sends ``splits[i]`` rows to rank i (even split when None) and returns
+    ``(received rows, rows received from each rank)``. Differentiable: the gradient goes
+    back by an alltoall with the received splits."""
+    name = collective_name(name, "alltoall")
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor.dtype, bitcast=True)
+    if tensor.shape.rank == 0:
+        raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
+    if splits is not None:
+        splits = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+    if not _differentiable(tensor.dtype):
+        return _alltoall_raw(tensor, splits, name, process_set)
+
+    received_box = []
+
+    @tf.custom_gradient
+    def forward(x):
+        y, received = _alltoall_raw(x, splits, name, process_set)
+        received_box.append(received)
+
+        def grad(dy):
+            back, _ = _alltoall_raw(dy, received, name + ".grad", process_set)
+            return tf.reshape(back, tf.shape(x))
+        return y, grad
+
+    out = forward(tensor)
+    return out, received_box[0]
+
+
+# -- reducescatter -----------------------------------------------------------------------
+
+def _reducescatter_rows(rows: Optional[int], process_set: ProcessSet) -> Optional[int]:
+    if rows is None:
+        return None
+    n, me = process_set.size(), process_set.rank()
+    return rows // n + (1 if me < rows % n else 0)
+
+
+def _np_reducescatter(x: np.ndarray, name: str, op, prescale: float, postscale: float,
+                      process_set: ProcessSet) -> np.ndarray:
+    """Reduce-scatter as allreduce + this rank's rows.
+
+    The core's reducescatter is implemented the same way (a full allreduce, then a
+    slice), but it reduces in a fresh buffer each time, and the Gloo backend caches its
+    algorithm objects by buffer address: ranks whose allocators return different
+    addresses then disagree on reusing an algorithm and the collective times out
+    (reported with a reproduction). Going through allreduce, which reduces in the
+    persistent fusion buffer, gives the same result without that failure.
+    """
+    full = _np.allreduce(x, op=op, name=name, prescale_factor=prescale,
+                         postscale_factor=postscale, process_set=process_set).reshape(x.shape)
+    n, me = process_set.size(), process_set.rank()
+    rows = x.shape[0]
+    first = me * (rows // n) + min(me, rows % n)
+    return np.ascontiguousarray(full[first:first + _reducescatter_rows(rows, process_set)])
+
+
+def _reducescatter_raw(tensor, op, prescale, postscale, name, process_set):
+    def fn(x):
+        return [_np_reducescatter(x, name, op, prescale, postscale, process_set)]
+    (out,) = host_call(fn, [tensor], [tensor.dtype], "reducescatter")
+    shape = tensor.shape
+    if shape.rank is not None:
+        rows = _reducescatter_rows(shape.as_list()[0], process_set)
+        _set_shape(out, [rows] + _rest(shape))
+    return out
+
+
+@_not_autograph
+def reducescatter(tensor, device_dense: str = "", compression=Compression.none, op=Average,
+                  name: Optional[str] = None, process_set: ProcessSet = global_process_set,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0):
+    """Reduces over the ranks (default: Average), then gives rank i the i-th block of rows
+    (the first ``rows % size`` ranks get one extra row). Differentiable: the gradient is the
+    allgather of the upstream gradient, scaled like the reduction."""
+    rop = _reduce_op(op, None)
+    name = collective_name(name, "reducescatter")
+    tensor = tf.convert_to_tensor(tensor)
+    _check_dtype(tensor.dtype)
+    if tensor.shape.rank == 0:
+        raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
+    compressed, ctx = compression.compress(tensor)
+    if not _differentiable(compressed.dtype) or rop not in (Sum, Average):
+        out = _reducescatter_raw(compressed, rop, prescale_factor, postscale_factor, name,
+                                 process_set)
+        return compression.decompress(out, ctx)
+
+    @tf.custom_gradient
+    def forward(x):
+        y = _reducescatter_raw(x, rop, prescale_factor, postscale_factor, name, process_set)
+
+        def grad(dy):
+            full = allgather(dy, name=name + ".grad", process_set=process_set)
+            factor = prescale_factor * postscale_factor
+            if rop == Average:
+                factor /= process_set.size()
+            return tf.reshape(_scaled(full, factor), tf.shape(x))
+        return y, grad
+
+    return compression.decompress(forward(compressed), ctx)
+
+
+@_not_autograph
+def grouped_reducescatter(tensors, device_dense: str = "", compression=Compression.none,
+                          op=Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          name: Optional[str] = None):
+    """``reducescatter`` of each tensor; returns the list of results."""
+    base = collective_name(name, "grouped_reducescatter")
+    return [reducescatter(t, compression=compression, op=op, name=f"{base}.{i}",
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
+
+
+# -- join, barrier, size ops -----------------------------------------------------------------
+
+@_not_autograph
+def join():
+    """Marks this rank as out of data (see ``spark_hvd.join``); returns the last rank to join."""
+    if tf.executing_eagerly():
+        return _np.join()
+    (out,) = host_call(lambda: [np.asarray(_np.join(), dtype=np.int32)], [], [tf.int32], "join")
+    return _set_shape(out, [])
+
+
+@_not_autograph
+def barrier(process_set: ProcessSet = global_process_set):
+    """Returns once every rank of the set has called barrier."""
+    if tf.executing_eagerly():
+        return _np.barrier(process_set)
+
+    def fn():
+        _np.barrier(process_set)
+        return [np.asarray(True)]
+    (out,) = host_call(fn, [], [tf.bool], "barrier")
+    return out
+
+
+def size_op(process_set: ProcessSet = global_process_set, name: Optional[str] = None):
+    return tf.constant(process_set.size(), dtype=tf.int32, name=name)
+
+
+def rank_op(process_set: ProcessSet = global_process_set, name: Optional[str] = None):
+    return tf.constant(process_set.rank(), dtype=tf.int32, name=name)
+
+
+def local_size_op(name: Optional[str] = None):
+    from spark_hvd._basics import local_size
+
+    return tf.constant(local_size(), dtype=tf.int32, name=name)
+
+
+def local_rank_op(name: Optional[str] = None):
+    from spark_hvd._basics import local_rank
+
+    return tf.constant(local_rank(), dtype=tf.int32, name=name)

@@ -1,0 +1,30 @@
+"""examples/tensorflow2_digits.py run as a user would: spark-hvdrun -np 2."""
+
+import importlib.util
+import os
+import re
+import sys
+
+import pytest
+
+import tf_harness
+
+pytestmark = tf_harness.needs_tensorflow
+
+EXAMPLE = os.path.join(tf_harness.ROOT, "examples", "tensorflow2_digits.py")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn")
+def test_tensorflow2_digits_example_reaches_90_percent(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = tf_harness.hvdrun(2, [sys.executable, EXAMPLE, "--epochs", "6",
+                                 "--checkpoint-dir", str(ckpt)], timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    found = re.findall(r"^\[0\] test accuracy: ([0-9.]+) \(2 ranks", proc.stdout, re.M)
+    assert found, output[-4000:]
+    assert float(found[0]) >= 0.9, found
+    assert not re.search(r"^\[1\] (test accuracy|step|checkpoint)", proc.stdout, re.M), \
+        "only rank 0 logs"
+    assert any(name.startswith("ckpt-1") for name in os.listdir(ckpt))
