@@ -15,7 +15,7 @@ import numpy as np
 
 from spark_hvd import _core
 from spark_hvd._basics import _RUNTIME, ProcessSet, explain_failure, global_process_set
-from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code, numpy_dtype
+from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 
 Sum = ReduceOp.SUM

@@ -1,0 +1,183 @@
+"""Training-step time: spark_hvd DistributedOptimizer vs torch DDP (gloo), same run.
+
+    python bench/torch_step.py [--layers 25 --width 256 --batch 64]
+
+The driver launches the worker twice through spark-hvdrun: with 2 ranks and with
+1 rank (for scaling efficiency). Every worker rank builds the same MLP (``--layers``
+Linear(width, width) layers: 2 x layers parameter tensors), the same per-rank
+batch, one torch thread, SGD with momentum, and times full steps (zero_grad,
+forward, MSE loss, backward, step) of both variants:
+
+* ``spark_hvd``: ``hvd.DistributedOptimizer`` (per-parameter allreduces started
+  by post-accumulate-grad hooks during backward, fused by the core);
+* ``ddp``: ``torch.nn.parallel.DistributedDataParallel`` over a gloo process group
+  (``init_process_group("gloo")`` on 127.0.0.1, port picked by rank 0 and shared
+  through spark_hvd), default bucketing;
+* ``local``: the same step without any communication (what 2 x 1-rank would be
+  on this host at this moment, measured in the same run).
+
+After a warmup the variants alternate in blocks (``--rounds`` rounds of
+``--steps`` steps each, the first variant swapped every round) so that load from
+other processes hits all alike. A step's time is the slowest rank's. Reported:
+min and median step time per variant, the spark_hvd / ddp ratio of medians, and
+scaling efficiency = 2-rank throughput / (2 x 1-rank throughput) per variant,
+both from the separate 1-rank launch and against ``local`` in the same run (on a
+shared or oversubscribed host the load differs between launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+MARK = "@@TORCHSTEP "
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--layers", type=int, default=25)
+    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--steps", type=int, default=20, help="steps per block")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--cycle-time-ms", type=float, default=None,
+                   help="SPARK_HVD_CYCLE_TIME_MS for the workers (default: the core's)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# -- worker ------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(args) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+
+    import spark_hvd.torch as hvd
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    port = hvd.broadcast_object(free_port() if rank == 0 else None, 0, name="bench.port")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=size)
+
+    def make_model():
+        torch.manual_seed(0)
+        layers = []
+        for i in range(args.layers):
+            layers.append(nn.Linear(args.width, args.width))
+            if i < args.layers - 1:
+                layers.append(nn.ReLU())
+        return nn.Sequential(*layers)
+
+    g = torch.Generator().manual_seed(1 + rank)
+    x = torch.randn(args.batch, args.width, generator=g)
+    y = torch.randn(args.batch, args.width, generator=g)
+
+    hvd_model = make_model()
+    hvd_opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(hvd_model.parameters(), lr=0.001, momentum=0.9),
+        named_parameters=hvd_model.named_parameters())
+    ddp_model = torch.nn.parallel.DistributedDataParallel(make_model())
+    ddp_opt = torch.optim.SGD(ddp_model.parameters(), lr=0.001, momentum=0.9)
+    local_model = make_model()  # no communication: each rank trains on its own
+    local_opt = torch.optim.SGD(local_model.parameters(), lr=0.001, momentum=0.9)
+    variants = {"spark_hvd": (hvd_model, hvd_opt), "ddp": (ddp_model, ddp_opt),
+                "local": (local_model, local_opt)}
+
+    def step(name):
+        model, opt = variants[name]
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+
+    times = {name: [] for name in variants}
+    for name in variants:
+        for _ in range(args.warmup):
+            step(name)
+    for rnd in range(args.rounds):
+        order = list(variants) if rnd % 2 == 0 else list(reversed(list(variants)))
+        for name in order:
+            dist.barrier()
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                step(name)
+                times[name].append(time.perf_counter() - t0)
+    # A step's time is the slowest rank's.
+    everyone = hvd.allgather_object(times, name="bench.times")
+    if rank == 0:
+        slowest = {name: [max(ts[name][i] for ts in everyone) for i in range(len(times[name]))]
+                   for name in variants}
+        sys.stdout.write(MARK + json.dumps({"size": size, "times": slowest}) + "\n")
+        sys.stdout.flush()
+    dist.destroy_process_group()
+    hvd.barrier()
+
+
+# -- driver ------------------------------------------------------------------------
+
+def launch(np: int, argv, cycle_time_ms) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), OMP_NUM_THREADS="1")
+    if cycle_time_ms is not None:
+        env["SPARK_HVD_CYCLE_TIME_MS"] = str(cycle_time_ms)
+    cmd = [sys.executable, "-m", "spark_hvd.runner", "-np", str(np), sys.executable,
+           os.path.abspath(__file__), "--worker", *argv]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    for line in proc.stdout.splitlines():
+        _, sep, payload = line.partition(MARK)
+        if sep:
+            return json.loads(payload)
+    raise SystemExit(f"{np}-rank run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                     f"{proc.stderr[-3000:]}")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(args)
+        return
+    argv = sys.argv[1:]
+    print(f"MLP {args.layers} x Linear({args.width}, {args.width}) "
+          f"({2 * args.layers} parameter tensors), batch {args.batch} per rank, 1 thread "
+          f"per rank, {args.rounds} rounds x {args.steps} steps per variant, "
+          f"SPARK_HVD_CYCLE_TIME_MS={args.cycle_time_ms or 'default'}; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    results = {n: launch(n, argv, args.cycle_time_ms)["times"] for n in (2, 1)}
+    med = {}
+    print(f"{'variant':<10} {'ranks':>5} {'min ms':>8} {'median ms':>10} {'samples/s':>10}")
+    for n in (2, 1):
+        for name, ts in results[n].items():
+            if n == 1 and name == "local":
+                continue
+            med[(name, n)] = statistics.median(ts)
+            print(f"{name:<10} {n:>5} {min(ts) * 1e3:>8.2f} {med[(name, n)] * 1e3:>10.2f} "
+                  f"{n * args.batch / med[(name, n)]:>10.0f}")
+    ratio = med[("spark_hvd", 2)] / med[("ddp", 2)]
+    print(f"step time spark_hvd / ddp (2 ranks, medians): {ratio:.3f}"
+          f"  ({'meets' if ratio <= 1.0 else 'misses'} the <= 1.0 target)")
+    for name in ("spark_hvd", "ddp"):
+        eff = med[(name, 1)] / med[(name, 2)]  # (2B / t2) / (2 * B / t1)
+        in_run = med[("local", 2)] / med[(name, 2)]
+        print(f"scaling efficiency {name}: {eff:.2f} (2-rank throughput / 2 x 1-rank, separate "
+              f"launches); {in_run:.2f} against both ranks training locally in the same run")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""allgather, alltoall and reducescatter (and grouped forms) on torch tensors.
+
+Their outputs are allocated by the core (allgather, alltoall) and returned as
+tensors sharing that buffer. Re-exported by ``mpi_ops``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from spark_hvd import _ops
+from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd._types import OpType, ReduceOp
+from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.torch._handles import GroupHandle, Handle, _name, _submit
+from spark_hvd.torch._tensors import check, contiguous, from_result, int_list
+from spark_hvd.torch.compression import Compression
+
+Average = ReduceOp.AVERAGE
+Adasum = ReduceOp.ADASUM
+
+
+# -- allgather -------------------------------------------------------------------
+
+def allgather_async(tensor, name: Optional[str] = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Starts concatenating every rank's tensor along the first dimension."""
+    t = contiguous(check(tensor, "allgather"))
+    if t.dim() == 0:
+        t = t.reshape(1)
+    return _submit(OpType.ALLGATHER, _name(name, "allgather", process_set), t, None, (t,),
+                   lambda r, dt=t.dtype: from_result(r, dt), process_set=process_set)
+
+
+def allgather(tensor, name: Optional[str] = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Concatenates every rank's tensor along the first dimension (sizes may
+    differ). Differentiable: a rank's gradient is its rows of the summed gradient."""
+    from spark_hvd.torch._autograd import AllgatherFn
+
+    return AllgatherFn.apply(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> GroupHandle:
+    tensors = list(tensors)
+    base = _name(name, "grouped_allgather", process_set)
+    handles = []
+    for i, tensor in enumerate(tensors):
+        t = contiguous(check(tensor, "grouped_allgather"))
+        if t.dim() == 0:
+            t = t.reshape(1)
+        handles.append(_submit(OpType.ALLGATHER, f"{base}.{i}", t, None, (t,),
+                               lambda r, dt=t.dtype: from_result(r, dt),
+                               process_set=process_set, group=base, group_size=len(tensors)))
+    return GroupHandle(handles, list)
+
+
+def grouped_allgather(tensors, name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
+    from spark_hvd.torch._autograd import GroupedAllgatherFn
+
+    return list(GroupedAllgatherFn.apply(name, process_set, *tensors))
+
+
+# -- alltoall --------------------------------------------------------------------
+
+def alltoall_async(tensor, splits=None, name: Optional[str] = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Starts sending splits[i] rows to rank i; ``synchronize`` returns
+    (received rows, int32 tensor of the rows received from each rank)."""
+    t = contiguous(check(tensor, "alltoall"))
+    if t.dim() == 0:
+        raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
+    n = process_set.size()
+    if splits is None:
+        if t.shape[0] % n:
+            raise InvalidArgumentError(
+                f"alltoall without splits needs the first dimension ({t.shape[0]}) to divide "
+                f"evenly by the number of ranks ({n}); pass splits=")
+        split_list = [t.shape[0] // n] * n
+    else:
+        split_list = int_list(splits, "splits")
+
+    def finish(r, dt=t.dtype):
+        return from_result(r, dt), torch.tensor([int(s) for s in r[2]], dtype=torch.int32)
+
+    return _submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), t, None, (t,), finish,
+                   splits=split_list, process_set=process_set)
+
+
+def alltoall(tensor, splits=None, name: Optional[str] = None,
+             process_set: ProcessSet = global_process_set):
+    """Sends splits[i] rows of ``tensor`` to rank i (even splits when None).
+
+    Returns the received rows, in rank order; when ``splits`` was given, returns
+    ``(rows, received_splits)`` as Horovod does. Differentiable: the gradient
+    goes back through an alltoall with the received splits.
+    """
+    from spark_hvd.torch._autograd import AlltoallFn
+
+    out, received = AlltoallFn.apply(tensor, splits, name, process_set)
+    return out if splits is None else (out, received)
+
+
+# -- reducescatter ---------------------------------------------------------------
+
+def _reducescatter_async(tensor, name, op, process_set, prescale, postscale, what,
+                         group: str = "", group_size: int = 0) -> Handle:
+    rop = _ops._reduce_op(op, None)
+    if rop == Adasum:
+        raise InvalidArgumentError("reducescatter does not support op=Adasum")
+    t = contiguous(check(tensor, what))
+    if t.dim() == 0:
+        raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
+    return _submit(OpType.REDUCESCATTER, name, t, None, (t,),
+                   lambda r, dt=t.dtype: from_result(r, dt), reduce_op=rop,
+                   prescale=prescale, postscale=postscale, process_set=process_set,
+                   group=group, group_size=group_size)
+
+
+def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> Handle:
+    """Starts reducing across ranks and keeping this rank's block of rows (the
+    first ``rows % size`` ranks get one extra row)."""
+    return _reducescatter_async(tensor, _name(name, "reducescatter", process_set), op, process_set,
+                                prescale_factor, postscale_factor, "reducescatter")
+
+
+def reducescatter(tensor, name: Optional[str] = None, compression=Compression.none, op=Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """Reduces across ranks (default Average) and returns this rank's block of
+    rows. Differentiable: the gradient is the allgather of the blocks' gradients."""
+    from spark_hvd.torch._autograd import ReducescatterFn
+
+    compressed, ctx = compression.compress(tensor)
+    out = ReducescatterFn.apply(compressed, name, _ops._reduce_op(op, None), process_set,
+                                prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> GroupHandle:
+    tensors = list(tensors)
+    base = _name(name, "grouped_reducescatter", process_set)
+    return GroupHandle([_reducescatter_async(t, f"{base}.{i}", op, process_set,
+                                             prescale_factor, postscale_factor,
+                                             "grouped_reducescatter", base, len(tensors))
+                        for i, t in enumerate(tensors)], list)
+
+
+def grouped_reducescatter(tensors, name: Optional[str] = None, compression=Compression.none,
+                          op=Average, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
+    from spark_hvd.torch._autograd import GroupedReducescatterFn
+
+    pairs = [compression.compress(t) for t in tensors]
+    outs = GroupedReducescatterFn.apply(name, _ops._reduce_op(op, None), process_set,
+                                        prescale_factor, postscale_factor,
+                                        *[p[0] for p in pairs])
+    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

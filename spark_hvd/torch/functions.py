@@ -1,0 +1,144 @@
+"""Broadcasting model parameters, optimizer state and Python objects."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import torch
+
+from spark_hvd import _ops
+from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.torch.mpi_ops import broadcast_async_, synchronize
+
+
+def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
+    """Returns root_rank's ``obj`` (pickled with cloudpickle) on every rank."""
+    return _ops.broadcast_object(obj, root_rank, name, process_set)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Returns every rank's ``obj``, in rank order."""
+    return _ops.allgather_object(obj, name, process_set)
+
+
+def _named_tensors(params, what: str):
+    if isinstance(params, dict):
+        items = sorted(params.items(), key=lambda kv: str(kv[0]))
+    elif isinstance(params, torch.Tensor):
+        raise InvalidArgumentError(f"{what} takes a state_dict, a list of (name, tensor) pairs "
+                                   "or a list of tensors, not a single tensor")
+    else:
+        try:
+            items = [p if isinstance(p, tuple) else (None, p) for p in params]
+        except TypeError:
+            raise InvalidArgumentError(f"{what}: params of type {type(params).__name__} is "
+                                       "neither a dict nor an iterable") from None
+    for name, p in items:
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise InvalidArgumentError(f"{what}: {name or 'an entry'} is a "
+                                       f"{type(p).__name__}, not a tensor")
+    return [(n, p) for n, p in items if p is not None]
+
+
+def broadcast_parameters(params, root_rank: int,
+                         process_set: ProcessSet = global_process_set) -> None:
+    """Overwrites parameters on every rank with root_rank's values, in place.
+
+    ``params``: ``model.state_dict()``, ``model.named_parameters()`` or a list of
+    tensors. All broadcasts are in flight at once, then awaited.
+    """
+    handles = [broadcast_async_(p, root_rank, f"broadcast_parameters.{n}" if n else None,
+                                process_set)
+               for n, p in _named_tensors(params, "broadcast_parameters")]
+    for h in handles:
+        synchronize(h)
+
+
+class _TensorSlot:
+    """Stands for the i-th tensor of a broadcast optimizer state_dict."""
+
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index: int, shape, dtype) -> None:
+        self.index = index
+        self.shape = tuple(shape)
+        self.dtype = dtype
+
+    def __getstate__(self):
+        return (self.index, self.shape, self.dtype)
+
+    def __setstate__(self, state):
+        self.index, self.shape, self.dtype = state
+
+
+def _strip(x, tensors: list):
+    if isinstance(x, torch.Tensor):
+        tensors.append(x)
+        return _TensorSlot(len(tensors) - 1, x.shape, x.dtype)
+    if isinstance(x, dict):
+        return type(x)((k, _strip(v, tensors)) for k, v in x.items())
+    if isinstance(x, list):
+        return [_strip(v, tensors) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_strip(v, tensors) for v in x)
+    return x
+
+
+def _fill(x, tensors: list):
+    if isinstance(x, _TensorSlot):
+        return tensors[x.index]
+    if isinstance(x, dict):
+        return type(x)((k, _fill(v, tensors)) for k, v in x.items())
+    if isinstance(x, list):
+        return [_fill(v, tensors) for v in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_fill(v, tensors) for v in x)
+    return x
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Makes every rank's optimizer state equal to root_rank's.
+
+    The whole ``state_dict()`` travels: per-parameter state (tensors such as
+    Adam's moments and ``step``, and scalars) and every param_group option (lr,
+    betas, weight_decay, ...). Its structure goes as one pickled object with
+    placeholders for the tensors, the tensors themselves as in-place broadcasts;
+    the other ranks then ``load_state_dict`` it. No optimizer step is taken, so
+    nothing changes the parameters; an optimizer whose state is still empty on
+    root_rank (before its first step) leaves every rank with an empty state,
+    which the first step then initializes identically everywhere.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise InvalidArgumentError("broadcast_optimizer_state takes a torch.optim.Optimizer, "
+                                   f"got {type(optimizer).__name__}")
+    is_root = process_set.rank() == root_rank
+    tensors: list = []
+    skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root_rank, "broadcast_optimizer_state.structure",
+                                process_set)
+    if not is_root:
+        slots: list = []
+        _collect_slots(skeleton, slots)
+        slots.sort(key=lambda s: s.index)
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+    handles = [broadcast_async_(t, root_rank, f"broadcast_optimizer_state.{i}", process_set)
+               for i, t in enumerate(tensors)]
+    for h in handles:
+        synchronize(h)
+    if not is_root:
+        optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _collect_slots(x, out: list) -> None:
+    if isinstance(x, _TensorSlot):
+        out.append(x)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect_slots(v, out)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _collect_slots(v, out)
