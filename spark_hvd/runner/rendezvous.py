@@ -269,7 +269,7 @@ class RendezvousServer:
                 return
             del self._rank_owner[rank]
             self._lost.add(rank)
-        logger.warning("rendezvous: rank %d (%s) lost its connection without a goodbye",
+        logger.info("rendezvous: rank %d (%s) lost its connection without a goodbye",
                        rank, state.peer)
         try:
             self.store.set(f"{LOST_KEY_PREFIX}{rank}",

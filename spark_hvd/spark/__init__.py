@@ -1,1 +1,21 @@
-"""Placeholder: filled in by its issue."""
+"""Run a function as a distributed spark_hvd job on Spark: ``spark_hvd.spark.run``.
+
+::
+
+    import spark_hvd.spark
+
+    def train(lr):
+        import spark_hvd as hvd
+        hvd.init()
+        ...
+        return hvd.rank()
+
+    results = spark_hvd.spark.run(train, args=(0.1,), num_proc=4)  # by rank
+
+Each rank is one task of a Spark barrier stage; see :func:`run`.  pyspark is
+imported only when ``run`` is called.
+"""
+
+from spark_hvd.spark.runner import run
+
+__all__ = ["run"]

@@ -1,0 +1,89 @@
+"""Launch overhead of ``spark_hvd.spark.run`` against pyspark's TorchDistributor.
+
+Both run a function that does nothing as 2 processes, one Spark barrier task
+each, in the same ``local-cluster[2,1,1024]`` session, interleaved, after one
+warm-up run each (the first job of a session also pays for starting executors and
+Python workers).  Prints min and median wall time per launcher and their ratio.
+
+    PYTHONPATH=. .venv/bin/python bench/spark_launch.py [--reps 5] [--num-proc 2]
+"""
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+
+
+def noop():
+    return None
+
+
+def _session(master: str):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pythonpath = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    os.environ["PYTHONPATH"] = pythonpath
+    from pyspark.sql import SparkSession
+
+    fast_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    spark = (SparkSession.builder.master(master).appName("spark_hvd bench: launch")
+             .config("spark.driver.extraJavaOptions", fast_jvm)
+             .config("spark.executor.extraJavaOptions", fast_jvm)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.executorEnv.PYTHONPATH", pythonpath)
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--num-proc", type=int, default=2)
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    args = parser.parse_args(argv)
+
+    spark = _session(args.master)
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    import spark_hvd.spark
+
+    logging.getLogger("TorchDistributor").setLevel(logging.ERROR)
+    launchers = {
+        "spark_hvd.spark.run": lambda: spark_hvd.spark.run(noop, num_proc=args.num_proc,
+                                                           verbose=0),
+        "TorchDistributor": lambda: TorchDistributor(num_processes=args.num_proc,
+                                                     local_mode=False,
+                                                     use_gpu=False).run(noop),
+    }
+    times = {name: [] for name in launchers}
+    try:
+        for launch in launchers.values():  # warm-up
+            launch()
+        for _ in range(args.reps):
+            for name, launch in launchers.items():
+                start = time.perf_counter()
+                launch()
+                times[name].append(time.perf_counter() - start)
+    finally:
+        spark.stop()
+
+    print(f"\nlaunch of a no-op function as {args.num_proc} processes on {args.master}, "
+          f"{args.reps} repetitions each, interleaved (seconds)")
+    print(f"{'launcher':<22}{'min':>8}{'median':>8}   all")
+    for name, ts in times.items():
+        print(f"{name:<22}{min(ts):>8.3f}{statistics.median(ts):>8.3f}   "
+              + " ".join(f"{t:.3f}" for t in ts))
+    ours, theirs = times["spark_hvd.spark.run"], times["TorchDistributor"]
+    print(f"ratio spark_hvd / TorchDistributor: median "
+          f"{statistics.median(ours) / statistics.median(theirs):.2f}, "
+          f"min {min(ours) / min(theirs):.2f} (target <= 0.5)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The process that runs the user's function for one rank.
+
+A rank's Spark task (:mod:`spark_hvd.spark._task`) starts it as a script::
+
+    python .../spark_hvd/spark/_child.py PAYLOAD_FILE RESULT_FILE PARENT_PID
+
+It loads ``(fn, args, kwargs)`` from PAYLOAD_FILE (cloudpickle), calls ``fn``,
+and writes a record to RESULT_FILE: ``{"ok": True, "value": <pickled return
+value>}`` or ``{"ok": False, "type", "message", "traceback", "peer_lost"}``; a
+failure also prints its traceback to stderr (which the driver shows with the
+rank's other output) and exits with code 1.
+
+It is run as a file, not with ``-m``, and imports nothing but the standard
+library and cloudpickle (which the payload's functions are rebuilt with), so a
+function that does not use spark_hvd does not pay for importing it.  It dies
+with its parent, the task's Python worker: PR_SET_PDEATHSIG (SIGKILL) on Linux,
+a watchdog thread elsewhere.  (Processes the function started itself are ended by
+the task, which signals the child's whole session, unless the worker was killed
+outright.)
+"""
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+
+_PR_SET_PDEATHSIG = 1
+_WATCHDOG_PERIOD_S = 1.0
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != parent_pid:  # the parent died before prctl took effect
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        stop = threading.Event()
+        while os.getppid() == parent_pid:
+            stop.wait(_WATCHDOG_PERIOD_S)  # nothing to wait on but the parent's pid
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="spark_hvd-parent-watchdog", daemon=True).start()
+
+
+def _is_peer_lost(exc: BaseException) -> bool:
+    return any(c.__name__ == "PeerLostError" and c.__module__ == "spark_hvd.exceptions"
+               for c in type(exc).__mro__)
+
+
+def _dumps(value) -> bytes:
+    try:
+        return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _write(path: str, record: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(record, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def _failure(exc: BaseException, what: str, own_frame: bool = False) -> dict:
+    """Print ``what`` and the traceback (without this module's frame when
+    ``own_frame``) to stderr; the error record."""
+    tb = exc.__traceback__
+    if own_frame and tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    sys.stderr.write(f"{what}:\n{text}")
+    return {"ok": False, "type": type(exc).__name__, "message": str(exc), "traceback": text,
+            "peer_lost": _is_peer_lost(exc), "time": time.time()}
+
+
+def main(argv) -> int:
+    payload_path, result_path, parent_pid = argv[1], argv[2], int(argv[3])
+    _die_with_parent(parent_pid)
+    # Run as a script, Python put this file's directory first on sys.path, where its
+    # sibling modules would shadow the user's (``import runner``...): take it off.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    sys.argv = [argv[0]]
+    try:
+        with open(payload_path, "rb") as f:
+            fn, args, kwargs = pickle.load(f)
+    except BaseException as e:
+        record = _failure(e, "spark_hvd: cannot load the function to run (is every module it "
+                             "uses importable on the executors?)")
+    else:
+        try:
+            value = fn(*args, **kwargs)
+        except SystemExit as e:
+            if e.code in (None, 0):
+                value, record = None, None
+            else:
+                record = _failure(e, f"spark_hvd: the function called sys.exit({e.code!r})",
+                                  own_frame=True)
+        except BaseException as e:
+            record = _failure(e, "spark_hvd: the function raised", own_frame=True)
+        else:
+            record = None
+        if record is None:
+            try:
+                record = {"ok": True, "value": _dumps(value)}
+            except BaseException as e:
+                record = _failure(e, "spark_hvd: the function's return value cannot be pickled")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write(result_path, record)
+    return 0 if record["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,304 @@
+"""What each rank's Spark barrier task does on its executor.
+
+The task (rank = partition id) joins the job through the rendezvous service
+(see :mod:`spark_hvd.spark._protocol` for the exchange), starts the user's
+function in a child process (:mod:`spark_hvd.spark._child`) with the rank's
+environment, streams the child's output to the driver, and reports how the
+child ended.  It never raises for a failure of the function: the driver
+decides what a failure means for the job.  It raises only when it cannot reach
+the driver at all, so Spark fails the task.
+
+The child runs in a session of its own: when the driver aborts the job, or the
+task ends, the whole process tree of the rank is signalled (SIGTERM, then
+SIGKILL).  When the Python worker itself is killed (Spark kills it when it
+cancels a task), the child dies with it (see ``_child``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from queue import Queue
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+
+from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
+from spark_hvd.runner import env as _env
+from spark_hvd.runner._procs import LineRouter, ProcessGroup, Sink
+from spark_hvd.runner.rendezvous import RendezvousClient
+from spark_hvd.runner.store import MAX_TIMEOUT_S
+from spark_hvd.runner.topology import assign
+from spark_hvd.spark import _child, _protocol as P
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+_UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a rank's task needs; travels to the executors in the task closure."""
+
+    addr: str
+    port: int
+    secret: bytes
+    run_id: str
+    size: int
+    payload: bytes                  # cloudpickle of (fn, args, kwargs)
+    env: Tuple[Tuple[str, str], ...]
+    use_gpu: bool
+    start_timeout_s: float
+    kill_grace_s: float
+
+
+def visible_devices(addresses: Iterable[str], existing: Optional[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for a rank given Spark's GPU ``addresses``.
+
+    When the executor already has a CUDA_VISIBLE_DEVICES (``existing``), Spark's
+    addresses are indices into that list and are mapped through it.
+
+    >>> visible_devices(["1"], "3,5"), visible_devices(["0", "1"], None)
+    ('5', '0,1')
+    """
+    addresses = [str(a).strip() for a in addresses]
+    if existing is None or not existing.strip():
+        return ",".join(addresses)
+    ids = [d.strip() for d in existing.split(",") if d.strip()]
+    mapped = []
+    for a in addresses:
+        try:
+            index = int(a)
+        except ValueError:
+            index = -1
+        if not 0 <= index < len(ids):
+            raise InvalidArgumentError(
+                f"Spark assigned GPU address {a!r} to this task, but the executor's "
+                f"{CUDA_VISIBLE_DEVICES}={existing} has {len(ids)} entries: the addresses from "
+                f"spark.executor.resource.gpu.discoveryScript must be indices into "
+                f"{CUDA_VISIBLE_DEVICES} (0..{len(ids) - 1})")
+        mapped.append(ids[index])
+    return ",".join(mapped)
+
+
+def _child_pythonpath(environ: Mapping[str, str]) -> str:
+    """PYTHONPATH that lets the child import what this Python worker can.
+
+    Spark adds --py-files and addPyFile() archives to the worker's sys.path, not
+    to its environment; the interpreter's own directories are left out.
+    """
+    own = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix,
+                                                       sys.exec_prefix, sys.base_exec_prefix})
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))
+    entries: List[str] = []
+    for p in [package_root] + environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path:
+        if not p or p in entries or not os.path.exists(p):
+            continue
+        if (os.path.realpath(p) + os.sep).startswith(own):
+            continue
+        entries.append(p)
+    return os.pathsep.join(entries)
+
+
+class _Tagged(LineRouter):
+    """Tags each line of one of the child's streams (``O``/``E``) for the driver."""
+
+    def __init__(self, stream: bytes, sink: Sink) -> None:
+        self._stream, self._sink = stream, sink
+
+    def route(self, line: bytes):
+        return [(self._sink, P.line(self._stream, line))]
+
+
+class _LogStream:
+    """A binary stream for :class:`Sink` that sends the task's output to the driver.
+
+    One thread sends what has queued up as one ``log/<rank>/<seq>`` message, so
+    lines reach the driver as soon as they are written, batched when they come fast.
+    """
+
+    def __init__(self, client: RendezvousClient, rank: int) -> None:
+        self._client, self._rank = client, rank
+        self._queue: "Queue[Optional[bytes]]" = Queue()
+        self._seq = 0
+        self.broken: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._send_loop, daemon=True,
+                                        name=f"spark_hvd-logs-{rank}")
+        self._thread.start()
+
+    def write(self, data: bytes) -> None:
+        self._queue.put(data)
+
+    def flush(self) -> None:
+        pass
+
+    def _send(self, message: bytes) -> None:
+        if self.broken is None:
+            try:
+                self._client.set(P.log_key(self._rank, self._seq), message)
+                self._seq += 1
+            except SparkHvdError as e:  # the driver is gone: nobody to show the output to
+                self.broken = e
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch, size = [item], len(item)
+            while size < P.LOG_BATCH_BYTES and not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    self._send(P.lines_message(batch))
+                    return
+                batch.append(item)
+                size += len(item)
+            self._send(P.lines_message(batch))
+
+    def close(self, report: dict) -> None:
+        """Send what is queued, then the final report."""
+        self._queue.put(None)
+        self._thread.join()
+        self._send(P.report_message(report))
+
+
+def _child_env(spec: TaskSpec, rank: int, hosts: List[str],
+               resources: Mapping[str, object]) -> Dict[str, str]:
+    topology = assign(hosts)[rank]
+    env = dict(os.environ)
+    env.update(_env.rank_env(topology, spec.addr, spec.port, spec.secret, spec.run_id,
+                             _env.CONTROLLER_GLOO, spec.start_timeout_s))
+    env.update(_UNBUFFERED)
+    env["PYTHONPATH"] = _child_pythonpath(os.environ)
+    env.update(dict(spec.env))
+    if spec.use_gpu:
+        gpu = resources.get("gpu")
+        if gpu is None or not getattr(gpu, "addresses", None):
+            raise InvalidArgumentError(
+                "use_gpu is on but Spark assigned no GPU to this task: set "
+                "spark.task.resource.gpu.amount and the executors' "
+                "spark.executor.resource.gpu.amount/discoveryScript")
+        env[CUDA_VISIBLE_DEVICES] = visible_devices(gpu.addresses,
+                                                    os.environ.get(CUDA_VISIBLE_DEVICES))
+    return env
+
+
+def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: RendezvousClient,
+               logs: _LogStream, report: dict) -> None:
+    workdir = tempfile.mkdtemp(prefix=f"spark_hvd_rank{rank}_")
+    try:
+        payload_path = os.path.join(workdir, "payload.pkl")
+        result_path = os.path.join(workdir, "result.pkl")
+        with open(payload_path, "wb") as f:
+            f.write(spec.payload)
+        group = ProcessGroup()
+        lock = threading.Lock()
+        child_done = False
+        aborted = threading.Event()
+
+        def watch_stop() -> None:
+            try:
+                value = client.get(P.stop_key(rank), MAX_TIMEOUT_S)
+            except SparkHvdError:  # the driver is gone
+                value = P.ABORT
+            with lock:
+                if value == P.ABORT and not child_done:
+                    aborted.set()
+                    group.shutdown(spec.kill_grace_s)
+
+        sink = Sink(logs)
+        try:
+            proc = group.spawn(rank, [sys.executable, os.path.abspath(_child.__file__),
+                                      payload_path, result_path, str(os.getpid())],
+                               env, _Tagged(P.STDOUT, sink), _Tagged(P.STDERR, sink))
+            threading.Thread(target=watch_stop, daemon=True,
+                             name=f"spark_hvd-stop-{rank}").start()
+            group.wait_first_failure()
+            report["time"] = time.time()
+        finally:
+            with lock:
+                child_done = True
+            group.shutdown(spec.kill_grace_s)  # stray grandchildren too; joins the output
+            try:
+                client.set(P.stop_key(rank), P.DONE)  # releases watch_stop
+            except SparkHvdError:
+                pass
+        report["returncode"] = proc.returncode
+        report["aborted"] = aborted.is_set()
+        if os.path.exists(result_path):
+            with open(result_path, "rb") as f:
+                record = pickle.load(f)
+            value = record.pop("value", None)
+            report["record"] = record
+            if value is not None:
+                parts = P.chunks(value)
+                for i, part in enumerate(parts):
+                    client.set(P.result_key(rank, i), part)
+                report["chunks"] = len(parts)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_rank(spec: TaskSpec, rank: int, resources: Mapping[str, object]) -> None:
+    """The whole life of rank ``rank``'s task; reports to the driver, raises only when
+    the driver cannot be reached."""
+    client = RendezvousClient(spec.addr, spec.port, spec.secret, spec.run_id,
+                              connect_timeout_s=min(spec.start_timeout_s, 60.0))
+    try:
+        if client.add(P.attempt_key(rank), 1) > 1:
+            # Spark retried the task (or the stage): a rank cannot be resumed, and the
+            # driver, which reads the attempt counter, reports the job as failed.
+            return
+        logs = _LogStream(client, rank)
+        report: dict = {"rank": rank}
+        try:
+            report["host"] = host = _env.hostname()
+            client.set(P.host_key(rank), host.encode("utf-8"))
+            start = client.get(P.START_KEY, spec.start_timeout_s + 60.0)
+            if start == P.ABORT:
+                report["aborted"] = True
+                return
+            env = _child_env(spec, rank, json.loads(start), resources)
+            _run_child(spec, rank, env, client, logs, report)
+        except BaseException:
+            report["task_error"] = traceback.format_exc()
+            report["time"] = time.time()
+        finally:
+            logs.close(report)
+            try:
+                client.set(P.reported_key(rank), b"1")
+            except SparkHvdError:  # the driver is gone
+                pass
+    finally:
+        client.close()
+
+
+def rdd_partition(spec: TaskSpec, iterator: Iterator) -> Iterator:
+    """The function of ``rdd.barrier().mapPartitions``."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    run_rank(spec, ctx.partitionId(), ctx.resources())
+    return iter(())
+
+
+ARROW_SCHEMA = "rank int"
+
+
+def arrow_partition(spec: TaskSpec, batches: Iterator) -> Iterator:
+    """The function of ``DataFrame.mapInArrow(..., barrier=True)``."""
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    for _ in batches:  # one row of spark.range per task; read it so its writer is done
+        pass
+    ctx = BarrierTaskContext.get()
+    rank = ctx.partitionId()
+    run_rank(spec, rank, ctx.resources())
+    yield pa.RecordBatch.from_pydict({"rank": pa.array([rank], pa.int32())})

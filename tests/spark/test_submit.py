@@ -1,0 +1,104 @@
+"""spark_hvd.spark.run from drivers in processes of their own: ``spark-submit`` of the
+digits example on ``local-cluster[2,1,1024]``, and a Spark Connect session."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
+FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def _driver_env():
+    env = dict(os.environ)
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _tail(proc, n=60):
+    return "\n".join((proc.stdout + "\n" + proc.stderr).splitlines()[-n:])
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_spark_submit_of_the_digits_example():
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    if not SPARK_SUBMIT.exists():
+        pytest.skip(f"no spark-submit next to {sys.executable}")
+    env = _driver_env()
+    cmd = [str(SPARK_SUBMIT), "--master", "local-cluster[2,1,1024]",
+           "--conf", f"spark.executorEnv.PYTHONPATH={env['PYTHONPATH']}",
+           "--conf", "spark.ui.enabled=false",
+           "--conf", "spark.ui.showConsoleProgress=false",
+           "--conf", f"spark.driver.extraJavaOptions={FAST_JVM}",
+           "--conf", f"spark.executor.extraJavaOptions={FAST_JVM}",
+           str(REPO / "examples" / "spark_run_digits.py"), "--epochs", "10"]
+    proc = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=840)
+    assert proc.returncode == 0, _tail(proc)
+    lines = proc.stdout.splitlines()
+    epochs = [l for l in lines if re.fullmatch(r"\[0\] epoch \d+/10 loss \d+\.\d+", l)]
+    assert len(epochs) == 10, _tail(proc)
+    assert not [l for l in lines if l.startswith("[1] epoch")]  # only rank 0 prints
+    final = [l for l in lines if l.startswith("ranks [0, 1]: final test accuracy")]
+    assert final and float(final[0].split()[-1]) >= 0.9, _tail(proc)
+
+
+CONNECT_DRIVER = textwrap.dedent("""
+    import os
+    from pyspark.sql import SparkSession
+    import spark_hvd.spark
+    from spark_hvd.exceptions import RankFailedError
+
+    def scaled_rank(x):
+        rank = int(os.environ["SPARK_HVD_RANK"])
+        print("hello from", rank)
+        return rank * x
+
+    def fail_on_1():
+        if os.environ["SPARK_HVD_RANK"] == "1":
+            raise KeyError("no such weight")
+        import time
+        time.sleep(600)
+
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    print("CONNECT", type(spark).__module__)
+    print("RESULTS", spark_hvd.spark.run(scaled_rank, args=(10,)))
+    try:
+        spark_hvd.spark.run(fail_on_1, num_proc=2, verbose=0)
+    except RankFailedError as e:
+        print("FAILED", str(e).splitlines()[0])
+    spark.stop()
+""")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_spark_connect_session(tmp_path):
+    from pyspark.testing.connectutils import connect_requirement_message, should_test_connect
+
+    if not should_test_connect:  # grpcio, grpcio-status, googleapis-common-protos, zstandard
+        pytest.skip(f"Spark Connect client dependencies missing: {connect_requirement_message}")
+    script = tmp_path / "connect_driver.py"
+    script.write_text(CONNECT_DRIVER)
+    proc = subprocess.run([sys.executable, str(script)], env=_driver_env(), cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=840)
+    assert proc.returncode == 0, _tail(proc)
+    lines = proc.stdout.splitlines()
+    assert "CONNECT pyspark.sql.connect.session" in lines, _tail(proc)
+    assert "[0] hello from 0" in lines and "[1] hello from 1" in lines
+    assert "RESULTS [0, 10]" in lines, _tail(proc)
+    assert "FAILED spark_hvd.spark.run: rank 1 failed: KeyError: 'no such weight'" in lines, \
+        _tail(proc)
