@@ -1,10 +1,23 @@
 """Spark ML estimators for spark_hvd, installed as ``spark_hvd.estimators``.
 
 Stores (where intermediate data, checkpoints and logs live) and the
-DataFrame -> Parquet materialization are here; TorchEstimator/KerasEstimator
-build on them.
+DataFrame -> Parquet materialization are here; TorchEstimator/TorchModel
+build on them (torch is imported only when they are used).
 """
 
 from .store import DBFSLocalStore, FilesystemStore, LocalStore, Store
 
-__all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore"]
+__all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "TorchEstimator",
+           "TorchModel"]
+
+_LAZY = {"TorchEstimator": ".torch_estimator", "TorchModel": ".torch_model"}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -374,7 +374,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     mixin = _DistributedAdasumOptimizer if op == ReduceOp.ADASUM else _DistributedOptimizer
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
     wrapped = cls.__new__(cls)
-    wrapped.__dict__.update(optimizer.__dict__)
+    # Share the optimizer's state, but not methods patched onto the instance (a torch
+    # LR scheduler created before wrapping installs its own `step`): they would
+    # shadow the distributed step and skip the allreduce.
+    wrapped.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                             if k not in ("step", "zero_grad")})
     wrapped._hvd_init(named_parameters, compression, backward_passes_per_step, op,
                       gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return wrapped

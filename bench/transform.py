@@ -1,0 +1,154 @@
+"""Rows/s of TorchModel.transform against a row-at-a-time Python UDF and predict_batch_udf.
+
+All three run the same torch MLP (64 -> 256 -> 10, float32, one torch thread per task as
+each executor has one core) on the same cached DataFrame of ``--rows`` rows with a 64-wide
+Vector ``features`` column, in one ``local-cluster[2,1,1024]`` session, and write every
+output with the ``noop`` sink (so nothing is pruned and nothing is collected):
+
+* ``TorchModel.transform``: mapInArrow, ``inference_batch_size`` rows per model call,
+  output a Vector column;
+* a row-at-a-time ``@udf`` calling the model on one row (the model cached per worker);
+* ``pyspark.ml.functions.predict_batch_udf`` on ``vector_to_array(features)`` with the
+  same batch size (the documented way to do batch inference in Spark).
+
+One warm-up pass each (Python workers, model caches), then ``--reps`` interleaved passes;
+the best is reported.  Target: TorchModel >= 1.0x predict_batch_udf.
+
+    .venv/bin/python bench/transform.py [--rows 200000] [--batch-size 1024]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+WIDTH, HIDDEN, CLASSES = 64, 256, 10
+
+
+def session(master: str):
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+    jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+    spark = (SparkSession.builder.master(master).appName("spark_hvd bench: transform")
+             .config("spark.driver.extraJavaOptions", jvm)
+             .config("spark.executor.extraJavaOptions", jvm)
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def make_net():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, CLASSES)).eval()
+
+
+def data(spark, rows: int, partitions: int):
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+    df = (spark.range(rows, numPartitions=partitions)
+          .select("id", array_to_vector(F.array(*[F.rand(i) for i in range(WIDTH)]))
+                  .alias("features")))
+    df = df.cache()
+    df.count()
+    return df
+
+
+def row_udf(net_bytes: bytes):
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    cache = {}
+
+    def predict(v):
+        import torch
+        model = cache.get("m")
+        if model is None:
+            import cloudpickle
+            torch.set_num_threads(1)
+            model = cache["m"] = cloudpickle.loads(net_bytes)
+        with torch.inference_mode():
+            out = model(torch.tensor(v.toArray(), dtype=torch.float32).reshape(1, -1))
+        return out[0].tolist()
+    return F.udf(predict, T.ArrayType(T.DoubleType()))
+
+
+def batch_udf(net_bytes: bytes, batch_size: int):
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql import types as T
+
+    def make_predict_fn():
+        import cloudpickle
+        import torch
+        torch.set_num_threads(1)
+        model = cloudpickle.loads(net_bytes)
+
+        def predict(inputs):
+            with torch.inference_mode():
+                return model(torch.from_numpy(inputs)).numpy()
+        return predict
+    return predict_batch_udf(make_predict_fn, return_type=T.ArrayType(T.FloatType()),
+                             batch_size=batch_size, input_tensor_shapes=[[WIDTH]])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--row-udf-rows", type=int, default=50_000,
+                        help="rows for the (slow) row-at-a-time UDF")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=1024)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    args = parser.parse_args(argv)
+
+    import cloudpickle
+    from pyspark.ml.functions import vector_to_array
+
+    from spark_hvd.estimators import TorchModel
+
+    spark = session(args.master)
+    df = data(spark, args.rows, args.partitions)
+    small = data(spark, args.row_udf_rows, args.partitions)
+    net = make_net()
+    blob = cloudpickle.dumps(net)
+    model = TorchModel(model=net, feature_cols=["features"], output_cols=["pred"],
+                       feature_shapes=[[WIDTH]], inference_batch_size=args.batch_size)
+    predict_row, predict_batch = row_udf(blob), batch_udf(blob, args.batch_size)
+
+    def noop(frame):
+        frame.write.format("noop").mode("overwrite").save()
+
+    contenders = {
+        "TorchModel.transform": (args.rows, lambda: noop(model.transform(df))),
+        "predict_batch_udf": (args.rows, lambda: noop(df.withColumn(
+            "pred", predict_batch(vector_to_array("features", "float32"))))),
+        "row-at-a-time udf": (args.row_udf_rows,
+                              lambda: noop(small.withColumn("pred", predict_row("features")))),
+    }
+    print(f"{args.rows} rows x {WIDTH} features, MLP {WIDTH}-{HIDDEN}-{CLASSES}, "
+          f"{args.partitions} partitions on {args.master}, batch {args.batch_size}; "
+          f"best of {args.reps}")
+    for _, fn in contenders.values():
+        fn()
+    rates = {name: 0.0 for name in contenders}
+    for _ in range(args.reps):
+        for name, (rows, fn) in contenders.items():
+            start = time.perf_counter()
+            fn()
+            rates[name] = max(rates[name], rows / (time.perf_counter() - start))
+    base = rates["predict_batch_udf"]
+    for name, rate in rates.items():
+        print(f"{name:<22} {rate:>10,.0f} rows/s   {rate / base:5.2f}x predict_batch_udf")
+    ratio = rates["TorchModel.transform"] / base
+    print(f"TorchModel / predict_batch_udf = {ratio:.2f} (target >= 1.0): "
+          f"{'met' if ratio >= 1.0 else 'NOT met'}")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Fixtures of the estimator tests: one SparkSession for the Spark ones, digits data.
+
+Helpers the tests import live in est_helpers.py: ``from conftest import`` would find
+whichever conftest.py of the test tree Python imported first.
+"""
+
+import os
+import sys
+
+import pytest
+
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+@pytest.fixture(scope="module")
+def estimator_spark():
+    """A ``local-cluster[2,1,1024]`` session (two executor JVMs, one core each).
+
+    Module-scoped, and only test_torch_estimator.py uses it, so it is stopped when that
+    module ends and does not outlive these tests (a process holds one SparkContext: a
+    later ``getOrCreate`` elsewhere must not get this one).  If a SparkContext is
+    already running in this process (another directory's session), it is reused and
+    left running: spark_hvd.spark.run works on any master with two task slots.
+    """
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if SparkContext._active_spark_context is not None:
+        yield SparkSession.builder.getOrCreate()
+        return
+    spark = (SparkSession.builder.master(LOCAL_CLUSTER)
+             .appName("spark_hvd-tests-estimators")
+             .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+             .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "4")
+             .config("spark.default.parallelism", "2")
+             .config("spark.python.worker.reuse", "true")
+             .getOrCreate())
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="module")
+def digits(estimator_spark):
+    """sklearn's digits as (train_df, test_df): 'features' Vector, 'label' long."""
+    from pyspark.ml.linalg import Vectors
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    x_train, x_test, y_train, y_test = train_test_split(x / 16.0, y, test_size=0.25,
+                                                        random_state=0, stratify=y)
+
+    def frame(xs, ys):
+        rows = [(Vectors.dense(a.tolist()), int(b)) for a, b in zip(xs, ys)]
+        return estimator_spark.createDataFrame(rows, ["features", "label"]).repartition(2)
+    return frame(x_train, y_train), frame(x_test, y_test)
+
+
+@pytest.fixture
+def store(tmp_path):
+    from spark_hvd.estimators import LocalStore
+    return LocalStore(str(tmp_path / "store"))

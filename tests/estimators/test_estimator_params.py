@@ -1,0 +1,287 @@
+"""The param tables, parameter checks, the driver's dry run and the small pieces of the
+trainer and the model: no Spark session, no Spark job."""
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from est_helpers import accuracy, make_net
+from spark_hvd.estimators import LocalStore, TorchEstimator, TorchModel
+from spark_hvd.estimators import _trainer_torch as trainer
+from spark_hvd.estimators import torch_estimator as te
+from spark_hvd.estimators import torch_model as tm
+from spark_hvd.estimators.params import (ESTIMATOR_PARAMS, MODEL_PARAMS, PICKLE, camel)
+from spark_hvd.estimators.progress import EpochProgress, bar, format_metrics
+from spark_hvd.exceptions import InvalidArgumentError
+
+
+def _values(**kw):
+    net = kw.pop("model", None) or make_net()
+    args = dict(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                loss=F.cross_entropy, feature_cols=["features"], label_cols=["label"],
+                store=LocalStore("/tmp/unused-store"))
+    args.update(kw)
+    return TorchEstimator(**args)._values()
+
+
+# -- the tables and what they generate ---------------------------------------------------------
+
+@pytest.mark.parametrize("cls,table", [(TorchEstimator, ESTIMATOR_PARAMS),
+                                       (TorchModel, MODEL_PARAMS)])
+def test_every_row_becomes_a_param_with_getter_and_setter(cls, table):
+    obj = cls()
+    assert sorted(p.name for p in obj.params) == sorted(s.name for s in table)
+    for spec in table:
+        param = obj.getParam(spec.name)
+        assert param.doc == spec.doc and param.parent == obj.uid
+        assert obj.getOrDefault(spec.name) == spec.default
+        assert callable(getattr(obj, "get" + camel(spec.name)))
+        assert callable(getattr(obj, "set" + camel(spec.name)))
+        assert spec.name in cls.__doc__
+
+
+def test_setters_convert_check_and_chain():
+    est = TorchEstimator()
+    assert est.setBatchSize(16).setEpochs(3) is est
+    assert (est.getBatchSize(), est.getEpochs()) == (16, 3)
+    est.setFeatureCols("f")
+    assert est.getFeatureCols() == ["f"]
+    est.setStore("/tmp/somewhere")
+    assert isinstance(est.getStore(), LocalStore)
+    est.setInputShapes([-1, 1, 8, 8])
+    assert est.getInputShapes() == [[-1, 1, 8, 8]]
+    copy = est.copy({est.epochs: 7})
+    assert copy.getEpochs() == 7 and est.getEpochs() == 3 and copy.uid == est.uid
+    assert "batch_size" in est.explainParams()
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(batch_size=0), "batch_size must be an integer >= 1, got 0"),
+    (dict(epochs=2.5), "epochs must be an integer"),
+    (dict(validation=1.5), "validation must be a fraction in [0, 1)"),
+    (dict(validation=True), "validation must be a fraction"),
+    (dict(feature_cols=[]), "feature_cols must be a column name"),
+    (dict(label_cols=["y", "y"]), "names a column twice"),
+    (dict(input_shapes=[[0, 3]]), "input_shapes must hold shapes"),
+    (dict(input_shapes=[[-1, -1]]), "at most one -1"),
+    (dict(store=42), "store must be a Store"),
+    (dict(run_id="a/b"), "not usable as a directory name"),
+    (dict(shuffle="yes"), "shuffle must be True or False"),
+    (dict(reader="parquet"), "reader must be one of ['arrow', 'petastorm']"),
+    (dict(metrics=["accuracy"]), "metrics must be callables"),
+    (dict(batch_sise=8), "did you mean 'batch_size'"),
+])
+def test_bad_values_are_refused_when_set(kw, needle):
+    with pytest.raises(InvalidArgumentError) as err:
+        TorchEstimator(**kw)
+    assert needle in str(err.value)
+
+
+def test_persistence_split_follows_the_table():
+    net = make_net()
+    est = TorchEstimator(model=net, batch_size=8, feature_cols=["f"], loss=F.mse_loss)
+    plain, objects = est._split_for_persistence()
+    assert plain == {"batch_size": 8, "feature_cols": ["f"]}
+    assert set(objects) == {"model", "loss"}
+    pickled = {s.name for s in ESTIMATOR_PARAMS if s.persist == PICKLE}
+    assert {"model", "optimizer", "loss", "store", "callbacks"} <= pickled
+
+
+# -- parameter checks --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(model=None), "needs model"),
+    (dict(optimizer=None), "needs optimizer"),
+    (dict(loss=None), "needs loss"),
+    (dict(store=None), "needs store"),
+    (dict(label_cols=None), "needs label_cols"),
+    (dict(label_cols=["a", "b"], loss=[F.mse_loss] * 3), "3 loss functions for 2 label_cols"),
+    (dict(loss_weights=[1.0, 2.0]), "loss_weights has 2 value(s) for 1 loss"),
+    (dict(input_shapes=[[64], [1]]), "input_shapes has 2 shape(s) for 1 column"),
+    (dict(feature_cols=["label"]), "both features and labels"),
+    (dict(sample_weight_col="label"), "also a feature or label column"),
+    (dict(gradient_compression="fp16"), "gradient_compression must be"),
+    (dict(callbacks=[object()]), "has none of the methods"),
+])
+def test_param_checks(change, needle):
+    est = TorchEstimator()
+    p = _values()
+    p.update(change)
+    with pytest.raises(InvalidArgumentError) as err:
+        est._check_params(p)
+    assert needle in str(err.value)
+
+
+def test_optimizer_of_another_model_is_refused():
+    other = make_net(1)
+    p = _values(optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+    with pytest.raises(InvalidArgumentError, match="not built on this model's parameters"):
+        TorchEstimator()._check_params(p)
+    p = _values(optimizer=lambda params: torch.optim.SGD(params, lr=0.1))
+    TorchEstimator()._check_params(p)  # a factory is fine
+
+
+# -- the driver's dry run ----------------------------------------------------------------------
+
+def _zeros(width=64, label_dtype=np.int64):
+    return {"features": np.zeros((2, width)), "label": np.zeros(2, label_dtype)}
+
+
+def test_dry_run_gives_output_shapes():
+    assert te._dry_run(_values(metrics=[accuracy]), _zeros()) == [[10]]
+
+
+def test_dry_run_names_feature_shape_mismatch_and_fix():
+    with pytest.raises(InvalidArgumentError) as err:
+        te._dry_run(_values(), _zeros(width=10))
+    msg = str(err.value)
+    assert "'features' as (2, 10)" in msg and "input_shapes" in msg and "mat1" in msg
+
+
+def test_dry_run_applies_input_shapes():
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(),
+                               torch.nn.Linear(4 * 6 * 6, 10))
+    p = _values(model=conv, input_shapes=[[-1, 1, 8, 8]])
+    p["optimizer"] = torch.optim.SGD(conv.parameters(), lr=0.1)
+    assert te._dry_run(p, _zeros()) == [[10]]
+
+
+def test_dry_run_float_class_labels_suggest_a_cast():
+    with pytest.raises(InvalidArgumentError) as err:
+        te._dry_run(_values(), _zeros(label_dtype=np.float64))
+    msg = str(err.value)
+    assert "label 'label' (2,) torch.float32" in msg and "cast('long')" in msg
+
+
+def test_dry_run_output_count_and_scalar_loss_and_metric():
+    p = _values(label_cols=["a", "b"])
+    with pytest.raises(InvalidArgumentError, match="returns 1 output.* 2 columns"):
+        te._dry_run(p, {"features": np.zeros((2, 64)), "a": np.zeros(2), "b": np.zeros(2)})
+    p = _values(loss=lambda o, y: F.cross_entropy(o, y, reduction="none"))
+    with pytest.raises(InvalidArgumentError, match="single number"):
+        te._dry_run(p, _zeros())
+    p = _values(metrics={"bad": lambda o, y: o.missing})
+    with pytest.raises(InvalidArgumentError, match="metric 'bad' fails"):
+        te._dry_run(p, _zeros())
+
+
+def test_dry_run_leaves_the_model_in_training_mode():
+    net = make_net()
+    te._dry_run(_values(model=net, optimizer=torch.optim.SGD(net.parameters(), 0.1)), _zeros())
+    assert net.training
+
+
+# -- trainer pieces ----------------------------------------------------------------------------
+
+def test_loss_with_sample_weights_and_weights():
+    out = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]])
+    y = torch.tensor([0, 0, 1])
+    per_row = F.cross_entropy(out, y, reduction="none")
+    w = torch.tensor([1.0, 0.0, 3.0])
+    spec = trainer.LossSpec.build(F.cross_entropy, 1, None, weighted_rows=True)
+    assert torch.isclose(spec([out], [y], w), (per_row * w).sum() / w.sum())
+    spec = trainer.LossSpec.build(torch.nn.CrossEntropyLoss(), 1, [2.0], weighted_rows=True)
+    assert torch.isclose(spec([out], [y], w), 2 * (per_row * w).sum() / w.sum())
+    spec = trainer.LossSpec.build([F.mse_loss], 2, [1.0, 0.5], weighted_rows=False)
+    a, b = torch.ones(3, 1), torch.zeros(3, 1)
+    assert torch.isclose(spec([a, a], [b, a]), torch.tensor(1.0))
+
+
+def test_align_labels_and_reshape():
+    out = torch.zeros(4, 1)
+    assert trainer.align_labels([out], [torch.zeros(4)], False)[0].shape == (4, 1)
+    assert trainer.align_labels([out], [torch.zeros(4)], True)[0].shape == (4,)
+    assert trainer.align_labels([torch.zeros(4, 3)], [torch.zeros(4, dtype=torch.long)],
+                                False)[0].shape == (4,)
+    t = torch.zeros(2, 64)
+    assert trainer.reshape_to(t, [-1, 1, 8, 8]).shape == (2, 1, 8, 8)
+    assert trainer.reshape_to(t, [1, 8, 8]).shape == (2, 1, 8, 8)
+    x = trainer.to_tensor(np.zeros((2, 3), np.float64), "x", torch.float32)
+    assert x.dtype == torch.float32
+    assert trainer.to_tensor(np.zeros(2, np.int32), "y", torch.float32).dtype == torch.int64
+
+
+def test_metric_names():
+    def acc(o, y):
+        return 0
+    names = [n for n, _ in trainer.metric_names([acc, lambda o, y: 1, acc])]
+    assert names == ["acc", "metric_1", "acc_"]
+    assert [n for n, _ in trainer.metric_names({"top1": acc})] == ["top1"]
+
+
+def test_checkpoint_round_trip(tmp_path):
+    store = LocalStore(str(tmp_path))
+    assert trainer.read_checkpoint(store, "r") is None
+    state = {"format": trainer.CHECKPOINT_FORMAT, "epoch": 2, "model": make_net().state_dict(),
+             "history": {"loss": [1.0, 0.5]}}
+    trainer._write_checkpoint(store, "r", trainer.LAST_CHECKPOINT, state)
+    back = trainer.read_checkpoint(store, "r")
+    assert back["epoch"] == 2 and back["history"] == {"loss": [1.0, 0.5]}
+    # A checkpoint of another architecture is refused on the driver, before any job.
+    with pytest.raises(InvalidArgumentError, match="different model"):
+        te._compatible_checkpoint(store, "r", make_net(hidden=8))
+    assert te._compatible_checkpoint(store, "r", make_net())["epoch"] == 2
+
+
+# -- progress ----------------------------------------------------------------------------------
+
+def test_progress_lines():
+    assert bar(0, 10, 10) == "[>.........]" and bar(10, 10, 10) == "[==========]"
+    assert format_metrics({"loss": 0.5, "accuracy": 0.25, "rank": 0}) == \
+        "loss 0.5000  accuracy 0.2500  rank 0"
+    now = [0.0]
+    out = io.StringIO()
+    p = EpochProgress(1, 3, 100, verbose=1, interval_s=10, stream=out, clock=lambda: now[0])
+    p.update(1, lambda: 1.0)
+    now[0] = 11.0
+    p.update(50, lambda: 0.75)
+    now[0] = 12.0
+    p.update(60, lambda: 0.5)
+    p.finish({"loss": 0.25})
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("epoch 2/3  [==========>") and "50/100  loss 0.7500" in lines[0]
+    assert "100/100  12.0s  loss 0.2500" in lines[1]
+    out = io.StringIO()
+    p = EpochProgress(0, 1, 40, verbose=2, stream=out, clock=lambda: 0.0)
+    for s in range(1, 41):
+        p.update(s, lambda: 0.0)
+    assert len(out.getvalue().splitlines()) == 19  # every 2 steps but the last
+
+
+# -- TorchModel pieces -------------------------------------------------------------------------
+
+def test_model_output_columns_and_types():
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import DoubleType
+    assert tm.default_output_cols(["y"]) == ["y__output"]
+    assert tm.default_output_cols([], 2) == ["prediction", "prediction_1"]
+    m = TorchModel(model=make_net(), feature_cols=["f"], label_cols=["y"])
+    assert m.getOutputCols() == ["y__output"]
+    assert m.setOutputCols(["p"]).getOutputCols() == ["p"]
+    assert isinstance(tm._output_type([]), DoubleType)
+    assert isinstance(tm._output_type([1]), DoubleType)
+    assert isinstance(tm._output_type([10]), VectorUDT)
+
+
+def test_model_arrow_outputs():
+    import pyarrow as pa
+    vec = tm._to_arrow(np.arange(6, dtype=np.float64).reshape(3, 2), [2], pa)
+    assert vec.type.names == ["type", "size", "indices", "values"]
+    assert vec.field("values").to_pylist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    scalar = tm._to_arrow(np.arange(3, dtype=np.float64).reshape(3, 1), [1], pa)
+    assert scalar.to_pylist() == [0.0, 1.0, 2.0]
+
+
+def test_model_cache_loads_once_per_identity():
+    import cloudpickle
+    blob = cloudpickle.dumps(make_net())
+    tm._MODELS.clear()
+    a = tm._cached_model(blob, "k1", torch.device("cpu"))
+    b = tm._cached_model(blob, "k1", torch.device("cpu"))
+    c = tm._cached_model(blob, "k2", torch.device("cpu"))
+    assert a is b and a is not c and not a.training
+    tm._MODELS.clear()

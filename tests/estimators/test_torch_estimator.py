@@ -1,0 +1,120 @@
+"""TorchEstimator/TorchModel end to end on a local-cluster Spark (two executor JVMs)."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from pyspark.ml.linalg import VectorUDT
+
+from est_helpers import accuracy, listing, make_net
+from spark_hvd.estimators import TorchEstimator, TorchModel
+
+pytestmark = pytest.mark.spark
+
+
+def _estimator(store, **kw):
+    net = make_net()
+    args = dict(num_proc=2, store=store, model=net,
+                optimizer=torch.optim.Adam(net.parameters(), lr=1e-2), loss=F.cross_entropy,
+                metrics=[accuracy], feature_cols=["features"], label_cols=["label"],
+                batch_size=32, epochs=4, validation=0.1, random_seed=1, verbose=1)
+    args.update(kw)
+    return TorchEstimator(**args)
+
+
+def _test_accuracy(model, test_df):
+    out = model.transform(test_df).select("label", "label__output").collect()
+    pred = np.array([np.argmax(r["label__output"].toArray()) for r in out])
+    return float(np.mean(pred == np.array([r["label"] for r in out])))
+
+
+def test_fit_digits_and_resume(digits, store, capfd):
+    train_df, test_df = digits
+    est = _estimator(store, run_id="digits", epochs=4)
+    model = est.fit(train_df)
+    assert isinstance(model, TorchModel)
+    history = model.getHistory()
+    assert len(history["loss"]) == 4 and len(history["val_accuracy"]) == 4
+    assert history["loss"][-1] < history["loss"][0]
+    acc = _test_accuracy(model, test_df)
+    assert acc >= 0.9, acc
+    out = capfd.readouterr().out
+    assert "[0] epoch 4/4" in out and "val_accuracy" in out
+
+    # Same run_id, more epochs: continues at the saved epoch.
+    model2 = _estimator(store, run_id="digits", epochs=6).fit(train_df)
+    out = capfd.readouterr().out
+    assert "resuming run 'digits' at epoch 5/6" in out
+    assert "epoch 1/6" not in out and "[0] epoch 6/6" in out
+    h2 = model2.getHistory()
+    assert len(h2["loss"]) == 6 and h2["loss"][:4] == history["loss"]
+    ckpt = os.path.join(store.prefix, "runs", "digits", "checkpoint")
+    assert sorted(os.listdir(ckpt)) == ["best.pt", "last.pt"]
+
+
+def test_pipeline_on_uneven_partitions_saves_loads_and_predicts_the_same(
+        estimator_spark, store, tmp_path):
+    """VectorAssembler + TorchEstimator in a Pipeline, on a DataFrame whose second partition
+    holds one row: fit, save, PipelineModel.load, identical predictions."""
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    cols = [f"p{i}" for i in range(64)]
+    rows = [tuple(float(v) / 16 for v in a) + (int(b), i)
+            for i, (a, b) in enumerate(zip(x[:600], y[:600]))]
+    sc = estimator_spark.sparkContext
+    rdd = sc.parallelize(rows[:599], 1).union(sc.parallelize(rows[599:], 1))
+    df = estimator_spark.createDataFrame(rdd, cols + ["label", "id"])
+    assert df.rdd.glom().map(len).collect() == [599, 1]
+
+    assembler = VectorAssembler(inputCols=cols, outputCol="features")
+    pipeline = Pipeline(stages=[assembler, _estimator(store, epochs=1, validation=None)])
+    pipeline.write().overwrite().save(str(tmp_path / "pipeline"))  # unfitted: saves too
+    fitted = pipeline.fit(df)
+    path = str(tmp_path / "fitted")
+    fitted.write().overwrite().save(path)
+    loaded = PipelineModel.load(path)
+    assert isinstance(loaded.stages[-1], TorchModel)
+    assert loaded.stages[-1].getHistory() == fitted.stages[-1].getHistory()
+    assert len(fitted.stages[-1].getHistory()["loss"]) == 1
+    out = fitted.transform(df)
+    assert isinstance(out.schema["label__output"].dataType, VectorUDT)
+    before = {r["id"]: r["label__output"].toArray()
+              for r in out.select("id", "label__output").collect()}
+    after = {r["id"]: r["label__output"].toArray()
+             for r in loaded.transform(df).select("id", "label__output").collect()}
+    assert before.keys() == after.keys() and len(before) == 600
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    reread = Pipeline.load(str(tmp_path / "pipeline")).getStages()[-1]
+    assert reread.getEpochs() == 1 and isinstance(reread.getModel(), torch.nn.Module)
+
+
+@pytest.mark.parametrize("case", ["misspelt", "string_type", "empty", "shape", "num_proc",
+                                  "float_label"])
+def test_bad_input_errors_leave_the_store_untouched(estimator_spark, digits, store, case):
+    from pyspark.sql import functions as Fn
+    train_df, _ = digits
+    df, kw, needle = train_df, {}, ""
+    if case == "misspelt":
+        kw, needle = dict(feature_cols=["featrues"]), "did you mean 'features'"
+    elif case == "string_type":
+        df = train_df.withColumn("label", Fn.concat(Fn.lit("c"), Fn.col("label")))
+        needle = "label column 'label' has type string; index it first"
+    elif case == "empty":
+        df, needle = train_df.limit(0), "the DataFrame is empty"
+    elif case == "shape":
+        df = train_df.withColumn("features", Fn.slice(
+            __import__("pyspark.ml.functions", fromlist=["x"]).vector_to_array("features"), 1, 10))
+        needle = "'features' as (2, 10)"
+    elif case == "num_proc":
+        kw, needle = dict(num_proc=3), "num_proc=3 is more than the 2 tasks"
+    elif case == "float_label":
+        df, needle = train_df.withColumn("label", Fn.col("label").cast("double")), "cast('long')"
+    with pytest.raises(Exception) as err:
+        _estimator(store, **kw).fit(df)
+    assert needle in str(err.value), str(err.value)
+    assert listing(store.prefix) == []

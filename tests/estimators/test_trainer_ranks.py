@@ -1,0 +1,131 @@
+"""The rank side of TorchEstimator (``_trainer_torch.train``) as 2 real ranks started by
+spark-hvdrun, without Spark: Parquet written by pyarrow, a hand-made DataMeta."""
+
+import json
+import os
+import subprocess
+import sys
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+
+from est_helpers import accuracy, make_net
+from spark_hvd.estimators import LocalStore
+from spark_hvd.estimators import _trainer_torch as trainer
+from spark_hvd.estimators.materialize import ColumnMeta, DataMeta
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+RUN = """
+import pickle, sys
+from spark_hvd.estimators._trainer_torch import train
+print("result", train(pickle.load(open(sys.argv[1], "rb"))), flush=True)
+"""
+
+
+class StopAfter:
+    """Records every call on every rank; asks to stop after ``epochs`` epochs."""
+
+    def __init__(self, epochs, out_dir):
+        self.epochs, self.out_dir = epochs, out_dir
+
+    def on_epoch_end(self, epoch, logs):
+        with open(os.path.join(self.out_dir, f"rank{logs['rank']}_epoch{epoch}"), "w") as f:
+            json.dump({k: v for k, v in logs.items() if k != "stop_training"}, f)
+        if epoch + 1 >= self.epochs and logs["rank"] == 1:  # one rank is enough to stop all
+            logs["stop_training"] = True
+
+
+def _write(path, x, y, w):
+    os.makedirs(path)
+    n = len(y)
+    feats = pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * 64, 64, dtype=np.int32)),
+                                     pa.array(x.reshape(-1)))
+    pq.write_table(pa.table({"features": feats, "label": pa.array(y, pa.int64()),
+                             "w": pa.array(w)}), os.path.join(path, "part-0.parquet"),
+                   row_group_size=128)
+
+
+def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_path):
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    x = x / 16.0
+    w = np.where(y % 2 == 0, 1.0, 2.0)
+    store = LocalStore(str(tmp_path / "store"))
+    _write(str(tmp_path / "data" / "train"), x[:1500], y[:1500], w[:1500])
+    _write(str(tmp_path / "data" / "val"), x[1500:], y[1500:], w[1500:])
+    meta = DataMeta(
+        key="k", train_path=str(tmp_path / "data" / "train"),
+        val_path=str(tmp_path / "data" / "val"), train_rows=1500, val_rows=len(y) - 1500,
+        columns={"features": ColumnMeta("features", "float64", (64,), "vector", "vector"),
+                 "label": ColumnMeta("label", "int64", (), "scalar", "bigint"),
+                 "w": ColumnMeta("w", "float64", (), "scalar", "double")},
+        feature_cols=["features"], label_cols=["label"], sample_weight_col="w", num_proc=2,
+        store=store)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    net = make_net()
+    objects = dict(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+                   loss=torch.nn.CrossEntropyLoss(), loss_constructors=None,
+                   metrics={"acc": accuracy}, callbacks=[StopAfter(2, str(calls))],
+                   transformation_fn=None,
+                   gradient_compression=__import__("spark_hvd.torch", fromlist=["x"])
+                   .Compression.fp16,
+                   lr_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5))
+    config = trainer.TrainConfig(
+        run_id="ranks", store=store, meta=meta, objects=cloudpickle.dumps(objects),
+        feature_cols=["features"], label_cols=["label"], sample_weight_col="w",
+        input_shapes=None, label_shapes=None, loss_weights=None, batch_size=32,
+        val_batch_size=100, epochs=5, train_steps_per_epoch=None,
+        validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=None, seed=3,
+        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True)
+    cfg = tmp_path / "config.pkl"
+    cfg.write_bytes(cloudpickle.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2",
+                           sys.executable, "-c", RUN, str(cfg)],
+                          capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+
+    # 24 batches per rank per epoch: 24 steps, 12 optimizer steps of 2 backward passes.
+    assert "[0] epoch 1/5  [====================] 24/24" in out
+    assert "a callback stopped training after epoch 2" in out and "epoch 3/5" not in out
+    assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0}" in out
+    assert sorted(os.listdir(calls)) == ["rank0_epoch0", "rank0_epoch1", "rank1_epoch0",
+                                         "rank1_epoch1"]
+    # Every rank saw the same (allreduced) epoch metrics.
+    logs = [json.loads((calls / f"rank{r}_epoch1").read_text()) for r in (0, 1)]
+    assert {k: v for k, v in logs[0].items() if k != "rank"} == \
+        {k: v for k, v in logs[1].items() if k != "rank"}
+    assert set(logs[0]) == {"loss", "acc", "val_loss", "val_acc", "rank"}
+
+    state = trainer.read_checkpoint(store, "ranks")
+    assert state["epoch"] == 2 and state["monitor"] == "val_loss"
+    assert state["scheduler"]["last_epoch"] == 2
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.125)
+    assert state["history"]["loss"][1] < state["history"]["loss"][0]
+    best = trainer.read_checkpoint(store, "ranks", trainer.BEST_CHECKPOINT)
+    assert best["best_epoch"] == int(np.argmin(state["history"]["val_loss"])) + 1
+    history = json.loads(open(os.path.join(store.get_logs_path("ranks"),
+                                           "history.json")).read())
+    assert history == {"epochs": 2, "history": state["history"]}
+    # The epoch's validation metrics are over every validation row once, across both ranks:
+    # they match the checkpoint's weights evaluated here on the whole validation set.
+    model = make_net()
+    model.load_state_dict(state["model"])
+    with torch.no_grad():
+        out = model(torch.tensor(x[1500:], dtype=torch.float32))
+    target = torch.tensor(y[1500:])
+    assert float((out.argmax(1) == target).float().mean()) == \
+        pytest.approx(state["history"]["val_acc"][-1], abs=1e-6)
+    per_row = F.cross_entropy(out, target, reduction="none").double()
+    weights = torch.tensor(w[1500:])
+    # The loss is the weighted mean of per-row losses on each batch, averaged by rows.
+    assert state["history"]["val_loss"][-1] == pytest.approx(
+        float((per_row * weights).sum() / weights.sum()), rel=0.05)
+    assert state["history"]["val_acc"][-1] > 0.3  # learned something (chance: 0.1)
