@@ -80,11 +80,15 @@ class Bench:
         """The slowest rank's time for a block."""
         return float(hvd.allreduce(np.array([seconds]), op=hvd.Max, name="bench.time")[0])
 
-    def time_hvd(self, x: np.ndarray, iters: int, name: str) -> float:
+    def time_hvd(self, x, iters: int, name: str) -> float:
+        # In place on a torch tensor, as torch.distributed's all_reduce is: the
+        # numpy API returns a fresh array per call, which would time an allocation.
+        import spark_hvd.torch as hvd_torch
+
         hvd.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
-            hvd.allreduce(x, op=hvd.Sum, name=name)
+            hvd_torch.allreduce_(x, op=hvd.Sum, name=name)
         return self.slowest(time.perf_counter() - t0) / iters
 
     def time_torch(self, t, iters: int) -> float:
@@ -107,7 +111,7 @@ class Bench:
     def size_row(self, nbytes: int) -> dict:
         n = nbytes // 4
         iters = iterations(nbytes, self.args.iters_scale)
-        x = np.ones(n, np.float32)
+        x = self.torch.ones(n, dtype=self.torch.float32)
         t = self.torch.ones(n, dtype=self.torch.float32)
         name = f"bench.ar.{nbytes}"
         self.check(nbytes)

@@ -52,6 +52,8 @@ class GlooCommunicator : public Communicator {
   // the engine's fusion buffer keeps its address, so training steps hit this cache.
   using AlgoKey = std::tuple<void*, int64_t, int, int>;
   gloo::Algorithm* CachedAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  std::unique_ptr<gloo::Algorithm> NewAllreduce(void* buf, int64_t count, DataType dtype,
+                                                ReduceOp op);
 
   struct FixedGather;  // persistent buffers + algorithm for AllgatherFixed
 
