@@ -474,21 +474,8 @@ def _reducescatter_rows(rows: Optional[int], process_set: ProcessSet) -> Optiona
 
 def _np_reducescatter(x: np.ndarray, name: str, op, prescale: float, postscale: float,
                       process_set: ProcessSet) -> np.ndarray:
-    """Reduce-scatter as allreduce + this rank's rows.
-
-    The core's reducescatter is implemented the same way (a full allreduce, then a
-    slice), but it reduces in a fresh buffer each time, and the Gloo backend caches its
-    algorithm objects by buffer address: ranks whose allocators return different
-    addresses then disagree on reusing an algorithm and the collective times out
-    (reported with a reproduction). Going through allreduce, which reduces in the
-    persistent fusion buffer, gives the same result without that failure.
-    """
-    full = _np.allreduce(x, op=op, name=name, prescale_factor=prescale,
-                         postscale_factor=postscale, process_set=process_set).reshape(x.shape)
-    n, me = process_set.size(), process_set.rank()
-    rows = x.shape[0]
-    first = me * (rows // n) + min(me, rows % n)
-    return np.ascontiguousarray(full[first:first + _reducescatter_rows(rows, process_set)])
+    return _np.reducescatter(x, name=name, op=op, process_set=process_set,
+                             prescale_factor=prescale, postscale_factor=postscale)
 
 
 def _reducescatter_raw(tensor, op, prescale, postscale, name, process_set):
