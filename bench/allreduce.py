@@ -177,6 +177,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--max-size", type=parse_size, default=256 * MiB,
                    help="largest message, e.g. 64MiB (default 256MiB)")
+    p.add_argument("--min-size", type=parse_size, default=0,
+                   help="smallest message (default: all sizes)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size")
     p.add_argument("--iters-scale", type=float, default=1.0,
                    help="multiplies the iterations per block")
@@ -190,7 +192,7 @@ def main(argv=None) -> int:
     out(f"# busbw = algbw * 2(n-1)/n; GB/s = 1e9 B/s")
     out(f"{'size':>10} {'iters':>6} | {'hvd us':>10} {'algbw':>7} {'busbw':>7} | "
         f"{'torch us':>10} {'algbw':>7} {'busbw':>7} | {'hvd/torch busbw':>15}")
-    for nbytes in [s for s in SIZES if s <= args.max_size]:
+    for nbytes in [s for s in SIZES if args.min_size <= s <= args.max_size]:
         row = b.size_row(nbytes)
         h, t = row["hvd"], row["torch"]
         out(f"{human(nbytes):>10} {row['iters']:>6} | {h * 1e6:>10.1f} "

@@ -19,7 +19,9 @@ forward, MSE loss, backward, step) of both variants:
 After a warmup the variants alternate in blocks (``--rounds`` rounds of
 ``--steps`` steps each, the first variant swapped every round) so that load from
 other processes hits all alike. A step's time is the slowest rank's. Reported:
-min and median step time per variant, the spark_hvd / ddp ratio of medians, and
+min and median step time per variant, CPU time per step (all threads, summed over
+the ranks: on 2 shared cores this decides the step time), the spark_hvd / ddp ratio
+of medians, and
 scaling efficiency = 2-rank throughput / (2 x 1-rank throughput) per variant,
 both from the separate 1-rank launch and against ``local`` in the same run (on a
 shared or oversubscribed host the load differs between launches).
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -108,6 +111,7 @@ def worker(args) -> None:
         opt.step()
 
     times = {name: [] for name in variants}
+    cpu = {name: [] for name in variants}  # process CPU seconds (all threads) per step
     for name in variants:
         for _ in range(args.warmup):
             step(name)
@@ -115,16 +119,23 @@ def worker(args) -> None:
         order = list(variants) if rnd % 2 == 0 else list(reversed(list(variants)))
         for name in order:
             dist.barrier()
+            c0 = resource.getrusage(resource.RUSAGE_SELF)
             for _ in range(args.steps):
                 t0 = time.perf_counter()
                 step(name)
                 times[name].append(time.perf_counter() - t0)
-    # A step's time is the slowest rank's.
-    everyone = hvd.allgather_object(times, name="bench.times")
+            c1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu[name].append((c1.ru_utime - c0.ru_utime + c1.ru_stime - c0.ru_stime)
+                             / args.steps)
+    # A step's time is the slowest rank's; CPU per step is summed over the ranks.
+    everyone = hvd.allgather_object((times, cpu), name="bench.times")
     if rank == 0:
-        slowest = {name: [max(ts[name][i] for ts in everyone) for i in range(len(times[name]))]
+        slowest = {name: [max(ts[name][i] for ts, _ in everyone)
+                          for i in range(len(times[name]))] for name in variants}
+        cpu_sum = {name: [sum(c[name][i] for _, c in everyone) for i in range(args.rounds)]
                    for name in variants}
-        sys.stdout.write(MARK + json.dumps({"size": size, "times": slowest}) + "\n")
+        sys.stdout.write(MARK + json.dumps({"size": size, "times": slowest, "cpu": cpu_sum})
+                         + "\n")
         sys.stdout.flush()
     dist.destroy_process_group()
     hvd.barrier()
@@ -159,16 +170,19 @@ def main() -> None:
           f"per rank, {args.rounds} rounds x {args.steps} steps per variant, "
           f"SPARK_HVD_CYCLE_TIME_MS={args.cycle_time_ms or 'default'}; load average "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    results = {n: launch(n, argv, args.cycle_time_ms)["times"] for n in (2, 1)}
+    runs = {n: launch(n, argv, args.cycle_time_ms) for n in (2, 1)}
+    results = {n: r["times"] for n, r in runs.items()}
     med = {}
-    print(f"{'variant':<10} {'ranks':>5} {'min ms':>8} {'median ms':>10} {'samples/s':>10}")
+    print(f"{'variant':<10} {'ranks':>5} {'min ms':>8} {'median ms':>10} {'samples/s':>10} "
+          f"{'CPU ms/step':>12}")
     for n in (2, 1):
         for name, ts in results[n].items():
             if n == 1 and name == "local":
                 continue
             med[(name, n)] = statistics.median(ts)
+            cpu_ms = statistics.median(runs[n]["cpu"][name]) * 1e3
             print(f"{name:<10} {n:>5} {min(ts) * 1e3:>8.2f} {med[(name, n)] * 1e3:>10.2f} "
-                  f"{n * args.batch / med[(name, n)]:>10.0f}")
+                  f"{n * args.batch / med[(name, n)]:>10.0f} {cpu_ms:>12.2f}")
     ratio = med[("spark_hvd", 2)] / med[("ddp", 2)]
     print(f"step time spark_hvd / ddp (2 ranks, medians): {ratio:.3f}"
           f"  ({'meets' if ratio <= 1.0 else 'misses'} the <= 1.0 target)")

@@ -40,6 +40,11 @@ class Communicator {
   virtual Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                            bool stable_buffer) = 0;
 
+  // How many elements a stable-buffer Allreduce of `count` should run over: a
+  // backend whose set-up is per size may round up to a few size classes (the
+  // engine zero-fills the padding and ignores it). Same answer on every rank.
+  virtual int64_t StableAllreduceCount(int64_t count) const { return count; }
+
   // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
   virtual Status Allgatherv(const void* in, void* out,
                             const std::vector<int64_t>& bytes_per_rank) = 0;

@@ -22,6 +22,14 @@ inline double CycleTimeMs() {
   static const double v = GetDouble("SPARK_HVD_CYCLE_TIME_MS", 1.0);
   return v;
 }
+// Longest pause between negotiation cycles while no rank has anything pending:
+// idle cycles back off from the cycle time, doubling, up to this. A rank that
+// enqueues work starts a cycle at once; peers with no work of their own join it
+// within this bound.
+inline double IdleCycleTimeMs() {
+  static const double v = GetDouble("SPARK_HVD_IDLE_CYCLE_TIME_MS", 10.0);
+  return v;
+}
 // Response cache entries; 0 disables the cache.
 inline int64_t CacheCapacity() {
   static const int64_t v = GetInt("SPARK_HVD_CACHE_CAPACITY", 1024);
@@ -40,6 +48,13 @@ inline double StallShutdownTimeS() {
 // Transport timeout: how long a rank waits on a silent peer before declaring it lost.
 inline double TimeoutS() {
   static const double v = GetDouble("SPARK_HVD_TIMEOUT_S", 30.0);
+  return v;
+}
+
+// Gloo allreduces larger than this run as consecutive pieces of this many bytes
+// (rounded down to whole elements). Must be equal on every rank.
+inline int64_t GlooChunkBytes() {
+  static const int64_t v = GetInt("SPARK_HVD_GLOO_CHUNK_BYTES", 16 * 1024 * 1024);
   return v;
 }
 

@@ -375,6 +375,15 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
     ready.push_back(std::move(j));
   }
   InspectStalls(headers[0].stall_cutoff, bit, &ready);
+  bool any_flag = false;
+  for (int32_t r = 0; r < size_ && !any_flag; ++r) {
+    any_flag = headers[r].flags != 0;
+    for (int64_t b = 0; b < bit_bytes && !any_flag; ++b) {
+      any_flag = all[static_cast<size_t>(r * rec + static_cast<int64_t>(sizeof(Header)) + b)] != 0;
+    }
+  }
+  result.idle = !any_flag && total_uncached == 0 && ready.empty() && table_.empty() &&
+                groups_.empty();
   result.responses = Fuse(std::move(ready));
   return result;
 }

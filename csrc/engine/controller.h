@@ -53,6 +53,9 @@ struct CycleResult {
   std::vector<Response> responses;
   bool shutdown = false;
   std::vector<int32_t> shutdown_ranks;
+  // Nothing pending on any rank (no request, cache bit, join or partial group):
+  // the same on every rank, so all may slow their cycles down together.
+  bool idle = false;
 };
 
 class Controller {

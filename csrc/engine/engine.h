@@ -71,6 +71,9 @@ class Engine {
   std::string controller_name_;
   std::atomic<bool> running_{false};
   std::atomic<bool> shutdown_requested_{false};
+  // This rank has tensors in negotiation: an enqueue then waits for the next
+  // cycle (batching with others) instead of starting one at once.
+  std::atomic<bool> negotiating_{false};
 
   HandleTable handles_;
   ProcessSetTable sets_;

@@ -121,7 +121,8 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   }
   // Fused: pack, reduce once, unpack.
   int64_t t0 = NowMicros();
-  uint8_t* buf = FusionBuffer(total * dsize);
+  const int64_t padded = std::max(total, comm->StableAllreduceCount(total));
+  uint8_t* buf = FusionBuffer(padded * dsize);
   int64_t offset = 0;
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
@@ -133,9 +134,12 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
     }
     offset += n * dsize;
   }
+  // Padding up to the backend's size class: zeros on every rank (its result is
+  // never read, but zeros keep every op's arithmetic well defined).
+  if (padded > total) std::memset(buf + offset, 0, static_cast<size_t>((padded - total) * dsize));
   Phase(es, "MEMCPY_IN_FUSION_BUFFER", t0);
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(buf, total, r.dtype, r.reduce_op, /*stable_buffer=*/true);
+  Status s = comm->Allreduce(buf, padded, r.dtype, r.reduce_op, /*stable_buffer=*/true);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
   int64_t t2 = NowMicros();

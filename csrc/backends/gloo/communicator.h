@@ -39,6 +39,7 @@ class GlooCommunicator : public Communicator {
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
   Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                    bool stable_buffer) override;
+  int64_t StableAllreduceCount(int64_t count) const override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
@@ -60,7 +61,13 @@ class GlooCommunicator : public Communicator {
   int rank_;
   int size_;
   std::shared_ptr<gloo::Context> context_;
-  std::list<std::pair<AlgoKey, std::unique_ptr<gloo::Algorithm>>> algos_;  // LRU, front = newest
+  struct CachedAlgo {
+    AlgoKey key;
+    int64_t scratch_bytes;  // what the algorithm holds besides the caller's buffer
+    std::unique_ptr<gloo::Algorithm> algo;
+  };
+  std::list<CachedAlgo> algos_;  // LRU, front = newest
+  int64_t algos_bytes_ = 0;
   std::map<int64_t, std::unique_ptr<FixedGather>> fixed_;
   uint32_t tag_ = 0;
 };
