@@ -61,3 +61,49 @@ def _(ctx):
     hvd.allreduce(np.ones(8, np.float32), name="knobs.tl.alpha")
     hvd.allgather(np.ones((ctx.rank + 1, 2), np.int32), name="knobs.tl.beta")
     hvd.broadcast(np.ones(3), root_rank=ctx.size - 1, name="knobs.tl.gamma")
+
+
+@CASES.case("knobs/fused_odd_sizes_every_op")
+def _(ctx):
+    """Fused allreduces whose total is no size class of the Gloo backend (the engine
+    pads with zeros) and lone ones larger than SPARK_HVD_GLOO_CHUNK_BYTES (run in
+    pieces), for every op: the padding and the piece edges must not leak into results."""
+    n, me = ctx.size, ctx.rank
+    chk = Checks()
+    ops = {"Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product,
+           "Average": hvd.Average}
+    specs = [(np.float32, (1500,)), (np.float32, (777,)), (np.float64, (1025,)),
+             (np.int32, (3001,)), (np.float32, (20011,))]
+    for step in range(3):
+        for op in ops:
+            hs = [hvd.allreduce_async(values(dt, me, shape, salt=i + step), op=ops[op],
+                                      name=f"ko.{op}.{i}")
+                  for i, (dt, shape) in enumerate(specs)]
+            for i, (dt, shape) in enumerate(specs):
+                want = reduce([values(dt, r, shape, salt=i + step) for r in range(n)], op, dt)
+                chk.same(hvd.synchronize(hs[i]), want, f"step {step} {op} tensor {i} {shape}")
+    chk.done()
+
+
+@CASES.case("knobs/process_set_op_after_idle")
+def _(ctx):
+    """After the engines idled long enough to back off their cycles, an op of a process
+    set that leaves a rank out (that rank has no work of its own) still completes."""
+    import time
+
+    n, me = ctx.size, ctx.rank
+    sub = hvd.add_process_set(range(n - 1)) if n > 1 else None
+    time.sleep(0.3)
+    chk = Checks()
+    if sub is not None and me in sub.ranks:
+        got = hvd.allreduce(values(np.float32, me, (5,)), op=hvd.Sum, name="kp.sub",
+                            process_set=sub)
+        chk.same(got, reduce([values(np.float32, r, (5,)) for r in range(n - 1)], "Sum",
+                             np.float32), "process-set allreduce after idle")
+    time.sleep(0.3)
+    got = hvd.allreduce(values(np.float32, me, (3,)), op=hvd.Sum, name="kp.all")
+    chk.same(got, reduce([values(np.float32, r, (3,)) for r in range(n)], "Sum", np.float32),
+             "global allreduce after idle")
+    if sub is not None:
+        hvd.remove_process_set(sub)
+    chk.done()
