@@ -147,6 +147,21 @@ void ScaleBuffer(void* x, size_t n, DataType dtype, double factor) {
   }
 }
 
+template <typename T>
+void ScaleCopyTyped(void* dv, const void* sv, size_t n, double factor) {
+  T* d = static_cast<T*>(dv);
+  const T* x = static_cast<const T*>(sv);
+  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<double>(x[i]) * factor);
+}
+
+bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor) {
+  switch (dtype) {
+    case DataType::kFloat32: ScaleCopyTyped<float>(dst, src, n, factor); return true;
+    case DataType::kFloat64: ScaleCopyTyped<double>(dst, src, n, factor); return true;
+    default: return false;
+  }
+}
+
 void DivideBuffer(void* x, size_t n, DataType dtype, int64_t divisor) {
   if (divisor == 1) return;
   switch (dtype) {

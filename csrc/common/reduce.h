@@ -22,6 +22,10 @@ void ScaleBuffer(void* x, size_t n, DataType dtype, double factor);
 
 // x[i] /= divisor: exact integer division for integer types, 1/divisor multiply for floats.
 void DivideBuffer(void* x, size_t n, DataType dtype, int64_t divisor);
+// dst = src * factor for float32/float64, element for element as ScaleBuffer
+// computes it (one pass instead of a copy plus a scale). Other dtypes: false, and
+// nothing is written.
+bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor);
 
 // Fill with op's identity (Sum/Average: 0, Product: 1, Min: max value, Max: lowest value).
 void FillNeutral(void* x, size_t n, DataType dtype, ReduceOp op);

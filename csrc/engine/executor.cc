@@ -143,11 +143,19 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
   int64_t t2 = NowMicros();
-  Finish(r, buf, total);
+  // Average of floats without a postscale: divide while copying out (one pass).
+  const bool divide_out = r.reduce_op == ReduceOp::kAverage && r.postscale == 1.0 &&
+                          (r.dtype == DataType::kFloat32 || r.dtype == DataType::kFloat64);
+  if (!divide_out) Finish(r, buf, total);
+  const double inv = 1.0 / static_cast<double>(std::max<size_t>(1, r.active.size()));
   offset = 0;
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
-    if (es[i]) std::memcpy(es[i]->output, buf + offset, static_cast<size_t>(n * dsize));
+    if (es[i] && divide_out && r.active.size() > 1) {
+      ScaleCopy(es[i]->output, buf + offset, static_cast<size_t>(n), r.dtype, inv);
+    } else if (es[i]) {
+      std::memcpy(es[i]->output, buf + offset, static_cast<size_t>(n * dsize));
+    }
     offset += n * dsize;
   }
   Phase(es, "MEMCPY_OUT_FUSION_BUFFER", t2);
