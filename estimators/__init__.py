@@ -1,16 +1,18 @@
 """Spark ML estimators for spark_hvd, installed as ``spark_hvd.estimators``.
 
 Stores (where intermediate data, checkpoints and logs live) and the
-DataFrame -> Parquet materialization are here; TorchEstimator/TorchModel
-build on them (torch is imported only when they are used).
+DataFrame -> Parquet materialization are here; TorchEstimator/TorchModel and
+KerasEstimator/KerasModel build on them (torch, or TensorFlow and Keras, are imported
+only when they are used).
 """
 
 from .store import DBFSLocalStore, FilesystemStore, LocalStore, Store
 
 __all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "TorchEstimator",
-           "TorchModel"]
+           "TorchModel", "KerasEstimator", "KerasModel"]
 
-_LAZY = {"TorchEstimator": ".torch_estimator", "TorchModel": ".torch_model"}
+_LAZY = {"TorchEstimator": ".torch_estimator", "TorchModel": ".torch_model",
+         "KerasEstimator": ".keras_estimator", "KerasModel": ".keras_model"}
 
 
 def __getattr__(name):

@@ -25,19 +25,19 @@ from __future__ import annotations
 
 import copy
 import io
-import json
-import os
-import posixpath
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start, as_outputs,
+                              checkpoint_file, cpu_share, load_objects, next_batch, reshape_to,
+                              write_history)
 
 CHECKPOINT_FORMAT = 1
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
-HISTORY_FILE = "history.json"
 
 
 # -- tensor conventions (driver dry run, ranks, transform) ---------------------------------------
@@ -49,14 +49,6 @@ def model_float_dtype(model: Any) -> Any:
         if p.is_floating_point():
             return p.dtype
     return torch.float32
-
-
-def reshape_to(t: Any, shape: Optional[Sequence[int]]) -> Any:
-    """``[-1, 1, 8, 8]`` is a full shape (batch first); ``[1, 8, 8]`` a per-row shape."""
-    if shape is None:
-        return t
-    shape = list(shape)
-    return t.reshape(shape) if shape and shape[0] == -1 else t.reshape([-1] + shape)
 
 
 def to_tensor(arr: np.ndarray, name: str, float_dtype: Any, shape: Optional[Sequence[int]] = None,
@@ -72,15 +64,6 @@ def to_tensor(arr: np.ndarray, name: str, float_dtype: Any, shape: Optional[Sequ
         t = t.to(torch.int64)
     t = reshape_to(t, shape)
     return t.to(device, non_blocking=True) if device is not None else t
-
-
-def as_outputs(out: Any) -> List[Any]:
-    """A model's return value as a list of tensors."""
-    if isinstance(out, (list, tuple)):
-        return list(out)
-    if isinstance(out, dict):
-        return list(out.values())
-    return [out]
 
 
 def align_labels(outputs: Sequence[Any], labels: Sequence[Any], shapes_given: bool) -> List[Any]:
@@ -163,45 +146,11 @@ class LossSpec:
 
 # -- the rank's job ------------------------------------------------------------------------------
 
-@dataclass
-class TrainConfig:
-    """Everything a rank needs, picklable (the user's objects are in ``objects``, cloudpickled)."""
-
-    run_id: str
-    store: Any
-    meta: Any  # DataMeta
-    objects: bytes
-    feature_cols: List[str]
-    label_cols: List[str]
-    sample_weight_col: Optional[str]
-    input_shapes: Optional[List[List[int]]]
-    label_shapes: Optional[List[List[int]]]
-    loss_weights: Optional[List[float]]
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    train_steps_per_epoch: Optional[int]
-    validation_steps_per_epoch: Optional[int]
-    shuffle: bool
-    shuffle_buffer_size: Optional[int]
-    seed: int
-    backward_passes_per_step: int
-    use_gpu: Optional[bool]
-    verbose: int
-    terminate_on_nan: bool
-    reader: str = "arrow"
-    extra: Dict[str, Any] = field(default_factory=dict)
-
-
-def checkpoint_dir(store: Any, run_id: str) -> str:
-    return store.get_checkpoint_path(run_id)
-
-
 def read_checkpoint(store: Any, run_id: str, which: str = LAST_CHECKPOINT,
                     map_location: Any = "cpu") -> Optional[Dict[str, Any]]:
     """The checkpoint ``which`` of ``run_id`` (a dict), or None when there is none."""
     import torch
-    path = posixpath.join(checkpoint_dir(store, run_id), which)
+    path = checkpoint_file(store, run_id, which)
     if not store.exists(path):
         return None
     state = torch.load(io.BytesIO(store.read_bytes(path)), map_location=map_location,
@@ -215,8 +164,7 @@ def _write_checkpoint(store: Any, run_id: str, which: str, state: Dict[str, Any]
     import torch
     buf = io.BytesIO()
     torch.save(state, buf)
-    store.write_bytes_atomic(posixpath.join(checkpoint_dir(store, run_id), which),
-                             buf.getvalue())
+    store.write_bytes_atomic(checkpoint_file(store, run_id, which), buf.getvalue())
 
 
 def _pick_device(use_gpu: Optional[bool], hvd: Any) -> Any:
@@ -239,8 +187,7 @@ def _pick_device(use_gpu: Optional[bool], hvd: Any) -> Any:
 
 def _limit_threads(hvd: Any) -> None:
     import torch
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    torch.set_num_threads(max(1, (cpus or 1) // max(1, hvd.local_size())))
+    torch.set_num_threads(cpu_share(hvd.local_size()))
 
 
 class _Callbacks:
@@ -260,20 +207,6 @@ def _optimizer_for(model: Any, optimizer: Any) -> Any:
     if isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
     return optimizer(model.parameters())
-
-
-def load_objects(blob: bytes) -> Dict[str, Any]:
-    """The user's objects; a module the executors cannot import gets an error with the fix."""
-    import cloudpickle
-    try:
-        return cloudpickle.loads(blob)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(
-            f"{exc}: the model, loss, metrics or callbacks refer to module '{exc.name}', which "
-            f"this executor cannot import. Install it on the executors (or "
-            f"spark.sparkContext.addPyFile), or ship it with the objects by calling "
-            f"cloudpickle.register_pickle_by_value({exc.name}) on the driver before fit",
-            name=exc.name) from exc
 
 
 def train(config: TrainConfig) -> Dict[str, Any]:
@@ -302,13 +235,13 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     transformation_fn = objs.get("transformation_fn")
 
     # Resume: rank 0 reads the checkpoint, everything is broadcast from rank 0.
-    resume = {"epoch": 0, "history": {}, "best": None, "best_epoch": None}
+    resume: Dict[str, Any] = {}
     if rank == 0:
         state = read_checkpoint(config.store, config.run_id, map_location=device)
         if state is not None:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
-            resume = {k: state[k] for k in resume}
+            resume = {k: state[k] for k in RunRecord.KEYS}
             resume["scheduler"] = state.get("scheduler")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -327,41 +260,26 @@ def train(config: TrainConfig) -> Dict[str, Any]:
 
     runner = _EpochRunner(config, model, optimizer, loss_spec, metrics, callbacks,
                           transformation_fn, device, rank, size, hvd)
-    history: Dict[str, List[float]] = {k: list(v) for k, v in resume["history"].items()}
-    best, best_epoch = resume["best"], resume["best_epoch"]
-    start = int(resume["epoch"])
-    if rank == 0 and config.verbose and start:
-        print(f"resuming run '{config.run_id}' at epoch {start + 1}/{config.epochs} "
-              f"(checkpoint of epoch {start})", flush=True)
-    if rank == 0 and config.verbose >= 2:
-        print(f"rank 0 ready to train in {time.perf_counter() - started:.1f}s (init, model, "
-              f"readers: {runner.train_steps} steps per epoch)", flush=True)
+    record = RunRecord(resume)
+    start = record.epoch
+    announce_start(config, rank, start, started, runner.train_steps)
     callbacks.call("on_train_begin", {"rank": rank, "size": size, "start_epoch": start})
     epoch = start
     try:
         for epoch in range(start, config.epochs):
             logs = runner.run_epoch(epoch)
-            for k, v in logs.items():
-                history.setdefault(k, []).append(v)
-            monitor = "val_loss" if "val_loss" in logs else "loss"
-            improved = best is None or logs[monitor] < best
-            if improved:
-                best, best_epoch = logs[monitor], epoch + 1
+            improved = record.add_epoch(epoch, logs)
             if scheduler is not None:
                 scheduler.step()
             if rank == 0:
-                state = {"format": CHECKPOINT_FORMAT, "epoch": epoch + 1,
-                         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                         "optimizer": optimizer.state_dict(),
-                         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-                         "history": history, "best": best, "best_epoch": best_epoch,
-                         "monitor": monitor, "run_id": config.run_id}
+                state = dict(record.state(), format=CHECKPOINT_FORMAT, run_id=config.run_id,
+                             model={k: v.detach().cpu() for k, v in model.state_dict().items()},
+                             optimizer=optimizer.state_dict(),
+                             scheduler=scheduler.state_dict() if scheduler is not None else None)
                 _write_checkpoint(config.store, config.run_id, LAST_CHECKPOINT, state)
                 if improved:
                     _write_checkpoint(config.store, config.run_id, BEST_CHECKPOINT, state)
-                config.store.write_bytes_atomic(
-                    posixpath.join(config.store.get_logs_path(config.run_id), HISTORY_FILE),
-                    json.dumps({"epochs": epoch + 1, "history": history}, indent=1).encode())
+                write_history(config.store, config.run_id, epoch + 1, record.history)
             cb_logs = dict(logs, rank=rank, stop_training=False)
             callbacks.call("on_epoch_end", epoch, cb_logs)
             stop = hvd.allreduce(torch.tensor([1.0 if cb_logs.get("stop_training") else 0.0]),
@@ -375,17 +293,8 @@ def train(config: TrainConfig) -> Dict[str, Any]:
             epoch = config.epochs
     finally:
         runner.close()
-    callbacks.call("on_train_end", {"rank": rank, "history": history})
+    callbacks.call("on_train_end", {"rank": rank, "history": record.history})
     return {"rank": rank, "epochs": epoch, "start_epoch": start} if rank == 0 else {"rank": rank}
-
-
-def _next(batches: Iterator[Any], step: int, steps: int, split: str) -> Any:
-    try:
-        return next(batches)
-    except StopIteration:
-        raise ValueError(f"the {split} reader ended after {step} of {steps} batches on this "
-                         f"process; lower train_steps_per_epoch/validation_steps_per_epoch") \
-            from None
 
 
 class _EpochRunner:
@@ -400,47 +309,9 @@ class _EpochRunner:
             transformation_fn
         self.device, self.rank, self.size, self.hvd = device, rank, size, hvd
         self.float_dtype = model_float_dtype(model)
-        columns = list(config.feature_cols) + list(config.label_cols)
-        if config.sample_weight_col:
-            columns.append(config.sample_weight_col)
-        common = dict(rank=rank, size=size, columns=columns, reader=config.reader)
-        self.train_reader = config.meta.make_reader(
-            "train", batch_size=config.batch_size, shuffle=config.shuffle, seed=config.seed,
-            shuffle_buffer_rows=config.shuffle_buffer_size, **common)
-        self.val_reader = (config.meta.make_reader("val", batch_size=config.val_batch_size,
-                                                   shuffle=False, seed=config.seed, **common)
-                           if config.meta.val_path else None)
-        self.train_steps = self._steps(self.train_reader, config.train_steps_per_epoch,
-                                       "train_steps_per_epoch")
-        passes = config.backward_passes_per_step
-        usable = self.train_steps - self.train_steps % passes
-        if usable == 0:
-            raise ValueError(
-                f"backward_passes_per_step={passes} is more than the {self.train_steps} "
-                f"training step(s) per epoch; use a smaller backward_passes_per_step or "
-                f"batch_size")
-        if usable != self.train_steps and rank == 0 and config.verbose:
-            print(f"training {usable} of {self.train_steps} steps per epoch: a multiple of "
-                  f"backward_passes_per_step={passes}", flush=True)
-        self.train_steps = usable
-        self.val_steps = (self._steps(self.val_reader, config.validation_steps_per_epoch,
-                                      "validation_steps_per_epoch")
-                          if self.val_reader is not None else 0)
-
-    def _steps(self, reader: Any, wanted: Optional[int], what: str) -> int:
-        try:
-            available = len(reader)
-        except TypeError:  # petastorm: no equal-steps guarantee, the user says how many
-            if wanted is None:
-                raise ValueError(f"reader={self.c.reader!r} cannot tell the steps per epoch "
-                                 f"(ranks may get different row counts): set {what}") from None
-            return wanted
-        if wanted is None or wanted >= available:
-            if wanted is not None and wanted > available and self.rank == 0 and self.c.verbose:
-                print(f"{what}={wanted} is more than the {available} batches each process has "
-                      f"per epoch; using {available}", flush=True)
-            return available
-        return wanted
+        self.readers = Readers(config, rank, size)
+        self.train_reader, self.val_reader = self.readers.train, self.readers.val
+        self.train_steps, self.val_steps = self.readers.train_steps, self.readers.val_steps
 
     def _align(self, outputs: List[Any], labels: List[Any]) -> List[Any]:
         return align_labels(outputs, labels, self.c.label_shapes is not None)
@@ -489,7 +360,7 @@ class _EpochRunner:
         batches = self.train_reader.epoch(epoch)
         try:
             for step in range(self.train_steps):
-                batch = _next(batches, step, self.train_steps, "train")
+                batch = next_batch(batches, step, self.train_steps, "train")
                 if step % passes == 0:
                     optimizer.zero_grad()
                 inputs, labels, weight = self._tensors(batch)
@@ -525,7 +396,7 @@ class _EpochRunner:
                 with torch.no_grad():
                     for step in range(self.val_steps):
                         inputs, labels, weight = self._tensors(
-                            _next(batches, step, self.val_steps, "val"))
+                            next_batch(batches, step, self.val_steps, "val"))
                         rows = int(inputs[0].shape[0]) if inputs else 0
                         if not rows:
                             continue
@@ -569,8 +440,6 @@ class _EpochRunner:
         return keys
 
     def close(self) -> None:
-        self.train_reader.close()
-        if self.val_reader is not None:
-            self.val_reader.close()
+        self.readers.close()
 
 

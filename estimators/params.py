@@ -193,6 +193,24 @@ def _callables(name: str, value: Any) -> Any:
     return value if isinstance(value, dict) else list(items)
 
 
+def _names_or_callables(name: str, value: Any) -> Any:
+    """Keras' loss/metrics: a name, a callable, or a list/dict of them (lists nested once)."""
+    if value is None or isinstance(value, str) or callable(value):
+        return value
+    items = list(value.values()) if isinstance(value, dict) else value
+    try:
+        items = list(items)
+    except TypeError:
+        items = [items]
+    flat = [v for item in items for v in (item if isinstance(item, (list, tuple)) else [item])]
+    bad = [v for v in flat if not (v is None or isinstance(v, str) or callable(v))]
+    if bad:
+        raise InvalidArgumentError(
+            f"{name} must be names (e.g. 'accuracy'), Keras objects or functions, or a list or "
+            f"dict of them, got {[type(b).__name__ for b in bad]}")
+    return value if isinstance(value, dict) else list(items)
+
+
 def _list_of_objects(name: str, value: Any) -> Optional[List[Any]]:
     if value is None:
         return None
@@ -312,6 +330,62 @@ MODEL_PARAMS: Tuple[ParamSpec, ...] = (
 )
 
 
+def derive_table(base: Sequence[ParamSpec], replace: Sequence[ParamSpec] = (),
+                 drop: Sequence[str] = (), add: Sequence[ParamSpec] = ()
+                 ) -> Tuple[ParamSpec, ...]:
+    """``base`` with the rows of ``replace`` (same name) swapped in, ``drop`` left out and
+    ``add`` appended."""
+    swaps = {spec.name: spec for spec in replace}
+    unknown = (set(swaps) | set(drop)) - {spec.name for spec in base}
+    if unknown:
+        raise ValueError(f"no such rows to replace or drop: {sorted(unknown)}")
+    rows = [swaps.get(spec.name, spec) for spec in base if spec.name not in drop]
+    return tuple(rows) + tuple(add)
+
+
+_CUSTOM_OBJECTS = _P("custom_objects", None, _dict, PICKLE,
+                     "{name: class or function} Keras needs to load the model (custom layers, "
+                     "losses, metrics), as for keras.models.load_model")
+
+# KerasEstimator: the same table with Keras' objects; Horovod's KerasEstimator has no
+# loss_constructors (Keras builds its losses from names) and schedules the learning rate
+# with callbacks instead of lr_scheduler_fn.
+KERAS_ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = derive_table(
+    ESTIMATOR_PARAMS,
+    replace=(
+        _P("model", None, _any, PICKLE,
+           "the keras.Model to train (Sequential or functional; compiled or not)"),
+        _P("optimizer", None, _any, PICKLE,
+           "a keras.optimizers.Optimizer (or its name); default: the compiled model's"),
+        _P("loss", None, _names_or_callables, PICKLE,
+           "as for model.compile: a name, a keras loss or function(y_true, y_pred), or a list "
+           "or dict of them, one per output; default: the compiled model's"),
+        _P("metrics", None, _names_or_callables, PICKLE,
+           "as for model.compile (e.g. ['accuracy']); averaged over the processes each epoch; "
+           "default: the compiled model's"),
+        _P("sample_weight_col", None, _str, JSON,
+           "optional column of per-row weights of the loss (Keras' sample_weight)"),
+        _P("random_seed", None, _NONNEG, JSON,
+           "seed of the validation split, shuffling and keras.utils.set_random_seed (default: "
+           "derived from run_id)"),
+        _P("callbacks", None, _list_of_objects, PICKLE,
+           "keras.callbacks.Callback objects, run on every process after the metrics are "
+           "averaged; model.stop_training set by any of them stops every process at the end "
+           "of the epoch"),
+        _P("gradient_compression", None, _any, PICKLE,
+           "spark_hvd.tensorflow.Compression.none / fp16 / bf16 for the gradient allreduce"),
+        _P("inference_batch_size", 1024, _POS, JSON,
+           "rows per model call in KerasModel.transform"),
+    ),
+    drop=("loss_constructors", "lr_scheduler_fn"),
+    add=(_CUSTOM_OBJECTS,))
+
+KERAS_MODEL_PARAMS: Tuple[ParamSpec, ...] = derive_table(
+    MODEL_PARAMS,
+    replace=(_P("model", None, _any, PICKLE, "the trained keras.Model"),),
+    add=(_CUSTOM_OBJECTS,))
+
+
 def camel(name: str) -> str:
     """``feature_cols`` -> ``FeatureCols``."""
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
@@ -322,6 +396,7 @@ def _make_getter(name: str) -> Callable[[Params], Any]:
         return self.getOrDefault(getattr(self, name))
     getter.__name__ = "get" + camel(name)
     getter.__doc__ = f"The value of ``{name}``."
+    getter._from_table = True
     return getter
 
 
@@ -330,14 +405,15 @@ def _make_setter(name: str) -> Callable[[Params, Any], Params]:
         return self._set(**{name: value})
     setter.__name__ = "set" + camel(name)
     setter.__doc__ = f"Set ``{name}``; returns self."
+    setter._from_table = True
     return setter
 
 
 def declare_params(cls: type, table: Sequence[ParamSpec]) -> type:
     """Give ``cls`` a Param, a getter and a setter for every row of ``table``.
 
-    A getter or setter the class already defines (itself, not inherited from the table) is
-    kept.  Returns ``cls``.
+    A getter or setter the class already defines, or inherits from a base class that
+    defines it (not one generated from a table), is kept.  Returns ``cls``.
     """
     specs = {}
     for spec in table:
@@ -348,7 +424,8 @@ def declare_params(cls: type, table: Sequence[ParamSpec]) -> type:
                                       typeConverter=convert))
         for make, prefix in ((_make_getter, "get"), (_make_setter, "set")):
             method = prefix + camel(spec.name)
-            if method not in cls.__dict__:
+            existing = getattr(cls, method, None)
+            if existing is None or getattr(existing, "_from_table", False):
                 setattr(cls, method, make(spec.name))
         specs[spec.name] = spec
     cls._param_specs = specs
@@ -401,4 +478,12 @@ class ParamsFromTable(Params):
             if spec is None:
                 continue
             (plain if spec.persist == JSON else objects)[param.name] = value
-        return plain, objects
+        return plain, self._encode_objects(objects)
+
+    def _encode_objects(self, objects: Dict[str, Any]) -> Dict[str, Any]:
+        """The object params as they are pickled when saving (default: as they are)."""
+        return objects
+
+    def _decode_objects(self, objects: Dict[str, Any]) -> Dict[str, Any]:
+        """The inverse of :meth:`_encode_objects`, when loading."""
+        return objects

@@ -6,7 +6,9 @@ A saved instance is a directory:
                 ``PipelineModel.load`` finds the class and calls its ``read().load``
     objects/    the params that are Python objects (the torch model with its weights, the
                 optimizer, loss functions...), cloudpickled into one blob and stored as a
-                one-column binary Parquet dataset (chunks of ``CHUNK_BYTES``)
+                one-column binary Parquet dataset (chunks of ``CHUNK_BYTES``).  A class may
+                encode them first (``_encode_objects``/``_decode_objects``): the Keras
+                classes keep the model as ``.keras`` bytes and the optimizer as its config
 
 Both parts are written by Spark itself, so any path Spark can write (local, HDFS, S3,
 DBFS...) works, and no filesystem client is needed on the driver.  Which params are JSON and
@@ -79,5 +81,5 @@ class TableParamsReader(MLReader):
         if ours.get("objects"):
             objects: Dict[str, Any] = cloudpickle.loads(
                 read_blob(self.sparkSession, os.path.join(path, OBJECTS_DIR)))
-            instance._set(**objects)
+            instance._set(**instance._decode_objects(objects))
         return instance

@@ -11,17 +11,19 @@ import pytest
 
 LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+APP_NAME = "spark_hvd-tests-estimators"
 
 
 @pytest.fixture(scope="module")
-def estimator_spark():
+def estimator_spark(request):
     """A ``local-cluster[2,1,1024]`` session (two executor JVMs, one core each).
 
-    Module-scoped, and only test_torch_estimator.py uses it, so it is stopped when that
-    module ends and does not outlive these tests (a process holds one SparkContext: a
-    later ``getOrCreate`` elsewhere must not get this one).  If a SparkContext is
-    already running in this process (another directory's session), it is reused and
-    left running: spark_hvd.spark.run works on any master with two task slots.
+    Started by the first module that needs it and kept for the later modules of this run
+    that need it too (starting one takes ~25 s here); the module after which no test needs
+    it stops it, so it does not outlive these tests (a process holds one SparkContext: a
+    later ``getOrCreate`` elsewhere must not get this one).  If another SparkContext is
+    already running in this process (another directory's session), it is reused and left
+    running: spark_hvd.spark.run works on any master with two task slots.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -29,11 +31,12 @@ def estimator_spark():
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    if SparkContext._active_spark_context is not None:
+    active = SparkContext._active_spark_context
+    if active is not None and active.appName != APP_NAME:
         yield SparkSession.builder.getOrCreate()
         return
     spark = (SparkSession.builder.master(LOCAL_CLUSTER)
-             .appName("spark_hvd-tests-estimators")
+             .appName(APP_NAME)
              .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
              .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
              .config("spark.ui.enabled", "false")
@@ -42,7 +45,16 @@ def estimator_spark():
              .config("spark.python.worker.reuse", "true")
              .getOrCreate())
     yield spark
-    spark.stop()
+    if not _needed_later(request):
+        spark.stop()
+
+
+def _needed_later(request):
+    """Whether a test after this module's tests uses ``estimator_spark``."""
+    items = request.session.items
+    mine = [i for i, item in enumerate(items) if item.module is request.module]
+    return any("estimator_spark" in item.fixturenames
+               for item in items[(mine[-1] + 1 if mine else len(items)):])
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,28 @@ def make_net(seed=0, hidden=64):
                                torch.nn.Linear(hidden, 10))
 
 
+def bad_input(train_df, case):
+    """``(df, estimator kwargs, part of the error)`` for a bad-input case of the estimator
+    tests, made from the digits training DataFrame."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+    if case == "misspelt":
+        return train_df, dict(feature_cols=["featrues"]), "did you mean 'features'"
+    if case == "string_type":
+        return (train_df.withColumn("label", F.concat(F.lit("c"), F.col("label"))), {},
+                "label column 'label' has type string; index it first")
+    if case == "empty":
+        return train_df.limit(0), {}, "the DataFrame is empty"
+    if case == "shape":
+        return (train_df.withColumn("features", F.slice(vector_to_array("features"), 1, 10)),
+                {}, "'features' as (2, 10)")
+    if case == "num_proc":
+        return train_df, dict(num_proc=3), "num_proc=3 is more than the 2 tasks"
+    if case == "float_label":
+        return train_df.withColumn("label", F.col("label").cast("double")), {}, "cast('long')"
+    raise ValueError(case)
+
+
 def listing(root):
     """Every path under root (relative), sorted; [] when root does not exist."""
     out = []
@@ -28,3 +50,33 @@ def listing(root):
         out += [os.path.relpath(os.path.join(base, n), root) for n in dirs + files]
     return sorted(out)
 
+
+
+def make_keras_net(seed=0, hidden=64, compile_with=None):
+    """A Keras MLP for the 64 digits pixels (logits); compiled when ``compile_with`` is a dict
+    of compile arguments."""
+    import keras
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(hidden, activation="relu"),
+                              keras.layers.Dense(10)])
+    if compile_with is not None:
+        model.compile(**compile_with)
+    return model
+
+
+def stop_mid_epoch(rank, epoch, batch):
+    """A Keras callback that sets model.stop_training on one rank only, in the middle of an
+    epoch (the estimator must stop every rank at that epoch's end, not hang)."""
+    import keras
+
+    import spark_hvd
+
+    class StopMidEpoch(keras.callbacks.Callback):
+        def on_epoch_begin(self, e, logs=None):
+            self.epoch = e
+
+        def on_train_batch_end(self, b, logs=None):
+            if spark_hvd.rank() == rank and self.epoch == epoch and b == batch:
+                self.model.stop_training = True
+
+    return StopMidEpoch()

@@ -9,11 +9,14 @@ import torch
 import torch.nn.functional as F
 
 from est_helpers import accuracy, make_net
-from spark_hvd.estimators import LocalStore, TorchEstimator, TorchModel
+from spark_hvd.estimators import (KerasEstimator, KerasModel, LocalStore, TorchEstimator,
+                                  TorchModel)
+from spark_hvd.estimators import _model_base as mb
 from spark_hvd.estimators import _trainer_torch as trainer
 from spark_hvd.estimators import torch_estimator as te
 from spark_hvd.estimators import torch_model as tm
-from spark_hvd.estimators.params import (ESTIMATOR_PARAMS, MODEL_PARAMS, PICKLE, camel)
+from spark_hvd.estimators.params import (ESTIMATOR_PARAMS, KERAS_ESTIMATOR_PARAMS,
+                                         KERAS_MODEL_PARAMS, MODEL_PARAMS, PICKLE, camel)
 from spark_hvd.estimators.progress import EpochProgress, bar, format_metrics
 from spark_hvd.exceptions import InvalidArgumentError
 
@@ -30,7 +33,9 @@ def _values(**kw):
 # -- the tables and what they generate ---------------------------------------------------------
 
 @pytest.mark.parametrize("cls,table", [(TorchEstimator, ESTIMATOR_PARAMS),
-                                       (TorchModel, MODEL_PARAMS)])
+                                       (TorchModel, MODEL_PARAMS),
+                                       (KerasEstimator, KERAS_ESTIMATOR_PARAMS),
+                                       (KerasModel, KERAS_MODEL_PARAMS)])
 def test_every_row_becomes_a_param_with_getter_and_setter(cls, table):
     obj = cls()
     assert sorted(p.name for p in obj.params) == sorted(s.name for s in table)
@@ -262,26 +267,26 @@ def test_model_output_columns_and_types():
     m = TorchModel(model=make_net(), feature_cols=["f"], label_cols=["y"])
     assert m.getOutputCols() == ["y__output"]
     assert m.setOutputCols(["p"]).getOutputCols() == ["p"]
-    assert isinstance(tm._output_type([]), DoubleType)
-    assert isinstance(tm._output_type([1]), DoubleType)
-    assert isinstance(tm._output_type([10]), VectorUDT)
+    assert isinstance(mb._output_type([]), DoubleType)
+    assert isinstance(mb._output_type([1]), DoubleType)
+    assert isinstance(mb._output_type([10]), VectorUDT)
 
 
 def test_model_arrow_outputs():
     import pyarrow as pa
-    vec = tm._to_arrow(np.arange(6, dtype=np.float64).reshape(3, 2), [2], pa)
+    vec = mb._to_arrow(np.arange(6, dtype=np.float64).reshape(3, 2), [2], pa)
     assert vec.type.names == ["type", "size", "indices", "values"]
     assert vec.field("values").to_pylist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
-    scalar = tm._to_arrow(np.arange(3, dtype=np.float64).reshape(3, 1), [1], pa)
+    scalar = mb._to_arrow(np.arange(3, dtype=np.float64).reshape(3, 1), [1], pa)
     assert scalar.to_pylist() == [0.0, 1.0, 2.0]
 
 
 def test_model_cache_loads_once_per_identity():
     import cloudpickle
     blob = cloudpickle.dumps(make_net())
-    tm._MODELS.clear()
+    mb.MODEL_CACHE.clear()
     a = tm._cached_model(blob, "k1", torch.device("cpu"))
     b = tm._cached_model(blob, "k1", torch.device("cpu"))
     c = tm._cached_model(blob, "k2", torch.device("cpu"))
     assert a is b and a is not c and not a.training
-    tm._MODELS.clear()
+    mb.MODEL_CACHE.clear()

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from pyspark.ml.linalg import VectorUDT
 
-from est_helpers import accuracy, listing, make_net
+from est_helpers import accuracy, bad_input, listing, make_net
 from spark_hvd.estimators import TorchEstimator, TorchModel
 
 pytestmark = pytest.mark.spark
@@ -96,24 +96,7 @@ def test_pipeline_on_uneven_partitions_saves_loads_and_predicts_the_same(
 @pytest.mark.parametrize("case", ["misspelt", "string_type", "empty", "shape", "num_proc",
                                   "float_label"])
 def test_bad_input_errors_leave_the_store_untouched(estimator_spark, digits, store, case):
-    from pyspark.sql import functions as Fn
-    train_df, _ = digits
-    df, kw, needle = train_df, {}, ""
-    if case == "misspelt":
-        kw, needle = dict(feature_cols=["featrues"]), "did you mean 'features'"
-    elif case == "string_type":
-        df = train_df.withColumn("label", Fn.concat(Fn.lit("c"), Fn.col("label")))
-        needle = "label column 'label' has type string; index it first"
-    elif case == "empty":
-        df, needle = train_df.limit(0), "the DataFrame is empty"
-    elif case == "shape":
-        df = train_df.withColumn("features", Fn.slice(
-            __import__("pyspark.ml.functions", fromlist=["x"]).vector_to_array("features"), 1, 10))
-        needle = "'features' as (2, 10)"
-    elif case == "num_proc":
-        kw, needle = dict(num_proc=3), "num_proc=3 is more than the 2 tasks"
-    elif case == "float_label":
-        df, needle = train_df.withColumn("label", Fn.col("label").cast("double")), "cast('long')"
+    df, kw, needle = bad_input(digits[0], case)
     with pytest.raises(Exception) as err:
         _estimator(store, **kw).fit(df)
     assert needle in str(err.value), str(err.value)

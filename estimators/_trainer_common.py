@@ -1,0 +1,208 @@
+"""What the per-rank trainers of TorchEstimator and KerasEstimator share: the config a rank
+gets, the user's objects, the readers with their steps per epoch, and the run's record
+(history, best epoch) that goes into the checkpoints and ``<run>/logs/history.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+
+HISTORY_FILE = "history.json"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a rank needs, picklable (the user's objects are in ``objects``, cloudpickled)."""
+
+    run_id: str
+    store: Any
+    meta: Any  # DataMeta
+    objects: bytes
+    feature_cols: List[str]
+    label_cols: List[str]
+    sample_weight_col: Optional[str]
+    input_shapes: Optional[List[List[int]]]
+    label_shapes: Optional[List[List[int]]]
+    loss_weights: Optional[List[float]]
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    train_steps_per_epoch: Optional[int]
+    validation_steps_per_epoch: Optional[int]
+    shuffle: bool
+    shuffle_buffer_size: Optional[int]
+    seed: int
+    backward_passes_per_step: int
+    use_gpu: Optional[bool]
+    verbose: int
+    terminate_on_nan: bool
+    reader: str = "arrow"
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+def checkpoint_dir(store: Any, run_id: str) -> str:
+    return store.get_checkpoint_path(run_id)
+
+
+def checkpoint_file(store: Any, run_id: str, which: str) -> str:
+    return posixpath.join(checkpoint_dir(store, run_id), which)
+
+
+def write_history(store: Any, run_id: str, epochs: int, history: Mapping[str, List[float]]
+                  ) -> None:
+    """``<run>/logs/history.json``: the epochs trained so far and their metrics."""
+    store.write_bytes_atomic(posixpath.join(store.get_logs_path(run_id), HISTORY_FILE),
+                             json.dumps({"epochs": epochs, "history": history},
+                                        indent=1).encode())
+
+
+def load_objects(blob: bytes) -> Dict[str, Any]:
+    """The user's objects; a module the executors cannot import gets an error with the fix."""
+    import cloudpickle
+    try:
+        return cloudpickle.loads(blob)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"{exc}: the model, loss, metrics or callbacks refer to module '{exc.name}', which "
+            f"this executor cannot import. Install it on the executors (or "
+            f"spark.sparkContext.addPyFile), or ship it with the objects by calling "
+            f"cloudpickle.register_pickle_by_value({exc.name}) on the driver before fit",
+            name=exc.name) from exc
+
+
+def cpu_share(local_size: int) -> int:
+    """This process's share of the host's cores (at least 1)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cpus or 1) // max(1, local_size))
+
+
+def as_outputs(out: Any) -> List[Any]:
+    """A model's return value as a list of tensors/arrays."""
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    if isinstance(out, dict):
+        return list(out.values())
+    return [out]
+
+
+def reshape_to(t: Any, shape: Optional[Sequence[int]]) -> Any:
+    """``[-1, 1, 8, 8]`` is a full shape (batch first); ``[1, 8, 8]`` a per-row shape (numpy
+    arrays and torch tensors alike)."""
+    if shape is None:
+        return t
+    shape = list(shape)
+    return t.reshape(shape) if shape and shape[0] == -1 else t.reshape([-1] + shape)
+
+
+def next_batch(batches: Iterator[Any], step: int, steps: int, split: str) -> Any:
+    try:
+        return next(batches)
+    except StopIteration:
+        raise ValueError(f"the {split} reader ended after {step} of {steps} batches on this "
+                         f"process; lower train_steps_per_epoch/validation_steps_per_epoch") \
+            from None
+
+
+def announce_start(config: TrainConfig, rank: int, start_epoch: int, started: float,
+                   steps: int) -> None:
+    """Rank 0's lines before the first epoch: resuming, and (verbose >= 2) the set-up time."""
+    if rank != 0:
+        return
+    if config.verbose and start_epoch:
+        print(f"resuming run '{config.run_id}' at epoch {start_epoch + 1}/{config.epochs} "
+              f"(checkpoint of epoch {start_epoch})", flush=True)
+    if config.verbose >= 2:
+        print(f"rank 0 ready to train in {time.perf_counter() - started:.1f}s (init, model, "
+              f"readers: {steps} steps per epoch)", flush=True)
+
+
+class RunRecord:
+    """The run's history and best epoch, carried from checkpoint to checkpoint.
+
+    The monitored value is ``val_loss`` when the epoch has one, else ``loss``.
+    """
+
+    KEYS = ("epoch", "history", "best", "best_epoch")
+
+    def __init__(self, state: Optional[Mapping[str, Any]] = None) -> None:
+        state = state or {}
+        self.epoch = int(state.get("epoch", 0))
+        self.history: Dict[str, List[float]] = {
+            k: list(v) for k, v in (state.get("history") or {}).items()}
+        self.best = state.get("best")
+        self.best_epoch = state.get("best_epoch")
+        self.monitor = state.get("monitor", "loss")
+
+    def add_epoch(self, epoch: int, logs: Mapping[str, float]) -> bool:
+        """Record epoch ``epoch`` (0-based); True when its monitored value is the best yet."""
+        for k, v in logs.items():
+            self.history.setdefault(k, []).append(v)
+        self.epoch = epoch + 1
+        self.monitor = "val_loss" if "val_loss" in logs else "loss"
+        improved = self.best is None or logs[self.monitor] < self.best
+        if improved:
+            self.best, self.best_epoch = logs[self.monitor], epoch + 1
+        return improved
+
+    def state(self) -> Dict[str, Any]:
+        return {"epoch": self.epoch, "history": self.history, "best": self.best,
+                "best_epoch": self.best_epoch, "monitor": self.monitor}
+
+
+class Readers:
+    """This rank's training and validation readers and their steps per epoch (equal on every
+    rank), trimmed to a multiple of ``backward_passes_per_step``."""
+
+    def __init__(self, config: TrainConfig, rank: int, size: int) -> None:
+        self.c, self.rank = config, rank
+        columns = list(config.feature_cols) + list(config.label_cols)
+        if config.sample_weight_col:
+            columns.append(config.sample_weight_col)
+        common = dict(rank=rank, size=size, columns=columns, reader=config.reader)
+        self.train = config.meta.make_reader(
+            "train", batch_size=config.batch_size, shuffle=config.shuffle, seed=config.seed,
+            shuffle_buffer_rows=config.shuffle_buffer_size, **common)
+        self.val = (config.meta.make_reader("val", batch_size=config.val_batch_size,
+                                            shuffle=False, seed=config.seed, **common)
+                    if config.meta.val_path else None)
+        self.train_steps = self._steps(self.train, config.train_steps_per_epoch,
+                                       "train_steps_per_epoch")
+        passes = config.backward_passes_per_step
+        usable = self.train_steps - self.train_steps % passes
+        if usable == 0:
+            raise ValueError(
+                f"backward_passes_per_step={passes} is more than the {self.train_steps} "
+                f"training step(s) per epoch; use a smaller backward_passes_per_step or "
+                f"batch_size")
+        if usable != self.train_steps and rank == 0 and config.verbose:
+            print(f"training {usable} of {self.train_steps} steps per epoch: a multiple of "
+                  f"backward_passes_per_step={passes}", flush=True)
+        self.train_steps = usable
+        self.val_steps = (self._steps(self.val, config.validation_steps_per_epoch,
+                                      "validation_steps_per_epoch")
+                          if self.val is not None else 0)
+
+    def _steps(self, reader: Any, wanted: Optional[int], what: str) -> int:
+        try:
+            available = len(reader)
+        except TypeError:  # petastorm: no equal-steps guarantee, the user says how many
+            if wanted is None:
+                raise ValueError(f"reader={self.c.reader!r} cannot tell the steps per epoch "
+                                 f"(ranks may get different row counts): set {what}") from None
+            return wanted
+        if wanted is None or wanted >= available:
+            if wanted is not None and wanted > available and self.rank == 0 and self.c.verbose:
+                print(f"{what}={wanted} is more than the {available} batches each process has "
+                      f"per epoch; using {available}", flush=True)
+            return available
+        return wanted
+
+    def close(self) -> None:
+        self.train.close()
+        if self.val is not None:
+            self.val.close()
