@@ -240,10 +240,8 @@ class Phases:
 
 def launch_plan(spark: Any, num_proc: Optional[int], use_gpu: Optional[bool]) -> int:
     """spark.run's own launch checks, made before any data is written; the num_proc to use."""
-    from spark_hvd.spark import _checks
-    plan = _checks.plan(_checks.read_conf(spark), num_proc, use_gpu,
-                        registered=lambda: _checks.registered_slots(spark))
-    return plan.num_proc
+    from spark_hvd.spark import check_launch
+    return check_launch(num_proc, use_gpu, spark=spark)
 
 
 def needed_columns(p: Dict[str, Any]) -> List[str]:

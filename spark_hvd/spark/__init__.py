@@ -16,6 +16,6 @@ Each rank is one task of a Spark barrier stage; see :func:`run`.  pyspark is
 imported only when ``run`` is called.
 """
 
-from spark_hvd.spark.runner import run
+from spark_hvd.spark.runner import check_launch, run
 
-__all__ = ["run"]
+__all__ = ["check_launch", "run"]

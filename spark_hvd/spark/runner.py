@@ -52,6 +52,24 @@ _LATE_REPORT_S = 60.0     # after the Spark job ended: reports still on their wa
 _SPARK_END_WAIT_S = 30.0  # how long to wait for the Spark job to end once ranks are done
 
 
+
+def _plan(spark, conf, num_proc, use_gpu) -> "_checks.Plan":
+    return _checks.plan(conf, num_proc, use_gpu,
+                        registered=lambda: _checks.registered_slots(spark))
+
+
+def check_launch(num_proc: Optional[int] = None, use_gpu: Optional[bool] = None,
+                 spark=None) -> int:
+    """The checks :func:`run` makes before launching, without launching anything.
+
+    For callers that must fail before doing work of their own (an estimator that
+    would otherwise write its data first). Returns the number of ranks ``run`` would
+    start; raises what ``run`` raises for a bad ``num_proc``, fractional or missing GPU
+    amounts, or too few task slots.
+    """
+    spark = spark if spark is not None else _checks.active_session()
+    return _plan(spark, _checks.read_conf(spark), num_proc, use_gpu).num_proc
+
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
         num_proc: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
         start_timeout: Optional[float] = None, use_gpu: Optional[bool] = None,
@@ -112,8 +130,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         raise InvalidArgumentError(f"kill_grace_s must be a number >= 0, got {kill_grace_s!r}")
     spark = spark if spark is not None else _checks.active_session()
     conf = _checks.read_conf(spark)
-    plan = _checks.plan(conf, num_proc, use_gpu,
-                        registered=lambda: _checks.registered_slots(spark))
+    plan = _plan(spark, conf, num_proc, use_gpu)
     import cloudpickle
 
     payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))

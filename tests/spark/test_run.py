@@ -340,6 +340,16 @@ def test_local_mode_checks_before_launching(spark_local):
         spark_hvd.spark.run(_allreduce_ranks, num_proc=2, use_gpu=True)
 
 
+@pytest.mark.spark
+def test_check_launch_is_run_s_checks_without_a_launch(spark_local):
+    assert spark_hvd.spark.check_launch() == 2
+    assert spark_hvd.spark.check_launch(num_proc=1, spark=spark_local) == 1
+    with pytest.raises(InvalidArgumentError, match="more than the 2 tasks"):
+        spark_hvd.spark.check_launch(num_proc=3)
+    with pytest.raises(InvalidArgumentError, match="never assigns GPUs"):
+        spark_hvd.spark.check_launch(num_proc=2, use_gpu=True)
+
+
 # -- local-cluster, in a pytest process of its own -----------------------------------
 
 @pytest.mark.parametrize("use_gpu, expected_gpus", [(None, "3"), (False, "3,5")])
