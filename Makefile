@@ -3,19 +3,28 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-APT_PACKAGES := libgloo-dev libopenmpi-dev openmpi-bin cmake g++ make openjdk-17-jre-headless
+APT_PACKAGES := libgloo-dev libopenmpi-dev openmpi-bin openssh-client cmake g++ make openjdk-17-jre-headless
+# Only the suite needs an sshd binary (tests/multiproc/test_hosts.py runs its own on
+# 127.0.0.2); `make test` installs it, `make demo` does not.
+TEST_APT_PACKAGES := openssh-server
 STAMP_DEPS := $(VENV)/.deps-stamp
 STAMP_BUILD := $(VENV)/.build-stamp
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv test demo bench clean
+.PHONY: setup apt apt-test apt-install venv test demo bench clean
 
 setup: apt $(STAMP_BUILD)
 
 # Installs only what is missing (idempotent, no-op when everything is there).
 apt:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(APT_PACKAGES)"
+
+apt-test:
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(TEST_APT_PACKAGES)"
+
+apt-install:
+	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ] && ! { [ "$$missing" = " openjdk-17-jre-headless" ] && command -v java >/dev/null; }; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -38,7 +47,7 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CORE_SOURCES)
 # a local-cluster session and a local[N] one cannot share a driver).
 TEST_GROUPS := "tests/unit tests/multiproc tests/torch tests/tensorflow" "tests/spark" "tests/estimators"
 
-test: setup
+test: setup apt-test
 	@status=0; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \

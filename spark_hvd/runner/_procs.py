@@ -91,12 +91,25 @@ class ProcessGroup:
         self.extra_kill_groups: Callable[[], Iterable[int]] = lambda: ()
 
     def spawn(self, label: object, command: Sequence[str], env: Dict[str, str],
-              stdout: LineRouter, stderr: LineRouter) -> subprocess.Popen:
-        """Start ``command``; raises OSError (e.g. FileNotFoundError) when it cannot."""
-        proc = subprocess.Popen(list(command), env=env, stdin=subprocess.DEVNULL,
+              stdout: LineRouter, stderr: LineRouter,
+              stdin: Optional[bytes] = None) -> subprocess.Popen:
+        """Start ``command``; raises OSError (e.g. FileNotFoundError) when it cannot.
+
+        Its stdin is /dev/null, or with ``stdin`` a pipe that gets those bytes and is
+        then held open until :meth:`shutdown` (or this process's death) closes it, so
+        the process can take EOF there as the end of the job.
+        """
+        proc = subprocess.Popen(list(command), env=env,
+                                stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         self._procs[label] = proc
+        if stdin is not None:
+            try:
+                proc.stdin.write(stdin)
+                proc.stdin.flush()
+            except OSError:
+                pass  # it ended already; its exit tells why
         for pipe, route in ((proc.stdout, stdout), (proc.stderr, stderr)):
             self._start(_pump, pipe, route)
         self._start(self._wait_one, label, proc)
@@ -145,11 +158,18 @@ class ProcessGroup:
                 pass
 
     def shutdown(self, grace_s: float) -> None:
-        """End every process and what it started: SIGTERM, then SIGKILL after ``grace_s``.
+        """End every process and what it started: close the stdin pipes, SIGTERM, then
+        SIGKILL after ``grace_s``.
 
         Also joins the output threads, so all output is written when this returns.
         """
         deadline = time.monotonic() + grace_s
+        for proc in self._procs.values():
+            if proc.stdin is not None and not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except OSError:
+                    pass
         self._signal_all(signal.SIGTERM)
         done = self._wait_all(grace_s)
         for thread in self._threads:

@@ -1,30 +1,34 @@
-"""``spark-hvdrun``: run a command as N ranks on this host.
+"""``spark-hvdrun``: run a command as N ranks, on this host or on several over ssh.
 
-Gloo mode (default) starts a rendezvous server on 127.0.0.1 and the N ranks
-itself; ``--mpi`` hands the ranks to Open MPI's ``mpirun``.  Either way each
-output line of rank r appears as ``[r] line`` on the same stream (stdout or
-stderr), a failing rank ends the whole job with its exit code, and Ctrl-C or
-SIGTERM ends every rank.
+Gloo mode (default) starts a rendezvous server and the N ranks itself: ranks on
+this host directly, ranks on the other ``-H`` hosts over ssh (see
+:mod:`spark_hvd.runner._ssh`); ``--mpi`` hands the ranks to Open MPI's
+``mpirun``.  Either way each output line of rank r appears as ``[r] line`` on the
+same stream (stdout or stderr), a failing rank ends the whole job with its exit
+code, and Ctrl-C or SIGTERM ends every rank.  Every rank runs under a small
+supervisor (:mod:`spark_hvd.runner._supervise`), so the ranks and what they
+started end even when the launcher itself is killed outright.
 
     spark-hvdrun -np 4 python train.py
+    spark-hvdrun -np 8 -H node1:4,node2:4 python train.py
 """
 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import re
+import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from typing import BinaryIO, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner import _mpi_exec, env as _env
+from spark_hvd.runner import _hosts, _mpi_exec, _ssh, _supervise, env as _env
+from spark_hvd.runner._hosts import Slot, parse_hosts  # noqa: F401  (parse_hosts: public here)
 from spark_hvd.runner._procs import (LineRouter, Prefixed, ProcessGroup, Sink,
                                      describe_exit, exit_code)
 from spark_hvd.runner.rendezvous import RendezvousServer
@@ -34,12 +38,12 @@ PROG = "spark-hvdrun"
 DEFAULT_KILL_GRACE_S = 3.0
 # mpirun tears its ranks down itself on SIGTERM; give it longer before SIGKILL.
 MPIRUN_KILL_GRACE_S = 10.0
-_LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+SSH_EXIT_CODE = 255  # what ssh exits with when its connection fails
 _MPI_TAG = re.compile(rb"\[\d+,(\d+)\]<(stdout|stderr|stddiag)>:")
 
 
 class CommandNotFoundError(InvalidArgumentError):
-    """The rank command (or mpirun) cannot be executed."""
+    """The rank command (or mpirun, or ssh) cannot be executed."""
 
 
 class _Interrupted(BaseException):
@@ -48,62 +52,58 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
-def parse_hosts(spec: str) -> List[Tuple[str, int]]:
-    """``host:slots,host:slots`` (slots default 1) as a list of ``(host, slots)``."""
-    hosts = []
-    for item in spec.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        host, sep, slots = item.rpartition(":")
-        if not sep or host.endswith(":"):  # no slots given, or a bare IPv6 address
-            host, slots = item, "1"
-        try:
-            n = int(slots)
-        except ValueError:
-            raise InvalidArgumentError(f"-H {spec!r}: slots of {host!r} must be an int, "
-                                       f"got {slots!r}") from None
-        if n < 1:
-            raise InvalidArgumentError(f"-H {spec!r}: slots of {host!r} must be >= 1")
-        hosts.append((host.strip("[]"), n))
-    if not hosts:
-        raise InvalidArgumentError(f"-H {spec!r} names no host")
-    return hosts
-
-
-def _is_local(host: str) -> bool:
-    if host in _LOCAL_NAMES or host in (socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _check_hosts(spec: Optional[str], np: int) -> None:
-    if spec is None:
-        return
-    hosts = parse_hosts(spec)
-    remote = [h for h, _ in hosts if not _is_local(h)]
-    if remote:
-        raise InvalidArgumentError(
-            f"-H names {', '.join(remote)}, which is not this host: multi-host launch is not "
-            f"supported yet; run all ranks here with -H localhost:{np} (or no -H)")
-    slots = sum(n for _, n in hosts)
-    if np > slots:
-        raise InvalidArgumentError(f"-np {np} is more than the {slots} slots given by -H {spec}")
-
-
 def _binary(stream) -> BinaryIO:
     return getattr(stream, "buffer", stream)
+
+
+def _check_runnable(program: str, env: Mapping[str, str]) -> None:
+    """CommandNotFoundError, as exec would fail, when ``program`` cannot run here."""
+    path = program if os.sep in program else \
+        shutil.which(program, path=env.get("PATH", os.defpath))
+    if path is None or not os.path.exists(path):
+        raise CommandNotFoundError(f"cannot run {program!r}: No such file or directory")
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise CommandNotFoundError(f"cannot run {program!r}: Permission denied")
+
+
+class _Addresses:
+    """Where the rendezvous server listens and where each rank is told to reach it."""
+
+    def __init__(self, bind: str, local: str, remote: Mapping[str, str]) -> None:
+        self.bind, self.local, self.remote = bind, local, dict(remote)
+
+    def of(self, slot: Slot) -> str:
+        return self.remote[slot.host] if slot.remote else self.local
+
+
+def _addresses(slots: Sequence[Slot], ssh: Optional[_ssh.Ssh], network_interface: Optional[str],
+               env: Mapping[str, str], timeout_s: float, err: Sink) -> _Addresses:
+    remote = list(dict.fromkeys(s.host for s in slots if s.remote))
+    addr = _hosts.interface_address(network_interface) if network_interface else None
+    seen = ssh.probe(remote, env, timeout_s) if remote else {}  # also fails fast if unreachable
+    if addr is not None:
+        return _Addresses(addr, addr, {h: addr for h in remote})
+    if not remote:
+        return _Addresses("127.0.0.1", "127.0.0.1", {})
+    # Ranks here bind Gloo on the address they reach the server at, so tell them the
+    # one the (first) other host sees: that is where the other hosts reach them.
+    local = seen[remote[0]]
+    if len(set(seen.values())) > 1:
+        err.write(f"{PROG}: note: the hosts reach this one at different addresses "
+                  f"({', '.join(f'{h}: {a}' for h, a in seen.items())}); ranks here listen on "
+                  f"{local}; choose another with --network-interface\n".encode())
+    bind = "::" if any(":" in a for a in seen.values()) else "0.0.0.0"
+    return _Addresses(bind, local, seen)
 
 
 def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = None,
            mpi: bool = False, hosts: Optional[str] = None,
            start_timeout_s: float = _env.DEFAULT_START_TIMEOUT_S, verbose: bool = False,
            stdout: Optional[BinaryIO] = None, stderr: Optional[BinaryIO] = None,
-           kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> int:
-    """Run ``command`` as ``np`` ranks on this host and return the job's exit code.
+           kill_grace_s: float = DEFAULT_KILL_GRACE_S, ssh_port: Optional[int] = None,
+           ssh_identity_file: Optional[str] = None,
+           network_interface: Optional[str] = None) -> int:
+    """Run ``command`` as ``np`` ranks and return the job's exit code.
 
     Parameters
     ----------
@@ -116,14 +116,23 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
     mpi:
         Launch through ``mpirun`` (SPARK_HVD_CONTROLLER=mpi) instead of directly (gloo).
     hosts:
-        ``-H`` host list; only this host is supported for now.
+        ``-H host:slots,...``: ranks fill the hosts in order; hosts other than this
+        one (``localhost``, ``127.0.0.1``, ``::1``, its own names) are reached over
+        ssh.  None: every rank on this host.
     start_timeout_s:
-        Passed to the ranks as SPARK_HVD_START_TIMEOUT_S (rendezvous waits at startup).
+        Passed to the ranks as SPARK_HVD_START_TIMEOUT_S (rendezvous waits at startup);
+        also bounds the ssh probe of each host.
     stdout, stderr:
         Binary streams for the ranks' prefixed output and the launcher's messages;
         default this process's stdout and stderr.
     kill_grace_s:
         How long ranks get between SIGTERM and SIGKILL when the job is torn down.
+    ssh_port, ssh_identity_file:
+        ``ssh -p`` and ``ssh -i`` for the other hosts.
+    network_interface:
+        A NIC name or an address of this host: the rendezvous server listens there
+        and every rank is told to reach it there (default: 127.0.0.1 for a job on
+        this host only; otherwise all addresses, and the one each host sees).
 
     Returns
     -------
@@ -134,56 +143,95 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
     Raises
     ------
     InvalidArgumentError
-        for a bad ``np``/``hosts``/command; CommandNotFoundError when the command
-        or mpirun cannot be executed.
+        for a bad ``np``/``hosts``/command; CommandNotFoundError when the command,
+        mpirun or ssh cannot be executed; HostUnreachableError when ssh cannot run a
+        command on one of the hosts.
     """
     command = list(command)
     if not command:
         raise InvalidArgumentError("no command given to run")
     if isinstance(np, bool) or not isinstance(np, int) or np < 1:
         raise InvalidArgumentError(f"-np must be an int >= 1, got {np!r}")
-    _check_hosts(hosts, np)
     out = Sink(stdout if stdout is not None else _binary(sys.stdout))
     err = Sink(stderr if stderr is not None else _binary(sys.stderr))
     base_env = dict(os.environ)
     base_env.update(env or {})
-    with RendezvousServer(host="127.0.0.1") as server:
-        rdv_env = _env.rendezvous_env("127.0.0.1", server.port, server.secret, server.run_id)
+    slots = _hosts.place(hosts, np, _env.hostname(base_env))
+    remote = sorted({s.host for s in slots if s.remote})
+    ssh = None
+    if remote:
+        executable = shutil.which("ssh", path=base_env.get("PATH", os.defpath))
+        if executable is None:
+            raise CommandNotFoundError(
+                f"-H names other hosts ({', '.join(remote)}), which {PROG} reaches over ssh, "
+                f"but there is no ssh on PATH: install the OpenSSH client (Debian/Ubuntu: "
+                f"apt-get install openssh-client)")
+        ssh = _ssh.Ssh(executable, ssh_port, ssh_identity_file,
+                       min(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S))
+    if not mpi and any(not s.remote for s in slots):
+        _check_runnable(command[0], base_env)
+    addrs = _addresses(slots, ssh, network_interface, base_env,
+                       max(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S + 5), err)
+    with RendezvousServer(host=addrs.bind) as server:
+        rdv_env = _env.rendezvous_env(addrs.local, server.port, server.secret, server.run_id)
         if verbose:
-            err.write(f"{PROG}: rendezvous server at 127.0.0.1:{server.port} (run id "
+            told = "" if not addrs.remote else "; ranks reach it at " + ", ".join(
+                [f"{addrs.local} (here)"] + [f"{a} ({h})" for h, a in addrs.remote.items()])
+            err.write(f"{PROG}: rendezvous server at {addrs.bind}:{server.port}{told} (run id "
                       f"{server.run_id}), {np} ranks, {'mpi' if mpi else 'gloo'}\n".encode())
         if mpi:
             return _launch_mpi(command, np, base_env, dict(env or {}), rdv_env,
-                               start_timeout_s, verbose, out, err)
-        return _launch_gloo(command, np, base_env, server, start_timeout_s, out, err,
-                            kill_grace_s)
+                               start_timeout_s, verbose, out, err, hosts if remote else None,
+                               ssh)
+        return _launch_gloo(command, slots, base_env, server, addrs, ssh, start_timeout_s,
+                            verbose, out, err, kill_grace_s)
 
 
-def _launch_gloo(command: List[str], np: int, base_env: Dict[str, str],
-                 server: RendezvousServer, start_timeout_s: float, out: Sink, err: Sink,
+def _launch_gloo(command: List[str], slots: Sequence[Slot], base_env: Dict[str, str],
+                 server: RendezvousServer, addrs: _Addresses, ssh: Optional[_ssh.Ssh],
+                 start_timeout_s: float, verbose: bool, out: Sink, err: Sink,
                  kill_grace_s: float) -> int:
-    host = _env.hostname(base_env)
     ranks = ProcessGroup()
+    multi_host = ssh is not None
     try:
-        for topo in assign([host] * np):
+        for slot, topo in zip(slots, assign([s.identity for s in slots])):
             rank_env = dict(base_env)
-            rank_env.update(_env.rank_env(topo, "127.0.0.1", server.port, server.secret,
+            rank_env.update(_env.rank_env(topo, addrs.of(slot), server.port, server.secret,
                                           server.run_id, _env.CONTROLLER_GLOO, start_timeout_s))
+            if multi_host:
+                rank_env[_env.HOSTNAME_ENV_VAR] = slot.identity
             prefix = f"[{topo.rank}] ".encode()
+            if slot.remote:
+                argv = _supervise.argv(
+                    ssh.argv(slot.host, _ssh.remote_command(command, os.getcwd(), kill_grace_s)),
+                    kill_grace_s, parent=os.getpid(), sigterm_ignored=True)
+                if verbose:
+                    err.write(f"{PROG}: rank {topo.rank}: {shlex.join(argv[argv.index('--') + 1:])}"
+                              f"\n".encode())
+                spawn_env, stdin = base_env, _ssh.env_line(rank_env)
+            else:
+                argv = _supervise.argv(command, kill_grace_s, parent=os.getpid())
+                spawn_env, stdin = rank_env, None
             try:
-                ranks.spawn(topo.rank, command, rank_env, Prefixed(prefix, out),
-                            Prefixed(prefix, err))
+                ranks.spawn(topo.rank, argv, spawn_env, Prefixed(prefix, out),
+                            Prefixed(prefix, err), stdin=stdin)
             except OSError as e:
-                raise CommandNotFoundError(
-                    f"cannot run {command[0]!r}: {e.strerror or e}") from None
+                raise CommandNotFoundError(f"cannot run {argv[0]!r}: {e.strerror or e}") from None
         failure = ranks.wait_first_failure()
     finally:
         ranks.shutdown(kill_grace_s)
     if failure is None:
         return 0
     rank, returncode = failure
-    others = "; terminated the other ranks" if np > 1 else ""
-    err.write(f"{PROG}: rank {rank} {describe_exit(returncode)}{others}\n".encode())
+    slot = slots[rank]
+    where = f" on {slot.host}" if slot.remote else ""
+    hint = ""
+    if slot.remote and returncode == SSH_EXIT_CODE:
+        hint = " (ssh's code when the connection fails: see its message above)"
+    elif slot.remote and 128 < returncode <= 128 + 64:  # a signal there (it does not cross ssh)
+        hint = f" (it {describe_exit(128 - returncode)} there)"
+    others = "; terminated the other ranks" if len(slots) > 1 else ""
+    err.write(f"{PROG}: rank {rank}{where} {describe_exit(returncode)}{hint}{others}\n".encode())
     return exit_code(returncode)
 
 
@@ -235,7 +283,7 @@ def _pids_in(directory: str) -> List[int]:
 
 def _launch_mpi(command: List[str], np: int, base_env: Dict[str, str], user_env: Dict[str, str],
                 rdv_env: Dict[str, str], start_timeout_s: float, verbose: bool, out: Sink,
-                err: Sink) -> int:
+                err: Sink, remote_hosts: Optional[str], ssh: Optional[_ssh.Ssh]) -> int:
     mpirun = shutil.which("mpirun", path=base_env.get("PATH"))
     if mpirun is None:
         raise CommandNotFoundError(
@@ -253,9 +301,13 @@ def _launch_mpi(command: List[str], np: int, base_env: Dict[str, str], user_env:
         mpi_env[_mpi_exec.PID_DIR_ENV_VAR] = pid_dir
         exported = sorted(set(rdv_env) | set(user_env) | {_env.START_TIMEOUT_ENV_VAR,
                                                           _mpi_exec.PID_DIR_ENV_VAR}
-                          | ({"PYTHONPATH"} & set(mpi_env)))
+                          | ({"PYTHONPATH"} & set(mpi_env))
+                          | ({"PATH"} & set(mpi_env) if remote_hosts else set()))
         argv = [mpirun, "-np", str(np), "--allow-run-as-root", "--oversubscribe",
                 "--tag-output", "-x", f"{_env.CONTROLLER_ENV_VAR}={_env.CONTROLLER_MPI}"]
+        if remote_hosts is not None:  # mpirun starts its daemons there over ssh itself
+            argv += ["-H", ",".join(f"{h}:{n}" for h, n in parse_hosts(remote_hosts)),
+                     "--mca", "plm_rsh_args", " ".join(ssh.options)]
         for name in exported:
             argv += ["-x", name]  # values travel in the environment, not on the command line
         argv += [sys.executable, os.path.abspath(_mpi_exec.__file__)] + command
@@ -264,9 +316,10 @@ def _launch_mpi(command: List[str], np: int, base_env: Dict[str, str], user_env:
         job = ProcessGroup()
         job.extra_kill_groups = lambda: _pids_in(pid_dir)
         try:
-            try:
-                job.spawn("mpirun", argv, mpi_env, _MpiTags(out, err, out),
-                          _MpiTags(out, err, err))
+            try:  # supervised: mpirun, and so its ranks, end with the launcher
+                job.spawn("mpirun", _supervise.argv(argv, MPIRUN_KILL_GRACE_S,
+                                                    parent=os.getpid()),
+                          mpi_env, _MpiTags(out, err, out), _MpiTags(out, err, err))
             except OSError as e:
                 raise CommandNotFoundError(f"cannot run {mpirun}: {e.strerror or e}") from None
             failure = job.wait_first_failure()
@@ -280,8 +333,10 @@ def _launch_mpi(command: List[str], np: int, base_env: Dict[str, str], user_env:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, description="Run a command as N spark_hvd ranks on this host.",
-        usage=f"{PROG} -np N [--gloo | --mpi] [-H host:slots,...] [--start-timeout S] "
+        prog=PROG, description="Run a command as N spark_hvd ranks, on this host or on "
+                               "several over ssh.",
+        usage=f"{PROG} -np N [--gloo | --mpi] [-H host:slots,...] [-p SSH_PORT] "
+              f"[-i SSH_IDENTITY_FILE] [--network-interface NIC_OR_ADDRESS] [--start-timeout S] "
               f"[--verbose] command [args...]")
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                    help="number of ranks")
@@ -291,8 +346,20 @@ def _parser() -> argparse.ArgumentParser:
     mode.add_argument("--mpi", dest="mpi", action="store_true",
                       help="start the ranks with Open MPI's mpirun, MPI controller")
     p.set_defaults(mpi=False)
-    p.add_argument("-H", "--hosts", dest="hosts", default=None,
-                   help="host:slots,... (only this host is supported for now)")
+    p.add_argument("-H", "--hosts", dest="hosts", default=None, metavar="HOST:SLOTS,...",
+                   help="host:slots,... (slots default 1): ranks fill the hosts in this order; "
+                        "this host (localhost, 127.0.0.1, ::1, its name) starts them directly, "
+                        "any other over ssh (keys only, BatchMode), with this working "
+                        "directory, Python and environment. Default: every rank here")
+    p.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, default=None,
+                   help="port of sshd on the other hosts")
+    p.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None,
+                   help="private key for ssh to the other hosts")
+    p.add_argument("--network-interface", dest="network_interface", default=None,
+                   metavar="NIC_OR_ADDRESS",
+                   help="NIC name or address of this host where the rendezvous server "
+                        "listens and the ranks reach it (default: 127.0.0.1 for a job on "
+                        "this host, else the address each host sees)")
     p.add_argument("--start-timeout", dest="start_timeout", type=float,
                    default=_env.DEFAULT_START_TIMEOUT_S,
                    help=f"seconds ranks wait for each other at startup "
@@ -318,7 +385,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         signal.signal(s, interrupted)
     try:
         code = launch(command, args.np, mpi=args.mpi, hosts=args.hosts,
-                      start_timeout_s=args.start_timeout, verbose=args.verbose)
+                      start_timeout_s=args.start_timeout, verbose=args.verbose,
+                      ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
+                      network_interface=args.network_interface)
     except _Interrupted as e:
         sys.stderr.write(f"{PROG}: interrupted by {signal.Signals(e.signum).name}; "
                          f"stopped every rank\n")

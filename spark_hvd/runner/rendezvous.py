@@ -114,7 +114,10 @@ class RendezvousServer:
             family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                         flags=socket.AI_PASSIVE)[0][0]
             try:
-                self._lsock = socket.create_server((host, port), family=family, backlog=128)
+                dualstack = family == socket.AF_INET6 and host in ("::", "") \
+                    and socket.has_dualstack_ipv6()  # "::" serves IPv4 clients too
+                self._lsock = socket.create_server((host, port), family=family, backlog=128,
+                                                   dualstack_ipv6=dualstack)
             except OSError as e:
                 raise StoreError(f"rendezvous server cannot listen on {host}:{port}: {e}") from e
             self.host, self.port = self._lsock.getsockname()[:2]

@@ -3,11 +3,13 @@
 import io
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -50,6 +52,21 @@ def running(pid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
+
+
+def wait_gone(pids, timeout_s: float) -> list:
+    """Wait (on pidfds, not polling) until every pid has exited; those still running."""
+    deadline = time.monotonic() + timeout_s
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+    return [p for p in pids if running(p)]
 
 
 OUTPUT = """
@@ -179,6 +196,37 @@ def test_signal_to_the_launcher_ends_every_rank(sig, mode):
         launcher.stderr.close()
 
 
+# Each rank starts a grandchild and prints its own pid and the grandchild's.
+WITH_GRANDCHILD = f"sleep {SLEEPER_S} & echo ready $$ $!; wait"
+
+
+@pytest.mark.parametrize("mode, ignore_sigterm", [
+    ("--gloo", False), ("--gloo", True), pytest.param("--mpi", False, marks=needs_mpirun)])
+def test_ranks_and_their_children_die_with_a_killed_launcher(mode, ignore_sigterm):
+    trap = "trap '' TERM; " if ignore_sigterm else ""  # then SIGKILL, after the grace (3 s)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "spark_hvd.runner", mode, "-np", "2", "bash", "-c",
+         trap + WITH_GRANDCHILD], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    pids = []
+    try:
+        for _ in range(2):
+            line = launcher.stdout.readline().decode()
+            assert " ready " in line, line + launcher.stderr.read().decode()
+            pids += [int(p) for p in line.split()[-2:]]
+        assert all(running(p) for p in pids)
+        launcher.kill()  # SIGKILL: no teardown of its own
+        launcher.wait(TIMEOUT_S)
+        assert wait_gone(pids, 10) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for p in pids:
+            if running(p):
+                os.kill(p, signal.SIGKILL)
+        launcher.stdout.close()
+        launcher.stderr.close()
+
+
 def test_launch_api_kills_a_rank_that_ignores_sigterm(tmp_path):
     pid_file = tmp_path / "stubborn.pid"
     out, err = io.BytesIO(), io.BytesIO()
@@ -213,10 +261,9 @@ def test_hosts():
     assert launch_mod.parse_hosts("localhost:2,127.0.0.1") == [("localhost", 2), ("127.0.0.1", 1)]
     proc = hvdrun("-np", "2", "-H", "localhost:1,127.0.0.1:1", *script("print('hi')"))
     assert proc.returncode == 0 and sorted(lines(proc.stdout)) == ["[0] hi", "[1] hi"]
-    proc = hvdrun("-np", "2", "-H", "localhost:2,node-7.example.com:2", "true")
-    assert proc.returncode == 2
-    err = proc.stderr.decode()
-    assert "node-7.example.com" in err and "multi-host launch is not supported yet" in err
+    # Ranks fill the hosts in order: the second host is not used, nor ssh.
+    proc = hvdrun("-np", "2", "-H", "localhost:2,node-7.example.com:2", *script("print('hi')"))
+    assert proc.returncode == 0 and sorted(lines(proc.stdout)) == ["[0] hi", "[1] hi"]
     with pytest.raises(InvalidArgumentError, match="more than the 2 slots"):
         launch_mod.launch(["true"], np=3, hosts="localhost:2")
 
