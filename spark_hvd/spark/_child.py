@@ -23,34 +23,24 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 import traceback
 
-_PR_SET_PDEATHSIG = 1
-_WATCHDOG_PERIOD_S = 1.0
-
-
 def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
+    """SIGKILL this child's group (it leads one) when the task's Python worker dies.
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
-                if os.getppid() != parent_pid:  # the parent died before prctl took effect
-                    os._exit(1)
-                return
-        except (OSError, AttributeError):
-            pass
+    The mechanism is the launcher supervisor's (spark_hvd/runner/_supervise.py, also
+    standard library only), loaded by path so that nothing of spark_hvd is imported.
+    """
+    import importlib.util
 
-    def watch() -> None:
-        stop = threading.Event()
-        while os.getppid() == parent_pid:
-            stop.wait(_WATCHDOG_PERIOD_S)  # nothing to wait on but the parent's pid
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="spark_hvd-parent-watchdog", daemon=True).start()
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "runner", "_supervise.py")
+    spec = importlib.util.spec_from_file_location("_spark_hvd_supervise", path)
+    supervise = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(supervise)
+    supervise.die_with_parent(parent_pid, signal.SIGKILL,
+                              lambda: os.killpg(os.getpgrp(), signal.SIGKILL))
 
 
 def _is_peer_lost(exc: BaseException) -> bool:
