@@ -58,8 +58,17 @@ test: setup apt-test
 demo: setup
 	$(VPY) examples/demo.py
 
+# Every benchmark of the README's table, one after the other (each prints its own
+# side-by-side ratios); BENCH=name runs one, e.g. `make bench BENCH=torch_step`.
+BENCHES := allreduce torch_step keras_step spark_launch reader transform fit_e2e
+BENCH ?= $(BENCHES)
+
 bench: setup
-	$(VPY) -m spark_hvd.runner -np 2 $(VPY) bench/allreduce.py --max-size 64MiB
+	@for b in $(BENCH); do echo "== bench/$$b.py"; \
+	  if [ $$b = allreduce ]; then \
+	    PYTHONPATH=. $(VPY) -m spark_hvd.runner -np 2 $(VPY) bench/allreduce.py || exit 1; \
+	  else PYTHONPATH=. $(VPY) bench/$$b.py || exit 1; fi; \
+	done
 
 clean:
 	rm -rf build *.egg-info spark_hvd/_core*.so
