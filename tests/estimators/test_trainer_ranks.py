@@ -129,3 +129,115 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
     assert state["history"]["val_loss"][-1] == pytest.approx(
         float((per_row * weights).sum() / weights.sum()), rel=0.05)
     assert state["history"]["val_acc"][-1] > 0.3  # learned something (chance: 0.1)
+
+
+RUN_KERAS = """
+import pickle, sys
+from spark_hvd.estimators._trainer_keras import train
+print("result", train(pickle.load(open(sys.argv[1], "rb"))), flush=True)
+"""
+
+
+def _keras_recorder(out_dir, stop_after):
+    """A Keras callback writing every rank's epoch logs; rank 1 alone asks to stop after
+    ``stop_after`` epochs (every rank must stop there)."""
+    import keras
+
+    import spark_hvd
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            rank = spark_hvd.rank()
+            with open(os.path.join(out_dir, f"rank{rank}_epoch{epoch}"), "w") as f:
+                json.dump({k: float(v) for k, v in (logs or {}).items()}, f)
+            if epoch + 1 >= stop_after and rank == 1:
+                self.model.stop_training = True
+
+    return Record()
+
+
+def test_keras_two_ranks_weights_accumulation_compression_and_checkpoints(tmp_path):
+    """The rank side of KerasEstimator (``_trainer_keras.train``), 2 ranks without Spark:
+    sample weights, backward_passes_per_step=2, fp16 gradient compression,
+    terminate_on_nan, a user callback stopping one rank, checkpoints and history."""
+    import keras
+
+    from est_helpers import make_keras_net
+    from spark_hvd.estimators import _keras_io as keras_io
+    from spark_hvd.estimators import _trainer_keras as ktrainer
+    import spark_hvd.tensorflow as hvd_tf
+
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    x = x / 16.0
+    w = np.where(y % 2 == 0, 1.0, 2.0)
+    store = LocalStore(str(tmp_path / "store"))
+    _write(str(tmp_path / "data" / "train"), x[:1500], y[:1500], w[:1500])
+    _write(str(tmp_path / "data" / "val"), x[1500:], y[1500:], w[1500:])
+    meta = DataMeta(
+        key="k", train_path=str(tmp_path / "data" / "train"),
+        val_path=str(tmp_path / "data" / "val"), train_rows=1500, val_rows=len(y) - 1500,
+        columns={"features": ColumnMeta("features", "float64", (64,), "vector", "vector"),
+                 "label": ColumnMeta("label", "int64", (), "scalar", "bigint"),
+                 "w": ColumnMeta("w", "float64", (), "scalar", "double")},
+        feature_cols=["features"], label_cols=["label"], sample_weight_col="w", num_proc=2,
+        store=store)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    net = make_keras_net(seed=1)
+    objects = dict(
+        model=keras_io.model_to_bytes(net),
+        optimizer=keras_io.optimizer_config(keras.optimizers.SGD(0.2, momentum=0.5)),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"], callbacks=[_keras_recorder(str(calls), 2)],
+        custom_objects=None, transformation_fn=None,
+        gradient_compression=hvd_tf.Compression.fp16)
+    config = ktrainer.TrainConfig(
+        run_id="kranks", store=store, meta=meta, objects=cloudpickle.dumps(objects),
+        feature_cols=["features"], label_cols=["label"], sample_weight_col="w",
+        input_shapes=None, label_shapes=None, loss_weights=None, batch_size=32,
+        val_batch_size=100, epochs=5, train_steps_per_epoch=None,
+        validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=None, seed=3,
+        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True)
+    cfg = tmp_path / "config.pkl"
+    cfg.write_bytes(cloudpickle.dumps(config))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2",
+                           sys.executable, "-c", RUN_KERAS, str(cfg)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+
+    # 24 batches of 32 per rank per epoch; rank 1's callback stops both after epoch 2.
+    assert "[0] epoch 1/5  [====================] 24/24" in out, out[-4000:]
+    assert "a callback stopped training after epoch 2" in out and "epoch 3/5" not in out
+    assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0}" in out
+    assert sorted(os.listdir(calls)) == ["rank0_epoch0", "rank0_epoch1", "rank1_epoch0",
+                                         "rank1_epoch1"]
+    # MetricAverageCallback: every rank's user callback saw the same epoch logs.
+    logs = [json.loads((calls / f"rank{r}_epoch1").read_text()) for r in (0, 1)]
+    assert logs[0] == pytest.approx(logs[1], rel=1e-6)
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(logs[0])
+
+    found = ktrainer.read_checkpoint(store, "kranks")
+    assert found is not None
+    data, state = found
+    assert state["epoch"] == 2 and state["history"]["loss"][1] < state["history"]["loss"][0]
+    assert ktrainer.read_checkpoint(store, "kranks", ktrainer.BEST_CHECKPOINT) is not None
+    history = json.loads(open(os.path.join(store.get_logs_path("kranks"),
+                                           "history.json")).read())
+    assert history == {"epochs": 2, "history": state["history"]}
+    # The checkpoint is a .keras file that predicts what its history says.
+    model = keras.models.load_model(_keras_file(tmp_path, data), compile=False)
+    pred = np.asarray(model.predict_on_batch(x[1500:].astype(np.float32))).argmax(1)
+    accuracy = float((pred == y[1500:]).mean())
+    assert accuracy > 0.5  # chance: 0.1; two short epochs of SGD on digits
+    # Keras' weighted val accuracy is per batch, averaged over ranks: close to, not equal to,
+    # the plain accuracy of the whole validation set.
+    assert state["history"]["val_accuracy"][-1] == pytest.approx(accuracy, abs=0.1)
+
+
+def _keras_file(tmp_path, data):
+    path = tmp_path / "ckpt.keras"
+    path.write_bytes(data)
+    return str(path)
