@@ -1,7 +1,6 @@
 #include "backends/gloo/communicator.h"
 
 #include <gloo/algorithm.h>
-#include <gloo/allgather_ring.h>
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce_halving_doubling.h>
 #include <gloo/alltoallv.h>
@@ -143,15 +142,18 @@ Status Guard(const char* what, int rank, F&& fn) {
 
 }  // namespace
 
-// AllgatherRing writes straight into its peers' output buffers, and a peer may
-// start its next run (and write again) as soon as this run returns here. Two
-// instances used alternately keep an output stable until it has been copied
-// out: a peer can only come back to instance A after finishing B with us.
+// The control plane's fixed-size allgather, once per negotiation cycle: every rank
+// writes its record straight into each peer's inbox (gloo's pinned buffers, set up
+// once), one message per peer and no acknowledgements. Two inboxes, used on
+// alternate cycles, make that safe: a peer can only finish cycle c + 1 (and write
+// cycle c + 2 into the inbox this rank is reading for cycle c) after receiving this
+// rank's cycle c + 1 record, which is sent only once cycle c is done here. Half the
+// messages and wakeups of a ring allgather with its ready notifications.
 struct GlooCommunicator::FixedGather {
   struct Half {
-    std::vector<char> in;
-    std::vector<char> out;
-    std::unique_ptr<gloo::Algorithm> algo;
+    std::vector<char> outbox;
+    std::vector<char> inbox;  // size * bytes, rank r's record at r * bytes
+    std::vector<std::unique_ptr<gloo::transport::Buffer>> sends, recvs;  // by peer
   };
   Half halves[2];
   int next = 0;
@@ -199,21 +201,36 @@ Status GlooCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes
   }
   auto& slot = fixed_[bytes];
   return Guard("control allgather", rank_, [&] {
+    const size_t n = static_cast<size_t>(bytes);
     if (!slot) {
       slot = std::make_unique<FixedGather>();
-      for (auto& half : slot->halves) {
-        half.in.resize(bytes);
-        half.out.resize(bytes * size_);
-        std::vector<const char*> ins{half.in.data()};
-        half.algo = std::make_unique<gloo::AllgatherRing<char>>(context_, ins, half.out.data(),
-                                                                static_cast<int>(bytes));
+      // The same slots on every rank: taken in the same order; sender s writes to
+      // receiver r of half h through base + (h * size + s) * size + r.
+      const int base = context_->nextSlot(2 * size_ * size_);
+      for (int h = 0; h < 2; ++h) {
+        auto& half = slot->halves[h];
+        half.outbox.resize(n);
+        half.inbox.resize(n * static_cast<size_t>(size_));
+        half.sends.resize(static_cast<size_t>(size_));
+        half.recvs.resize(static_cast<size_t>(size_));
+        for (int p = 0; p < size_; ++p) {
+          if (p == rank_) continue;
+          auto& pair = context_->getPair(p);
+          half.recvs[p] = pair->createRecvBuffer(base + (h * size_ + p) * size_ + rank_,
+                                                 half.inbox.data() + n * p, n);
+          half.sends[p] = pair->createSendBuffer(base + (h * size_ + rank_) * size_ + p,
+                                                 half.outbox.data(), n);
+        }
       }
     }
     auto& half = slot->halves[slot->next];
     slot->next ^= 1;
-    std::memcpy(half.in.data(), in, bytes);
-    half.algo->run();
-    std::memcpy(out, half.out.data(), bytes * size_);
+    std::memcpy(half.outbox.data(), in, n);
+    std::memcpy(half.inbox.data() + n * rank_, in, n);
+    for (int k = 1; k < size_; ++k) half.sends[(rank_ + k) % size_]->send();
+    for (int k = 1; k < size_; ++k) half.recvs[(rank_ + size_ - k) % size_]->waitRecv();
+    for (int k = 1; k < size_; ++k) half.sends[(rank_ + k) % size_]->waitSend();
+    std::memcpy(out, half.inbox.data(), n * size_);
   });
 }
 
