@@ -25,145 +25,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
+
+from _ranks import PYTHON, hvdrun, judge
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-PYTHON = sys.executable
 WORKER = os.path.join(HERE, "case_worker.py")
-ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(
-    p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-# Variables a launcher sets for its ranks: never inherit them from the test process.
-for _k in list(ENV):
-    if _k.startswith("SPARK_HVD_"):
-        del ENV[_k]
 
 PRE_INIT, MAIN, POST_SHUTDOWN = "pre_init", "main", "post_shutdown"
 DEFAULT_CASE_TIMEOUT_S = 30.0
 HANG_EXIT_CODE = 70
-
-
-def have_mpirun() -> bool:
-    return shutil.which("mpirun") is not None
-
-
-# -- processes -----------------------------------------------------------------
-
-def hvdrun(np: int, argv: Sequence[str], *, mpi: bool = False, env: Optional[dict] = None,
-           timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs ``spark-hvdrun [-np np] [--mpi] argv`` and returns its completed process
-    (stdout/stderr as text). A job that outlives ``timeout`` is killed and reported."""
-    cmd = [PYTHON, "-m", "spark_hvd.runner", "--mpi" if mpi else "--gloo", "-np", str(np),
-           *argv]
-    full_env = dict(ENV, **(env or {}))
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        out, err = proc.communicate()
-        err += f"\nharness: the job was killed after {timeout} s (hang)\n"
-        return subprocess.CompletedProcess(cmd, -signal.SIGKILL, out, err)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def wait_gone(pids: Sequence[int], timeout_s: float) -> List[int]:
-    """Waits up to timeout_s for every pid to end; returns those still running."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        alive = [p for p in pids if running(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def rank_lines(text: str, rank: int) -> List[str]:
-    """Lines the launcher prefixed with ``[rank] ``, without the prefix."""
-    prefix = f"[{rank}] "
-    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
-
-
-class DirectJob:
-    """Ranks started without spark-hvdrun (a rendezvous server in this process), so a
-    test sees how the survivors of a failure behave when no launcher tears them down."""
-
-    def __init__(self, np: int, argv: Sequence[str], env: Optional[dict] = None) -> None:
-        from spark_hvd.runner import env as renv
-        from spark_hvd.runner.rendezvous import RendezvousServer
-        from spark_hvd.runner.topology import assign
-
-        self.server = RendezvousServer(host="127.0.0.1")
-        self.server.start()
-        self.procs: List[subprocess.Popen] = []
-        self.logs: List[tempfile.TemporaryFile] = []
-        for topo in assign(["localhost"] * np):
-            rank_env = dict(ENV, **(env or {}))
-            rank_env.update(renv.rank_env(topo, "127.0.0.1", self.server.port, self.server.secret,
-                                          self.server.run_id, renv.CONTROLLER_GLOO, 30.0))
-            log = tempfile.TemporaryFile()
-            self.logs.append(log)
-            self.procs.append(subprocess.Popen(list(argv), env=rank_env, stdout=log,
-                                               stderr=subprocess.STDOUT))
-
-    @property
-    def pids(self) -> List[int]:
-        return [p.pid for p in self.procs]
-
-    def wait(self, timeout_s: float, ranks: Optional[Sequence[int]] = None
-             ) -> List[Optional[int]]:
-        """Exit codes per rank (None for a rank still running after timeout_s, or not
-        in ``ranks`` and not yet ended)."""
-        deadline = time.monotonic() + timeout_s
-        codes: List[Optional[int]] = []
-        for r, p in enumerate(self.procs):
-            if ranks is not None and r not in ranks:
-                codes.append(p.poll())
-                continue
-            try:
-                codes.append(p.wait(max(0.0, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
-        return codes
-
-    def output(self, rank: int) -> str:
-        log = self.logs[rank]
-        log.seek(0)
-        return log.read().decode(errors="replace")
-
-    def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in self.logs:
-            log.close()
-        self.server.stop()
 
 
 # -- cases ------------------------------------------------------------------------
@@ -368,26 +245,5 @@ class CaseRun:
         return {r: self.results[r].get(name, {"status": "missing"}) for r in range(self.np)}
 
     def check(self, name: str) -> None:
-        import pytest
-
-        got = self.outcome(name)
-        bad = {r: o for r, o in got.items() if o["status"] not in ("pass", "skip")}
-        if bad:
-            lines = []
-            for r, o in sorted(bad.items()):
-                if o["status"] == "missing":
-                    lines.append(f"[rank {r}] no result: the rank ended before this case")
-                elif o["status"] == "running":
-                    lines.append(f"[rank {r}] started the case but never finished it")
-                else:
-                    lines.append(f"[rank {r}] {o['status']}:\n{o.get('detail', '')}")
-            msg = "\n".join(lines)
-            if any(o["status"] in ("missing", "running") for o in bad.values()):
-                msg += "\n" + self.tail()
-            pytest.fail(f"case {name} at np={self.np}{' --mpi' if self.mpi else ''}:\n{msg}",
-                        pytrace=False)
-        skips = {o.get("detail", "") for o in got.values() if o["status"] == "skip"}
-        if skips:
-            if len(skips) != 1 or any(o["status"] != "skip" for o in got.values()):
-                pytest.fail(f"case {name}: some ranks skipped, some ran: {got}", pytrace=False)
-            pytest.skip(skips.pop())
+        judge(f"case {name} at np={self.np}{' --mpi' if self.mpi else ''}", self.outcome(name),
+              self.tail)

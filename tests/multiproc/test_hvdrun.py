@@ -3,19 +3,19 @@
 import io
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.runner import launch as launch_mod
 from spark_hvd.runner._procs import Sink
+
+from _ranks import running, wait_gone  # noqa: F401 - test_hosts imports them from here
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 60  # far below the 60 s the sleeping ranks would need, plus startup
@@ -37,36 +37,6 @@ def hvdrun(*args, timeout=TIMEOUT_S) -> subprocess.CompletedProcess:
 
 def lines(data: bytes) -> list:
     return data.decode().splitlines()
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-
-def wait_gone(pids, timeout_s: float) -> list:
-    """Wait (on pidfds, not polling) until every pid has exited; those still running."""
-    deadline = time.monotonic() + timeout_s
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        finally:
-            os.close(fd)
-    return [p for p in pids if running(p)]
 
 
 OUTPUT = """

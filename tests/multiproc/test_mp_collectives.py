@@ -6,7 +6,7 @@ One job per rank count runs every case; each case is its own test item here.
 import pytest
 
 import cases_collectives
-from harness import have_mpirun
+from _ranks import have_mpirun
 
 NAMES = cases_collectives.CASES.names()
 # Under --mpi: the op matrix proper (every op x every dtype, join, fusion, cache).

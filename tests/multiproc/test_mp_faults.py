@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from harness import PYTHON, DirectJob, hvdrun, rank_lines, wait_gone
+from _ranks import PYTHON, DirectJob, hvdrun, rank_lines, wait_gone
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_worker.py")
 DEADLINE_S = 10.0

@@ -8,18 +8,19 @@ import sys
 import pytest
 
 import tf_harness
+from _ranks import ROOT, hvdrun
 
 pytestmark = tf_harness.needs_tensorflow
 
-EXAMPLE = os.path.join(tf_harness.ROOT, "examples", "tensorflow2_digits.py")
+EXAMPLE = os.path.join(ROOT, "examples", "tensorflow2_digits.py")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn")
 def test_tensorflow2_digits_example_reaches_90_percent(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = tf_harness.hvdrun(2, [sys.executable, EXAMPLE, "--epochs", "6",
-                                 "--checkpoint-dir", str(ckpt)], timeout=300)
+    proc = hvdrun(2, [sys.executable, EXAMPLE, "--epochs", "6", "--checkpoint-dir", str(ckpt)],
+                  env=tf_harness.TF_ENV, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
     found = re.findall(r"^\[0\] test accuracy: ([0-9.]+) \(2 ranks", proc.stdout, re.M)

@@ -16,4 +16,4 @@ def ranks(request):
 
 @pytest.mark.parametrize("fn", tf_harness.functions(MODULE))
 def test_rank_check(ranks, fn):
-    ranks.check(fn)
+    ranks.check(f"{MODULE}::{fn}")

@@ -3,12 +3,13 @@
 
 import pytest
 
+import _ranks
 import torch_harness
 
 _RUNS = {}
 
 
-def ranks_run(np: int) -> torch_harness.RankRun:
+def ranks_run(np: int) -> _ranks.ChecksRun:
     if np not in _RUNS:
         _RUNS[np] = torch_harness.run_specs(
             torch_harness.specs(*torch_harness.RANK_MODULES), np=np)

@@ -2,22 +2,19 @@
 
 import os
 import re
-import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _ranks import ROOT, hvdrun
+
 EXAMPLE = os.path.join(ROOT, "examples", "pytorch_digits.py")
 
 
 def test_pytorch_digits_example_two_ranks(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     ckpt = tmp_path / "ckpt"
-    proc = subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2", sys.executable,
-                           EXAMPLE, "--checkpoint-dir", str(ckpt)],
-                          env=env, capture_output=True, timeout=240, cwd=ROOT)
-    out = proc.stdout.decode()
-    assert proc.returncode == 0, out[-3000:] + proc.stderr.decode()[-3000:]
+    proc = hvdrun(2, [sys.executable, EXAMPLE, "--checkpoint-dir", str(ckpt)], timeout=240,
+                  cwd=ROOT)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     found = re.findall(r"^\[0\] final test accuracy: ([0-9.]+) \(2 ranks", out, re.M)
     assert found, out[-3000:]
     assert float(found[0]) >= 0.9, out[-3000:]
