@@ -12,6 +12,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -175,7 +177,27 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
   attr.hostname = options.bind_host;
   std::shared_ptr<gloo::Context> result;
   Status s = Guard("connect", rank, [&] {
-    auto device = gloo::transport::tcp::CreateDevice(attr);
+    // Gloo's event-loop thread starts here and inherits this thread's name: name it
+    // for top -H / perf, then take our own name back (also when this throws).
+    struct LoopThreadName {
+      char own[16] = {0};
+      LoopThreadName() {
+#ifdef __linux__
+        pthread_getname_np(pthread_self(), own, sizeof(own));
+        pthread_setname_np(pthread_self(), "shvd_gloo_io");
+#endif
+      }
+      ~LoopThreadName() {
+#ifdef __linux__
+        pthread_setname_np(pthread_self(), own);
+#endif
+      }
+    };
+    std::shared_ptr<gloo::transport::Device> device;
+    {
+      LoopThreadName naming;
+      device = gloo::transport::tcp::CreateDevice(attr);
+    }
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
     if (store) {
