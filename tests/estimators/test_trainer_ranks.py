@@ -22,9 +22,9 @@ from spark_hvd.estimators.materialize import ColumnMeta, DataMeta
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 RUN = """
-import pickle, sys
-from spark_hvd.estimators._trainer_torch import train
-print("result", train(pickle.load(open(sys.argv[1], "rb"))), flush=True)
+import importlib, pickle, sys
+train = importlib.import_module(sys.argv[1]).train
+print("result", train(pickle.load(open(sys.argv[2], "rb"))), flush=True)
 """
 
 
@@ -51,7 +51,9 @@ def _write(path, x, y, w):
                    row_group_size=128)
 
 
-def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_path):
+def _digits_data(tmp_path):
+    """Digits in Parquet as materialize would leave them (1500 training rows, the rest for
+    validation, weight 2 on odd labels) with their DataMeta; (x, y, w, store, meta)."""
     from sklearn.datasets import load_digits
     x, y = load_digits(return_X_y=True)
     x = x / 16.0
@@ -67,6 +69,28 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
                  "w": ColumnMeta("w", "float64", (), "scalar", "double")},
         feature_cols=["features"], label_cols=["label"], sample_weight_col="w", num_proc=2,
         store=store)
+    return x, y, w, store, meta
+
+
+def _train_two_ranks(module, tmp_path, run_id, store, meta, objects, timeout, env=None):
+    """``module.train`` on 2 ranks through spark-hvdrun: batches of 32, weights "w",
+    backward_passes_per_step=2, terminate_on_nan, up to 5 epochs; the finished process."""
+    config = trainer.TrainConfig(
+        run_id=run_id, store=store, meta=meta, objects=cloudpickle.dumps(objects),
+        feature_cols=["features"], label_cols=["label"], sample_weight_col="w",
+        input_shapes=None, label_shapes=None, loss_weights=None, batch_size=32,
+        val_batch_size=100, epochs=5, train_steps_per_epoch=None,
+        validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=None, seed=3,
+        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True)
+    cfg = tmp_path / "config.pkl"
+    cfg.write_bytes(cloudpickle.dumps(config))
+    return subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2",
+                           sys.executable, "-c", RUN, module, str(cfg)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_path):
+    x, y, w, store, meta = _digits_data(tmp_path)
     calls = tmp_path / "calls"
     calls.mkdir()
     net = make_net()
@@ -77,18 +101,8 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
                    gradient_compression=__import__("spark_hvd.torch", fromlist=["x"])
                    .Compression.fp16,
                    lr_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5))
-    config = trainer.TrainConfig(
-        run_id="ranks", store=store, meta=meta, objects=cloudpickle.dumps(objects),
-        feature_cols=["features"], label_cols=["label"], sample_weight_col="w",
-        input_shapes=None, label_shapes=None, loss_weights=None, batch_size=32,
-        val_batch_size=100, epochs=5, train_steps_per_epoch=None,
-        validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=None, seed=3,
-        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True)
-    cfg = tmp_path / "config.pkl"
-    cfg.write_bytes(cloudpickle.dumps(config))
-    proc = subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2",
-                           sys.executable, "-c", RUN, str(cfg)],
-                          capture_output=True, text=True, timeout=240)
+    proc = _train_two_ranks("spark_hvd.estimators._trainer_torch", tmp_path, "ranks", store,
+                            meta, objects, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
 
@@ -131,12 +145,6 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
     assert state["history"]["val_acc"][-1] > 0.3  # learned something (chance: 0.1)
 
 
-RUN_KERAS = """
-import pickle, sys
-from spark_hvd.estimators._trainer_keras import train
-print("result", train(pickle.load(open(sys.argv[1], "rb"))), flush=True)
-"""
-
 
 def _keras_recorder(out_dir, stop_after):
     """A Keras callback writing every rank's epoch logs; rank 1 alone asks to stop after
@@ -167,21 +175,7 @@ def test_keras_two_ranks_weights_accumulation_compression_and_checkpoints(tmp_pa
     from spark_hvd.estimators import _trainer_keras as ktrainer
     import spark_hvd.tensorflow as hvd_tf
 
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    x = x / 16.0
-    w = np.where(y % 2 == 0, 1.0, 2.0)
-    store = LocalStore(str(tmp_path / "store"))
-    _write(str(tmp_path / "data" / "train"), x[:1500], y[:1500], w[:1500])
-    _write(str(tmp_path / "data" / "val"), x[1500:], y[1500:], w[1500:])
-    meta = DataMeta(
-        key="k", train_path=str(tmp_path / "data" / "train"),
-        val_path=str(tmp_path / "data" / "val"), train_rows=1500, val_rows=len(y) - 1500,
-        columns={"features": ColumnMeta("features", "float64", (64,), "vector", "vector"),
-                 "label": ColumnMeta("label", "int64", (), "scalar", "bigint"),
-                 "w": ColumnMeta("w", "float64", (), "scalar", "double")},
-        feature_cols=["features"], label_cols=["label"], sample_weight_col="w", num_proc=2,
-        store=store)
+    x, y, w, store, meta = _digits_data(tmp_path)
     calls = tmp_path / "calls"
     calls.mkdir()
     net = make_keras_net(seed=1)
@@ -192,19 +186,9 @@ def test_keras_two_ranks_weights_accumulation_compression_and_checkpoints(tmp_pa
         metrics=["accuracy"], callbacks=[_keras_recorder(str(calls), 2)],
         custom_objects=None, transformation_fn=None,
         gradient_compression=hvd_tf.Compression.fp16)
-    config = ktrainer.TrainConfig(
-        run_id="kranks", store=store, meta=meta, objects=cloudpickle.dumps(objects),
-        feature_cols=["features"], label_cols=["label"], sample_weight_col="w",
-        input_shapes=None, label_shapes=None, loss_weights=None, batch_size=32,
-        val_batch_size=100, epochs=5, train_steps_per_epoch=None,
-        validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=None, seed=3,
-        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True)
-    cfg = tmp_path / "config.pkl"
-    cfg.write_bytes(cloudpickle.dumps(config))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2",
-                           sys.executable, "-c", RUN_KERAS, str(cfg)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = _train_two_ranks("spark_hvd.estimators._trainer_keras", tmp_path, "kranks", store,
+                            meta, objects, timeout=300,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
 
