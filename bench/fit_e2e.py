@@ -29,29 +29,9 @@ import sys
 import tempfile
 import time
 
+from _spark import mlp, session
+
 WIDTH, HIDDEN, CLASSES = 64, 128, 10
-
-
-def session(master: str):
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    spark = (SparkSession.builder.master(master).appName("spark_hvd bench: fit")
-             .config("spark.driver.extraJavaOptions", jvm)
-             .config("spark.executor.extraJavaOptions", jvm)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def make_net():
-    import torch
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, CLASSES))
 
 
 def data(spark, rows: int):
@@ -125,7 +105,7 @@ def main(argv=None) -> int:
     from spark_hvd.estimators import LocalStore, TorchEstimator
 
     logging.getLogger("TorchDistributor").setLevel(logging.ERROR)
-    spark = session(args.master)
+    spark = session(args.master, "fit")
     df = data(spark, args.rows)
     root = tempfile.mkdtemp(prefix="spark_hvd_bench_fit_")
     store = LocalStore(os.path.join(root, "store"))
@@ -133,7 +113,7 @@ def main(argv=None) -> int:
           f"{args.epochs} epochs, batch {args.batch_size}, 2 processes on {args.master}")
 
     def fit(i: int) -> float:
-        net = make_net()
+        net = mlp(WIDTH, HIDDEN, CLASSES)
         est = TorchEstimator(num_proc=2, store=store, model=net,
                              optimizer=torch.optim.Adam(net.parameters(), lr=1e-3),
                              loss=F.cross_entropy, feature_cols=["features"],

@@ -15,29 +15,18 @@ import statistics
 import sys
 import time
 
+from _spark import session
+
 
 def noop():
     return None
 
 
 def _session(master: str):
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pythonpath = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     os.environ["PYTHONPATH"] = pythonpath
-    from pyspark.sql import SparkSession
-
-    fast_jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    spark = (SparkSession.builder.master(master).appName("spark_hvd bench: launch")
-             .config("spark.driver.extraJavaOptions", fast_jvm)
-             .config("spark.executor.extraJavaOptions", fast_jvm)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.executorEnv.PYTHONPATH", pythonpath)
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return session(master, "launch", {"spark.executorEnv.PYTHONPATH": pythonpath})
 
 
 def main(argv=None) -> int:

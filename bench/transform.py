@@ -18,33 +18,12 @@ the best is reported.  Target: TorchModel >= 1.0x predict_batch_udf.
 """
 
 import argparse
-import os
 import sys
 import time
 
+from _spark import mlp, session
+
 WIDTH, HIDDEN, CLASSES = 64, 256, 10
-
-
-def session(master: str):
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-    jvm = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-    spark = (SparkSession.builder.master(master).appName("spark_hvd bench: transform")
-             .config("spark.driver.extraJavaOptions", jvm)
-             .config("spark.executor.extraJavaOptions", jvm)
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
-
-
-def make_net():
-    import torch
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(WIDTH, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, CLASSES)).eval()
 
 
 def data(spark, rows: int, partitions: int):
@@ -110,10 +89,10 @@ def main(argv=None) -> int:
 
     from spark_hvd.estimators import TorchModel
 
-    spark = session(args.master)
+    spark = session(args.master, "transform")
     df = data(spark, args.rows, args.partitions)
     small = data(spark, args.row_udf_rows, args.partitions)
-    net = make_net()
+    net = mlp(WIDTH, HIDDEN, CLASSES).eval()
     blob = cloudpickle.dumps(net)
     model = TorchModel(model=net, feature_cols=["features"], output_cols=["pred"],
                        feature_shapes=[[WIDTH]], inference_batch_size=args.batch_size)
