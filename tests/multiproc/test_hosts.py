@@ -13,7 +13,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +23,9 @@ import pytest
 
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.runner import _hosts, _ssh, launch as launch_mod
-from test_hvdrun import (ENV, SLEEPER_S, TIMEOUT_S, WITH_GRANDCHILD, lines, needs_mpirun, running,
-                         script, wait_gone)
+from test_hvdrun import (ENV, SLEEPER_S, TIMEOUT_S, WITH_GRANDCHILD,
+                         check_killed_launcher_takes_its_ranks, lines, needs_mpirun, script,
+                         wait_gone)
 
 SSHD = "/usr/sbin/sshd"  # sshd must be started by its absolute path
 HOST = "127.0.0.2"
@@ -235,28 +235,9 @@ def test_failing_remote_rank_ends_the_job_with_its_code(sshd, tmp_path):
 
 
 def test_remote_ranks_die_with_a_killed_launcher(sshd):
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "spark_hvd.runner", "-np", "2", "-H", f"localhost:1,{HOST}:1",
-         "--ssh-port", str(sshd.port), "-i", sshd.key,
-         "bash", "-c", WITH_GRANDCHILD],
-        env=sshd.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    pids = []
-    try:
-        for _ in range(2):
-            line = launcher.stdout.readline().decode()
-            assert " ready " in line, line + launcher.stderr.read().decode()
-            pids += [int(p) for p in line.split()[-2:]]
-        launcher.kill()
-        launcher.wait(TIMEOUT_S)
-        assert wait_gone(pids, 10) == []
-    finally:
-        launcher.kill()
-        launcher.wait()
-        for p in pids:
-            if running(p):
-                os.kill(p, signal.SIGKILL)
-        launcher.stdout.close()
-        launcher.stderr.close()
+    check_killed_launcher_takes_its_ranks(
+        ["-np", "2", "-H", f"localhost:1,{HOST}:1", "--ssh-port", str(sshd.port), "-i",
+         sshd.key, "bash", "-c", WITH_GRANDCHILD], sshd.env())
 
 
 def test_unreachable_host_is_named_with_the_fix(sshd):

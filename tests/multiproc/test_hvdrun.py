@@ -170,13 +170,11 @@ def test_signal_to_the_launcher_ends_every_rank(sig, mode):
 WITH_GRANDCHILD = f"sleep {SLEEPER_S} & echo ready $$ $!; wait"
 
 
-@pytest.mark.parametrize("mode, ignore_sigterm", [
-    ("--gloo", False), ("--gloo", True), pytest.param("--mpi", False, marks=needs_mpirun)])
-def test_ranks_and_their_children_die_with_a_killed_launcher(mode, ignore_sigterm):
-    trap = "trap '' TERM; " if ignore_sigterm else ""  # then SIGKILL, after the grace (3 s)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "spark_hvd.runner", mode, "-np", "2", "bash", "-c",
-         trap + WITH_GRANDCHILD], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def check_killed_launcher_takes_its_ranks(argv, env):
+    """Starts ``spark-hvdrun argv`` (2 ranks running WITH_GRANDCHILD), SIGKILLs it once
+    both ranks are up, and checks that every rank and grandchild is gone soon after."""
+    launcher = subprocess.Popen([sys.executable, "-m", "spark_hvd.runner", *argv], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     pids = []
     try:
         for _ in range(2):
@@ -195,6 +193,14 @@ def test_ranks_and_their_children_die_with_a_killed_launcher(mode, ignore_sigter
                 os.kill(p, signal.SIGKILL)
         launcher.stdout.close()
         launcher.stderr.close()
+
+
+@pytest.mark.parametrize("mode, ignore_sigterm", [
+    ("--gloo", False), ("--gloo", True), pytest.param("--mpi", False, marks=needs_mpirun)])
+def test_ranks_and_their_children_die_with_a_killed_launcher(mode, ignore_sigterm):
+    trap = "trap '' TERM; " if ignore_sigterm else ""  # then SIGKILL, after the grace (3 s)
+    check_killed_launcher_takes_its_ranks([mode, "-np", "2", "bash", "-c",
+                                           trap + WITH_GRANDCHILD], ENV)
 
 
 def test_launch_api_kills_a_rank_that_ignores_sigterm(tmp_path):
