@@ -191,12 +191,9 @@ void Engine::Loop(std::promise<Status>* ready) {
     const bool negotiating = controller_->HasPending();
     negotiating_ = negotiating;
     std::unique_lock<std::mutex> lock(mu_);
-    if (negotiating) {
-      cv_.wait_until(lock, start + wait, [this] { return shutdown_requested_.load(); });
-    } else {
-      cv_.wait_until(lock, start + wait,
-                     [this] { return shutdown_requested_.load() || !queue_.empty(); });
-    }
+    cv_.wait_until(lock, start + wait, [this, negotiating] {
+      return shutdown_requested_.load() || (!negotiating && !queue_.empty());
+    });
   }
   if (!stop.ok() && !shutdown_requested_.load()) {
     // A peer's orderly exit is news only to a rank that still has work in flight.
