@@ -32,12 +32,7 @@ from spark_hvd._types import OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow.compression import Compression
 
-Sum = ReduceOp.SUM
-Average = ReduceOp.AVERAGE
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
-Adasum = ReduceOp.ADASUM
+from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - re-exported
 
 # Bit-exact ops (broadcast, allgather, alltoall) move these as same-width signed ints.
 _BITCAST = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),

@@ -34,12 +34,7 @@ from spark_hvd.torch._handles import GroupHandle, Handle, _name, _submit, poll, 
 from spark_hvd.torch._tensors import check, contiguous, from_result
 from spark_hvd.torch.compression import Compression
 
-Sum = ReduceOp.SUM
-Average = ReduceOp.AVERAGE
-Min = ReduceOp.MIN
-Max = ReduceOp.MAX
-Product = ReduceOp.PRODUCT
-Adasum = ReduceOp.ADASUM
+from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - re-exported
 
 
 # -- allreduce -------------------------------------------------------------------
