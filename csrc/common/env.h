@@ -51,8 +51,16 @@ inline double TimeoutS() {
   return v;
 }
 
-// Gloo allreduces larger than this run as consecutive pieces of this many bytes
-// (rounded down to whole elements). Must be equal on every rank.
+// CPU allreduce algorithm of the Gloo backend: "ring" (spark_hvd's pipelined ring
+// on its own TCP connections, direct exchange for small buffers) or
+// "halving_doubling" (Gloo's algorithm objects). Must be equal on every rank.
+inline const std::string& GlooAllreduce() {
+  static const std::string v = GetString("SPARK_HVD_GLOO_ALLREDUCE", "ring");
+  return v;
+}
+
+// Gloo halving-doubling allreduces larger than this run as consecutive pieces of
+// this many bytes (rounded down to whole elements). Must be equal on every rank.
 inline int64_t GlooChunkBytes() {
   static const int64_t v = GetInt("SPARK_HVD_GLOO_CHUNK_BYTES", 16 * 1024 * 1024);
   return v;

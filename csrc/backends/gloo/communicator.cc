@@ -19,6 +19,7 @@
 #include <cstring>
 #include <utility>
 
+#include "backends/gloo/tcp_mesh.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/reduce.h"
@@ -26,7 +27,8 @@
 namespace spark_hvd {
 namespace {
 
-// Allreduce is halving-doubling at every size: measured with bench/allreduce.py on
+// With SPARK_HVD_GLOO_ALLREDUCE=halving_doubling, allreduce is Gloo's
+// halving-doubling at every size: measured with bench/allreduce.py on
 // this Debian gloo (2022), both its chunked ring and the options-API ring take a
 // ~90 ms stall per call from 256 KiB to 1 MiB on loopback, while halving-doubling
 // matches or beats torch's gloo up to 16 MiB.
@@ -144,29 +146,17 @@ Status Guard(const char* what, int rank, F&& fn) {
 
 }  // namespace
 
-// The control plane's fixed-size allgather, once per negotiation cycle: every rank
-// writes its record straight into each peer's inbox (gloo's pinned buffers, set up
-// once), one message per peer and no acknowledgements. Two inboxes, used on
-// alternate cycles, make that safe: a peer can only finish cycle c + 1 (and write
-// cycle c + 2 into the inbox this rank is reading for cycle c) after receiving this
-// rank's cycle c + 1 record, which is sent only once cycle c is done here. Half the
-// messages and wakeups of a ring allgather with its ready notifications.
-struct GlooCommunicator::FixedGather {
-  struct Half {
-    std::vector<char> outbox;
-    std::vector<char> inbox;  // size * bytes, rank r's record at r * bytes
-    std::vector<std::unique_ptr<gloo::transport::Buffer>> sends, recvs;  // by peer
-  };
-  Half halves[2];
-  int next = 0;
-};
-
-GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context)
-    : rank_(rank), size_(size), context_(std::move(context)) {}
+GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context,
+                                   std::unique_ptr<TcpMesh> mesh)
+    : rank_(rank),
+      size_(size),
+      context_(std::move(context)),
+      mesh_(std::move(mesh)),
+      ring_allreduce_(env::GlooAllreduce() == "ring") {}
 
 GlooCommunicator::~GlooCommunicator() {
   algos_.clear();
-  fixed_.clear();
+  mesh_.reset();
   context_.reset();
 }
 
@@ -175,7 +165,14 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
                                                             const GlooOptions& options) {
   gloo::transport::tcp::attr attr;
   attr.hostname = options.bind_host;
+  const std::string& algorithm = env::GlooAllreduce();
+  if (algorithm != "ring" && algorithm != "halving_doubling") {
+    throw StatusError(Status::InvalidArgument(
+        "SPARK_HVD_GLOO_ALLREDUCE='" + algorithm +
+        "' is not an allreduce algorithm: use 'ring' (the default) or 'halving_doubling'"));
+  }
   std::shared_ptr<gloo::Context> result;
+  std::unique_ptr<TcpMesh> mesh;
   Status s = Guard("connect", rank, [&] {
     // Gloo's event-loop thread starts here and inherits this thread's name: name it
     // for top -H / perf, then take our own name back (also when this throws).
@@ -203,6 +200,8 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
     if (store) {
       GlooStoreAdapter adapter(store, options.connect_timeout_s);
       ctx->connectFullMesh(adapter, device);
+      mesh = TcpMesh::Connect(rank, size, store.get(), options.bind_host, options.timeout_s,
+                              options.connect_timeout_s);
     } else {
       SHVD_CHECK_EQ(size, 1);  // a one-rank job needs no rendezvous
       gloo::rendezvous::HashStore local;
@@ -213,7 +212,8 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
   if (!s.ok()) throw StatusError(s);
   SHVD_LOG(kDebug, "gloo") << "connected rank " << rank << " of " << size << " on "
                            << options.bind_host;
-  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(rank, size, result));
+  return std::unique_ptr<GlooCommunicator>(
+      new GlooCommunicator(rank, size, result, std::move(mesh)));
 }
 
 Status GlooCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes) {
@@ -221,39 +221,7 @@ Status GlooCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes
     std::memcpy(out, in, bytes);
     return Status::OK();
   }
-  auto& slot = fixed_[bytes];
-  return Guard("control allgather", rank_, [&] {
-    const size_t n = static_cast<size_t>(bytes);
-    if (!slot) {
-      slot = std::make_unique<FixedGather>();
-      // The same slots on every rank: taken in the same order; sender s writes to
-      // receiver r of half h through base + (h * size + s) * size + r.
-      const int base = context_->nextSlot(2 * size_ * size_);
-      for (int h = 0; h < 2; ++h) {
-        auto& half = slot->halves[h];
-        half.outbox.resize(n);
-        half.inbox.resize(n * static_cast<size_t>(size_));
-        half.sends.resize(static_cast<size_t>(size_));
-        half.recvs.resize(static_cast<size_t>(size_));
-        for (int p = 0; p < size_; ++p) {
-          if (p == rank_) continue;
-          auto& pair = context_->getPair(p);
-          half.recvs[p] = pair->createRecvBuffer(base + (h * size_ + p) * size_ + rank_,
-                                                 half.inbox.data() + n * p, n);
-          half.sends[p] = pair->createSendBuffer(base + (h * size_ + rank_) * size_ + p,
-                                                 half.outbox.data(), n);
-        }
-      }
-    }
-    auto& half = slot->halves[slot->next];
-    slot->next ^= 1;
-    std::memcpy(half.outbox.data(), in, n);
-    std::memcpy(half.inbox.data() + n * rank_, in, n);
-    for (int k = 1; k < size_; ++k) half.sends[(rank_ + k) % size_]->send();
-    for (int k = 1; k < size_; ++k) half.recvs[(rank_ + size_ - k) % size_]->waitRecv();
-    for (int k = 1; k < size_; ++k) half.sends[(rank_ + k) % size_]->waitSend();
-    std::memcpy(out, half.inbox.data(), n * size_);
-  });
+  return mesh_->AllgatherFixed(in, out, bytes);
 }
 
 std::unique_ptr<gloo::Algorithm> GlooCommunicator::NewAllreduce(void* buf, int64_t count,
@@ -292,7 +260,8 @@ gloo::Algorithm* GlooCommunicator::CachedAllreduce(void* buf, int64_t count, Dat
 }
 
 int64_t GlooCommunicator::StableAllreduceCount(int64_t count) const {
-  if (count <= kMinCountGranule) return count;
+  // The ring sets nothing up per size; halving-doubling allocates per size.
+  if (ring_allreduce_ || count <= kMinCountGranule) return count;
   int64_t pow2 = 1;
   while (pow2 * 2 <= count) pow2 *= 2;
   const int64_t granule = std::max(kMinCountGranule, pow2 / 4);
@@ -302,6 +271,7 @@ int64_t GlooCommunicator::StableAllreduceCount(int64_t count) const {
 Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                    bool stable_buffer) {
   if (size_ == 1 || count == 0) return Status::OK();
+  if (ring_allreduce_) return mesh_->Allreduce(buf, count, dtype, op);
   const int64_t elem = DataTypeSize(dtype);
   const int64_t chunk = std::max<int64_t>(1, env::GlooChunkBytes() / elem);
   return Guard("allreduce", rank_, [&] {

@@ -11,12 +11,15 @@
 #include "backends/communicator.h"
 #include "rendezvous/store.h"
 
+
 namespace gloo {
 class Context;
 class Algorithm;
 }  // namespace gloo
 
 namespace spark_hvd {
+
+class TcpMesh;
 
 struct GlooOptions {
   std::string bind_host = "127.0.0.1";  // address peers reach this rank on
@@ -47,7 +50,8 @@ class GlooCommunicator : public Communicator {
   Status Barrier() override;
 
  private:
-  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context);
+  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context,
+                   std::unique_ptr<TcpMesh> mesh);
 
   // Set-up-once algorithm objects, reused while (pointer, count, dtype, op) repeat:
   // the engine's fusion buffer keeps its address, so training steps hit this cache.
@@ -56,11 +60,12 @@ class GlooCommunicator : public Communicator {
   std::unique_ptr<gloo::Algorithm> NewAllreduce(void* buf, int64_t count, DataType dtype,
                                                 ReduceOp op);
 
-  struct FixedGather;  // persistent buffers + algorithm for AllgatherFixed
-
   int rank_;
   int size_;
   std::shared_ptr<gloo::Context> context_;
+  // Our own connections: the control plane's allgather and the ring allreduce.
+  std::unique_ptr<TcpMesh> mesh_;
+  bool ring_allreduce_;
   struct CachedAlgo {
     AlgoKey key;
     int64_t scratch_bytes;  // what the algorithm holds besides the caller's buffer
@@ -68,7 +73,6 @@ class GlooCommunicator : public Communicator {
   };
   std::list<CachedAlgo> algos_;  // LRU, front = newest
   int64_t algos_bytes_ = 0;
-  std::map<int64_t, std::unique_ptr<FixedGather>> fixed_;
   uint32_t tag_ = 0;
 };
 

@@ -1,0 +1,568 @@
+#include "backends/gloo/tcp_mesh.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "common/logging.h"
+#include "common/reduce.h"
+
+namespace spark_hvd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kHelloMagic = 0x73687664;  // "shvd"
+constexpr size_t kTokenBytes = 32;            // hex characters
+// Allreduces of at most this many bytes per peer go direct (one round trip);
+// larger ones take the ring (2 (n - 1) steps, but each peer's share is 1/n).
+constexpr int64_t kDirectBytesPerPeer = 64 * 1024;
+// The reduce-scatter receives into a scratch ring of this size and reduces slices
+// of at least kReduceSlice bytes (or what is left of a step) as they arrive.
+constexpr size_t kScratchBytes = 4 << 20;
+constexpr size_t kReduceSlice = 64 << 10;
+// One send() or recv() moves at most this much, so reducing and forwarding keep
+// pace with the wire instead of waiting for a whole chunk.
+constexpr size_t kMaxIo = 1 << 20;
+
+std::string Errno(int err) { return std::string(std::strerror(err)); }
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void SetNonBlocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+// Blocking helpers for the handshake only (sockets still blocking, with a
+// receive/send timeout set).
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    ssize_t r = ::recv(fd, c, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+void SetIoTimeout(int fd, double seconds) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(seconds);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(tv.tv_sec)) * 1e6);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+}
+
+std::string NewToken() {
+  std::random_device rd;
+  static const char* hex = "0123456789abcdef";
+  std::string t(kTokenBytes, '0');
+  for (auto& c : t) c = hex[rd() & 15];
+  return t;
+}
+
+struct Hello {
+  uint32_t magic;
+  uint32_t rank;
+  char token[kTokenBytes];
+};
+
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void Throw(Status s) { throw StatusError(std::move(s)); }
+
+// A listening socket on bind_host, any port; returns fd and the port.
+int Listen(const std::string& host, int backlog, int* port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), "0", &hints, &res);
+  if (rc != 0) {
+    Throw(Status::InvalidArgument("cannot resolve this rank's address '" + host +
+                                  "': " + gai_strerror(rc)));
+  }
+  std::string last;
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (fd.get() < 0) {
+      last = Errno(errno);
+      continue;
+    }
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), backlog) != 0) {
+      last = Errno(errno);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+    *port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                           : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    freeaddrinfo(res);
+    return fd.release();
+  }
+  freeaddrinfo(res);
+  Throw(Status::InvalidArgument("cannot listen on this rank's address '" + host + "': " + last));
+}
+
+// Connects to host:port, retrying until the deadline (the peer may not listen yet).
+int ConnectTo(const std::string& host, int port, Clock::time_point deadline, int peer) {
+  std::string last = "no address";
+  do {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    const std::string port_s = std::to_string(port);
+    int rc = getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
+    if (rc == 0) {
+      for (addrinfo* a = res; a; a = a->ai_next) {
+        FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+        if (fd.get() < 0) continue;
+        if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+          freeaddrinfo(res);
+          return fd.release();
+        }
+        last = Errno(errno);
+      }
+      freeaddrinfo(res);
+    } else {
+      last = gai_strerror(rc);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (Clock::now() < deadline);
+  Throw(Status::Timeout("could not connect to rank " + std::to_string(peer) + " at " + host +
+                        ":" + std::to_string(port) + ": " + last));
+}
+
+}  // namespace
+
+TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s)
+    : rank_(rank), size_(size), fds_(std::move(fds)), timeout_s_(timeout_s) {}
+
+TcpMesh::~TcpMesh() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::unique_ptr<TcpMesh> TcpMesh::Connect(int rank, int size, Store* store,
+                                          const std::string& bind_host, double timeout_s,
+                                          double connect_timeout_s) {
+  std::vector<int> fds(static_cast<size_t>(size), -1);
+  auto close_all = [&fds] {
+    for (int& fd : fds) {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+  };
+  try {
+    int port = 0;
+    FdCloser listener(Listen(bind_host, size, &port));
+    const std::string token = NewToken();
+    store->Set("tcp/" + std::to_string(rank), bind_host + " " + std::to_string(port) + " " + token);
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+
+    // Connect to every lower rank and say hello with its token; the acknowledgement
+    // (its rank) is read after accepting, so no rank waits on another's accept loop.
+    for (int p = 0; p < rank; ++p) {
+      std::istringstream in(store->Get("tcp/" + std::to_string(p), connect_timeout_s));
+      std::string host, peer_token;
+      int peer_port = 0;
+      in >> host >> peer_port >> peer_token;
+      if (peer_token.size() != kTokenBytes) {
+        Throw(Status::StoreError("malformed address of rank " + std::to_string(p) + " in the store"));
+      }
+      fds[p] = ConnectTo(host, peer_port, deadline, p);
+      SetIoTimeout(fds[p], connect_timeout_s);
+      Hello h{kHelloMagic, static_cast<uint32_t>(rank), {}};
+      std::memcpy(h.token, peer_token.data(), kTokenBytes);
+      if (!WriteAll(fds[p], &h, sizeof(h))) {
+        Throw(Status::PeerLost("rank " + std::to_string(p) + " closed the connection during set-up"));
+      }
+    }
+    // Accept every higher rank; connections without this rank's token are dropped.
+    int missing = size - 1 - rank;
+    while (missing > 0) {
+      const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+      pollfd pfd{listener.get(), POLLIN, 0};
+      int rc = left > 0 ? ::poll(&pfd, 1, static_cast<int>(left * 1000) + 1) : 0;
+      if (rc < 0 && errno == EINTR) continue;
+      if (rc <= 0) {
+        std::string who;
+        for (int p = rank + 1; p < size; ++p) {
+          if (fds[p] < 0) who += (who.empty() ? "" : ", ") + std::to_string(p);
+        }
+        Throw(Status::Timeout("rank " + std::to_string(rank) + " waited " +
+                              std::to_string(connect_timeout_s) + " s for connections from rank(s) " +
+                              who));
+      }
+      FdCloser conn(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (conn.get() < 0) continue;
+      SetIoTimeout(conn.get(), std::min(5.0, connect_timeout_s));
+      Hello h{};
+      if (!ReadAll(conn.get(), &h, sizeof(h)) || h.magic != kHelloMagic ||
+          std::memcmp(h.token, token.data(), kTokenBytes) != 0 ||
+          h.rank <= static_cast<uint32_t>(rank) || h.rank >= static_cast<uint32_t>(size) ||
+          fds[h.rank] >= 0) {
+        SHVD_LOG(kWarning, "tcp") << "rank " << rank
+                                  << " dropped a connection without a valid hello";
+        continue;
+      }
+      const uint32_t me = static_cast<uint32_t>(rank);
+      if (!WriteAll(conn.get(), &me, sizeof(me))) continue;
+      SetIoTimeout(conn.get(), connect_timeout_s);
+      fds[h.rank] = conn.release();
+      --missing;
+    }
+    for (int p = 0; p < rank; ++p) {
+      uint32_t ack = 0;
+      if (!ReadAll(fds[p], &ack, sizeof(ack)) || ack != static_cast<uint32_t>(p)) {
+        Throw(Status::PeerLost("rank " + std::to_string(p) +
+                               " refused this rank's connection (wrong token?)"));
+      }
+    }
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      SetIoTimeout(fds[p], 0);
+      SetNoDelay(fds[p]);
+      SetNonBlocking(fds[p], true);
+    }
+  } catch (...) {
+    close_all();
+    throw;
+  }
+  SHVD_LOG(kDebug, "tcp") << "mesh of rank " << rank << " of " << size << " connected";
+  return std::unique_ptr<TcpMesh>(new TcpMesh(rank, size, std::move(fds), timeout_s));
+}
+
+Status TcpMesh::Fail(Status s) {
+  if (broken_.ok()) broken_ = s;
+  return s;
+}
+
+Status TcpMesh::PeerError(int peer, const char* what, int err) {
+  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
+                               " lost rank " + std::to_string(peer) + ": " + Errno(err)));
+}
+
+Status TcpMesh::PeerClosed(int peer, const char* what) {
+  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
+                               ": rank " + std::to_string(peer) +
+                               " closed its connection (process exited or was killed)"));
+}
+
+Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {
+  std::string who;
+  for (int p : peers) who += (who.empty() ? "" : ", ") + std::to_string(p);
+  std::ostringstream os;
+  os << what << " on rank " << rank_ << " heard nothing from rank(s) " << who << " for "
+     << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S)";
+  return Fail(Status::Timeout(os.str()));
+}
+
+Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
+  auto last_progress = Clock::now();
+  std::vector<pollfd> pfds;
+  std::vector<int> peers;
+  while (true) {
+    bool pending = false, progress = false;
+    for (auto& x : xs) {
+      while (x.left > 0) {
+        const size_t n = std::min(x.left, kMaxIo);
+        ssize_t r = x.send ? ::send(fds_[x.peer], x.data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
+                           : ::recv(fds_[x.peer], x.data, n, MSG_DONTWAIT);
+        if (r > 0) {
+          x.data += r;
+          x.left -= static_cast<size_t>(r);
+          progress = true;
+          continue;
+        }
+        if (r == 0 && !x.send) return PeerClosed(x.peer, what);
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        return PeerError(x.peer, what, errno);
+      }
+      pending = pending || x.left > 0;
+    }
+    if (!pending) return Status::OK();
+    if (progress) last_progress = Clock::now();
+    pfds.clear();
+    peers.clear();
+    for (auto& x : xs) {
+      if (x.left == 0) continue;
+      pfds.push_back(pollfd{fds_[x.peer], static_cast<short>(x.send ? POLLOUT : POLLIN), 0});
+      peers.push_back(x.peer);
+    }
+    const double left = timeout_s_ - SecondsSince(last_progress);
+    if (left <= 0) return Timeout(peers, what);
+    int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(left * 1000) + 1);
+    if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+  }
+}
+
+Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
+  if (!broken_.ok()) return broken_;
+  char* o = static_cast<char*>(out);
+  const size_t n = static_cast<size_t>(bytes);
+  std::memcpy(o + n * rank_, in, n);
+  if (size_ == 1 || n == 0) return Status::OK();
+  std::vector<Transfer> xs;
+  xs.reserve(2 * (size_ - 1));
+  for (int k = 1; k < size_; ++k) {
+    xs.push_back({(rank_ + k) % size_, const_cast<char*>(static_cast<const char*>(in)), n, true});
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + size_ - k) % size_;
+    xs.push_back({p, o + n * p, n, false});
+  }
+  return Exchange(xs, "control allgather");
+}
+
+Status TcpMesh::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  if (!broken_.ok()) return broken_;
+  if (size_ == 1 || count == 0) return Status::OK();
+  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
+  if (bytes <= kDirectBytesPerPeer || count < size_) return DirectAllreduce(buf, count, dtype, op);
+  return RingAllreduce(buf, count, dtype, op);
+}
+
+Status TcpMesh::DirectAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  const size_t n = static_cast<size_t>(count) * DataTypeSize(dtype);
+  scratch_.resize(std::max(scratch_.size(), n * static_cast<size_t>(size_)));
+  char* in = scratch_.data();  // rank p's contribution at p * n (own slot unused)
+  std::vector<Transfer> xs;
+  for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, static_cast<char*>(buf), n, true});
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + size_ - k) % size_;
+    xs.push_back({p, in + n * p, n, false});
+  }
+  Status s = Exchange(xs, "allreduce");
+  if (!s.ok()) return s;
+  // Reduce in rank order on every rank: ((x0 op x1) op x2) ..., the same bits everywhere.
+  ReduceFn fn = GetReduceFn(dtype, op);
+  auto contribution = [&](int p) -> const char* {
+    return p == rank_ ? static_cast<const char*>(buf) : in + n * p;
+  };
+  char* acc = in + n * rank_;  // this rank's unused slot accumulates
+  std::memcpy(acc, contribution(0), n);
+  for (int p = 1; p < size_; ++p) fn(acc, contribution(p), static_cast<size_t>(count));
+  std::memcpy(buf, acc, n);
+  return Status::OK();
+}
+
+// Ring allreduce as one pipelined stream per direction. Chunk c of the buffer is
+// elements [c * count / n, (c + 1) * count / n). Step k (0 <= k < 2n - 2) sends
+// chunk S(k) to the next rank and receives chunk R(k) from the previous one:
+//   reduce-scatter (k < n - 1):  S(k) = rank - k,        R(k) = rank - k - 1 (reduced in)
+//   allgather (k = n - 1 + j):   S(k) = rank + 1 - j,    R(k) = rank - j     (copied in)
+// S(k + 1) == R(k): what a step receives is what the next step forwards, so a byte
+// of step k + 1 may go out as soon as that byte of step k is received (and reduced).
+// The reduce-scatter lands in a scratch ring and is reduced into buf slice by slice.
+// Each chunk is reduced along the ring in one order, then copied to every rank,
+// so all ranks hold the same bits.
+Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  const int n = size_;
+  const size_t elem = DataTypeSize(dtype);
+  char* base = static_cast<char*>(buf);
+  auto chunk_begin = [&](int c) {
+    c = ((c % n) + n) % n;
+    return static_cast<size_t>(count * c / n) * elem;
+  };
+  auto chunk_bytes = [&](int c) {
+    c = ((c % n) + n) % n;
+    return static_cast<size_t>(count * (c + 1) / n - count * c / n) * elem;
+  };
+  const int steps = 2 * n - 2;
+  auto send_chunk = [&](int k) { return k < n - 1 ? rank_ - k : rank_ + 1 - (k - (n - 1)); };
+  auto recv_chunk = [&](int k) { return k < n - 1 ? rank_ - k - 1 : rank_ - (k - (n - 1)); };
+
+  size_t largest = 0;
+  for (int c = 0; c < n; ++c) largest = std::max(largest, chunk_bytes(c));
+  const size_t ring = std::min(kScratchBytes, (largest + elem - 1) / elem * elem);
+  scratch_.resize(std::max(scratch_.size(), ring));
+  char* scratch = scratch_.data();
+  ReduceFn fn = GetReduceFn(dtype, op);
+
+  const int next_fd = fds_[(rank_ + 1) % n], prev_fd = fds_[(rank_ + n - 1) % n];
+  const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
+  int sk = 0, rk = 0;      // current send / receive step
+  size_t sent = 0;         // bytes of step sk sent
+  size_t got = 0;          // bytes of step rk received
+  size_t done = 0;         // bytes of step rk reduced (reduce-scatter) or received (allgather)
+  auto last_progress = Clock::now();
+
+  // Reduces received scratch bytes of step rk into buf, whole elements only.
+  auto reduce_ready = [&](bool force) {
+    size_t avail = (got - done) / elem * elem;
+    if (avail == 0 || (!force && avail < kReduceSlice && got < chunk_bytes(recv_chunk(rk)))) {
+      return;
+    }
+    char* dst = base + chunk_begin(recv_chunk(rk));
+    while (avail > 0) {
+      const size_t at = done % ring;
+      const size_t len = std::min(avail, ring - at);
+      fn(dst + done, scratch + at, len / elem);
+      done += len;
+      avail -= len;
+    }
+  };
+
+  while (sk < steps || rk < steps) {
+    bool progress = false;
+    // Receive what has arrived for step rk.
+    while (rk < steps) {
+      const size_t total = chunk_bytes(recv_chunk(rk));
+      if (got == total) {
+        // Step complete (a zero-length chunk completes at once).
+        if (rk < n - 1) reduce_ready(true);
+        ++rk;
+        got = done = 0;
+        progress = true;
+        continue;
+      }
+      char* dst;
+      size_t room;
+      if (rk < n - 1) {
+        const size_t at = got % ring;
+        room = std::min(ring - at, ring - (got - done));  // do not overrun unreduced bytes
+        dst = scratch + at;
+      } else {
+        room = total - got;
+        dst = base + chunk_begin(recv_chunk(rk)) + got;
+      }
+      room = std::min({room, total - got, kMaxIo});
+      if (room == 0) {
+        reduce_ready(true);
+        continue;
+      }
+      ssize_t r = ::recv(prev_fd, dst, room, MSG_DONTWAIT);
+      if (r > 0) {
+        got += static_cast<size_t>(r);
+        if (rk < n - 1) {
+          reduce_ready(false);
+        } else {
+          done = got;
+        }
+        progress = true;
+        continue;
+      }
+      if (r == 0) return PeerClosed(prev, "allreduce");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return PeerError(prev, "allreduce", errno);
+    }
+    // Send what may go: step 0 all of it, step sk > 0 what step sk - 1 has finished.
+    while (sk < steps) {
+      const size_t total = chunk_bytes(send_chunk(sk));
+      if (sent == total) {
+        ++sk;
+        sent = 0;
+        continue;
+      }
+      size_t ready = total;
+      if (sk > 0 && sk - 1 == rk) ready = done;
+      if (sk > 0 && sk - 1 > rk) ready = 0;
+      if (ready <= sent) break;
+      const size_t len = std::min(ready - sent, kMaxIo);
+      ssize_t w = ::send(next_fd, base + chunk_begin(send_chunk(sk)) + sent, len,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        sent += static_cast<size_t>(w);
+        progress = true;
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return PeerError(next, "allreduce", w < 0 ? errno : EPIPE);
+    }
+    if (sk >= steps && rk >= steps) break;
+    if (progress) {
+      last_progress = Clock::now();
+      continue;
+    }
+    // Nothing moved: wait for the wire.
+    pollfd pfds[2];
+    int np = 0;
+    short prev_events = rk < steps ? POLLIN : 0;
+    bool want_send = false;
+    if (sk < steps) {
+      size_t ready = chunk_bytes(send_chunk(sk));
+      if (sk > 0 && sk - 1 == rk) ready = done;
+      if (sk > 0 && sk - 1 > rk) ready = 0;
+      want_send = ready > sent;
+    }
+    if (next_fd == prev_fd) {
+      pfds[np++] = pollfd{prev_fd, static_cast<short>(prev_events | (want_send ? POLLOUT : 0)), 0};
+    } else {
+      if (prev_events) pfds[np++] = pollfd{prev_fd, prev_events, 0};
+      if (want_send) pfds[np++] = pollfd{next_fd, POLLOUT, 0};
+    }
+    SHVD_CHECK(np > 0);
+    const double left = timeout_s_ - SecondsSince(last_progress);
+    if (left <= 0) {
+      std::vector<int> who;
+      if (rk < steps) who.push_back(prev);
+      if (want_send && next != prev) who.push_back(next);
+      return Timeout(who, "allreduce");
+    }
+    int rc = ::poll(pfds, static_cast<nfds_t>(np), static_cast<int>(left * 1000) + 1);
+    if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+  }
+  return Status::OK();
+}
+
+}  // namespace spark_hvd

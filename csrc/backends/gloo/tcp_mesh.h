@@ -1,0 +1,83 @@
+// TcpMesh: spark_hvd's own TCP connections among the ranks of one communicator,
+// used by the Gloo communicator for its hot paths (the control plane's per-cycle
+// allgather and allreduce).
+//
+// Why not Gloo's pairs: every Gloo receive is completed by Gloo's event-loop
+// thread and handed to the caller through a condition variable (two thread
+// switches per message), and its allreduce algorithms receive a whole piece before
+// reducing it. Here the engine thread does its own non-blocking send/recv on one
+// socket per peer and reduces each slice of a ring allreduce as it lands, while the
+// next slice is still on the wire and the reduced bytes are already forwarded.
+//
+// All calls come from the engine thread, in the same order on every rank, so the
+// byte streams need no framing: each call reads exactly what the peers' matching
+// call wrote. After any error the mesh is broken and every later call fails with
+// that first error (the streams are no longer in step).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/types.h"
+#include "rendezvous/store.h"
+
+namespace spark_hvd {
+
+class TcpMesh {
+ public:
+  // Every rank listens on bind_host, publishes "address port token" under
+  // "tcp/<rank>" in the store, connects to the lower ranks and accepts the higher
+  // ones. A connection is accepted only with the listener's token (which only a
+  // holder of the store's secret can read); anything else is closed and ignored.
+  static std::unique_ptr<TcpMesh> Connect(int rank, int size, Store* store,
+                                          const std::string& bind_host, double timeout_s,
+                                          double connect_timeout_s);
+  ~TcpMesh();
+  TcpMesh(const TcpMesh&) = delete;
+  TcpMesh& operator=(const TcpMesh&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Every rank contributes `bytes`; out receives size * bytes in rank order.
+  Status AllgatherFixed(const void* in, void* out, int64_t bytes);
+
+  // In-place allreduce (Average reduces as Sum). Every element of the result is
+  // reduced in the same order on every rank, so all ranks end bit-identical.
+  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+
+ private:
+  TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s);
+
+  // Small buffers: everyone sends everything to everyone (one round trip), then
+  // each rank reduces the contributions in rank order.
+  Status DirectAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  // Larger buffers: reduce-scatter then allgather around the ring, pipelined.
+  Status RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+
+  // Sends/receives whole buffers to/from several peers at once.
+  struct Transfer {
+    int peer;
+    char* data;
+    size_t left;
+    bool send;
+  };
+  Status Exchange(std::vector<Transfer>& transfers, const char* what);
+
+  Status Fail(Status s);
+  Status PeerError(int peer, const char* what, int err);
+  Status PeerClosed(int peer, const char* what);
+  Status Timeout(const std::vector<int>& peers, const char* what);
+
+  int rank_;
+  int size_;
+  std::vector<int> fds_;  // by peer rank; -1 for this rank
+  double timeout_s_;
+  Status broken_;
+  std::vector<char> scratch_;
+};
+
+}  // namespace spark_hvd
