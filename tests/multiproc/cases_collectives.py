@@ -76,6 +76,25 @@ for _dt in DTYPES:
     CASES.add(f"allreduce_large/{dname(_dt)}", _allreduce_large_case(_dt))
 
 
+@CASES.case("ring/large_odd_identical_bits")
+def _(ctx):
+    """An allreduce whose chunks (1/size of it each) are larger than the Gloo ring's
+    4 MiB receive scratch, of an odd length, on values whose float sum depends on the
+    order of addition: the result is right and every rank holds the same bits."""
+    import hashlib
+
+    n = (5 << 20) // 4 * max(ctx.size, 1) + 3
+    rng = np.random.default_rng(7 + ctx.rank)
+    x = rng.standard_normal(n).astype(np.float32) * 1e3
+    got = hvd.allreduce(x, op=hvd.Sum, name="ring.large")
+    want = np.zeros(n, np.float64)
+    for r in range(ctx.size):
+        want += np.random.default_rng(7 + r).standard_normal(n).astype(np.float32) * 1e3
+    assert np.allclose(got, want, rtol=1e-5, atol=1e-2), "ring sum differs from the reference"
+    digests = hvd.allgather_object(hashlib.sha256(got.tobytes()).hexdigest(), name="ring.bits")
+    assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+
+
 @CASES.case("allreduce/default_op_is_average")
 def _(ctx):
     for dt in (np.float32, np.int32):

@@ -54,6 +54,28 @@ def kill() -> None:
     save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
 
 
+def kill_mid_transfer() -> None:
+    """The last rank SIGKILLs itself while 64 MiB allreduces are on the wire (the ring
+    path of the Gloo backend, not the control plane)."""
+    import threading
+
+    n, me = hvd.size(), hvd.rank()
+    x = np.ones(16 << 20, np.float32)
+    hvd.allreduce(x, name="big", op=hvd.Sum)
+
+    def loop():
+        for _ in range(200):
+            hvd.allreduce(x, name="big", op=hvd.Sum)
+        return 0
+
+    if me == n - 1:
+        def die():
+            save("killed_at", at=time.time())
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(0.3, die).start()
+    save(f"result{me}", **attempt(loop))
+
+
 def freeze() -> None:
     """The last rank stops (SIGSTOP) without dying; SPARK_HVD_TIMEOUT_S must end the wait."""
     n, me = hvd.size(), hvd.rank()
@@ -115,5 +137,5 @@ def stall_shutdown() -> None:
 if __name__ == "__main__":
     hvd.init()
     save(f"pid{hvd.rank()}", pid=os.getpid())
-    {"kill": kill, "freeze": freeze, "shutdown_early": shutdown_early,
+    {"kill": kill, "kill_mid_transfer": kill_mid_transfer, "freeze": freeze, "shutdown_early": shutdown_early,
      "stall_warning": stall_warning, "stall_shutdown": stall_shutdown}[sys.argv[1]]()

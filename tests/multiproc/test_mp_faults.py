@@ -37,10 +37,14 @@ def names_rank(result, rank) -> bool:
 
 # -- a killed rank ------------------------------------------------------------------
 
-def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path):
+@pytest.mark.parametrize("scenario", ["kill", "kill_mid_transfer"])
+def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
     """Without a launcher that tears the job down: ranks 0 and 1 must see rank 2's
-    death as PeerLostError on their own, and then exit by themselves."""
-    job = DirectJob(3, [PYTHON, WORKER, "kill", str(tmp_path)])
+    death as PeerLostError on their own, and then exit by themselves; whether they
+    wait for it in negotiation (kill) or in the middle of a ring allreduce's
+    transfer (kill_mid_transfer: rank 1 is not rank 2's ring neighbour on the
+    receiving side)."""
+    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)])
     try:
         codes = job.wait(DEADLINE_S + 20)
         logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(3))

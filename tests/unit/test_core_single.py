@@ -373,3 +373,16 @@ def test_size_without_rendezvous_is_a_clear_error():
     """, {"SPARK_HVD_RANK": "0", "SPARK_HVD_SIZE": "2"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("InvalidArgumentError") and "spark-hvdrun" in proc.stdout
+
+
+def test_unknown_gloo_allreduce_algorithm_is_a_clear_error():
+    proc = run_python("""
+        import spark_hvd as hvd
+        try:
+            hvd.init()
+        except hvd.InvalidArgumentError as e:
+            print("InvalidArgumentError", e)
+    """, {"SPARK_HVD_GLOO_ALLREDUCE": "bucket"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("InvalidArgumentError"), proc.stdout + proc.stderr
+    assert "SPARK_HVD_GLOO_ALLREDUCE='bucket'" in proc.stdout and "'ring'" in proc.stdout

@@ -295,14 +295,35 @@ Status TcpMesh::Fail(Status s) {
 }
 
 Status TcpMesh::PeerError(int peer, const char* what, int err) {
+  if (err == ECONNRESET || err == EPIPE) return PeerClosed(peer, what);
   return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
                                " lost rank " + std::to_string(peer) + ": " + Errno(err)));
 }
 
 Status TcpMesh::PeerClosed(int peer, const char* what) {
+  // A rank that lost a peer stops and closes its connections too, so the first
+  // closed connection seen here may be a bystander's: name every peer whose
+  // connection is closed by now (a killed process's are closed by its kernel).
+  std::vector<pollfd> pfds;
+  std::vector<int> peers;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || p == peer) continue;
+    pfds.push_back(pollfd{fds_[p], POLLRDHUP, 0});
+    peers.push_back(p);
+  }
+  std::vector<int> closed{peer};
+  if (!pfds.empty() && ::poll(pfds.data(), pfds.size(), 0) > 0) {
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
+    }
+  }
+  std::sort(closed.begin(), closed.end());
+  std::string who;
+  for (int p : closed) who += (who.empty() ? "" : ",") + std::to_string(p);
   return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
-                               ": rank " + std::to_string(peer) +
-                               " closed its connection (process exited or was killed)"));
+                               " lost rank" + (closed.size() > 1 ? "s " : " ") + who +
+                               ": connection closed (the process exited or was killed, or "
+                               "stopped after losing another rank)"));
 }
 
 Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {
