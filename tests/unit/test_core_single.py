@@ -363,26 +363,24 @@ def test_init_again_after_shutdown(lifecycle):
     assert lifecycle["ok"] == [1.0, 1.0] and lifecycle["again"] == [1.0, 1.0]
 
 
-def test_size_without_rendezvous_is_a_clear_error():
+def init_error(env_extra) -> str:
+    """What init() raises (as InvalidArgumentError) in a fresh process with env_extra."""
     proc = run_python("""
         import spark_hvd as hvd
         try:
             hvd.init()
         except hvd.InvalidArgumentError as e:
             print("InvalidArgumentError", e)
-    """, {"SPARK_HVD_RANK": "0", "SPARK_HVD_SIZE": "2"})
+    """, env_extra)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("InvalidArgumentError") and "spark-hvdrun" in proc.stdout
+    assert proc.stdout.startswith("InvalidArgumentError"), proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_size_without_rendezvous_is_a_clear_error():
+    assert "spark-hvdrun" in init_error({"SPARK_HVD_RANK": "0", "SPARK_HVD_SIZE": "2"})
 
 
 def test_unknown_gloo_allreduce_algorithm_is_a_clear_error():
-    proc = run_python("""
-        import spark_hvd as hvd
-        try:
-            hvd.init()
-        except hvd.InvalidArgumentError as e:
-            print("InvalidArgumentError", e)
-    """, {"SPARK_HVD_GLOO_ALLREDUCE": "bucket"})
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("InvalidArgumentError"), proc.stdout + proc.stderr
-    assert "SPARK_HVD_GLOO_ALLREDUCE='bucket'" in proc.stdout and "'ring'" in proc.stdout
+    out = init_error({"SPARK_HVD_GLOO_ALLREDUCE": "bucket"})
+    assert "SPARK_HVD_GLOO_ALLREDUCE='bucket'" in out and "'ring'" in out
