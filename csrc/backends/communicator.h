@@ -19,6 +19,12 @@
 
 namespace spark_hvd {
 
+// One tensor's elements inside a segmented allreduce.
+struct Segment {
+  void* data;
+  int64_t count;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -44,6 +50,17 @@ class Communicator {
   // backend whose set-up is per size may round up to a few size classes (the
   // engine zero-fills the padding and ignores it). Same answer on every rank.
   virtual int64_t StableAllreduceCount(int64_t count) const { return count; }
+
+  // Backends that can reduce several buffers as one (no packing into a fusion
+  // buffer) say so here and implement AllreduceSegments: an in-place allreduce of
+  // the concatenation of `segments`. A `scale` other than 1 multiplies the result
+  // (used for float Average: 1 / ranks), applied once per element by the backend.
+  virtual bool SegmentedAllreduce() const { return false; }
+  virtual Status AllreduceSegments(const std::vector<Segment>& segments, DataType dtype,
+                                   ReduceOp op, double scale) {
+    (void)segments, (void)dtype, (void)op, (void)scale;
+    return Status::Internal(std::string(name()) + " has no segmented allreduce");
+  }
 
   // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
   virtual Status Allgatherv(const void* in, void* out,

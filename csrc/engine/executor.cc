@@ -112,6 +112,8 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
   const int64_t total = r.TotalElements();
   const int64_t threshold = env::FusionThresholdBytes();
+  // Backends that address several buffers reduce every output in place.
+  if (comm->SegmentedAllreduce()) return AllreduceSegments(r, es, comm);
   // A lone tensor of at least kInPlaceBytes reduces in its own output buffer:
   // packing would only add two copies. Smaller ones go through the fusion buffer,
   // whose fixed address lets the backend reuse its set-up-once algorithms.
@@ -144,14 +146,12 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
   int64_t t2 = NowMicros();
   // Average of floats without a postscale: divide while copying out (one pass).
-  const bool divide_out = r.reduce_op == ReduceOp::kAverage && r.postscale == 1.0 &&
-                          (r.dtype == DataType::kFloat32 || r.dtype == DataType::kFloat64);
-  if (!divide_out) Finish(r, buf, total);
-  const double inv = 1.0 / static_cast<double>(std::max<size_t>(1, r.active.size()));
+  const double inv = BackendScale(r);
+  if (inv == 1.0) Finish(r, buf, total);
   offset = 0;
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
-    if (es[i] && divide_out && r.active.size() > 1) {
+    if (es[i] && inv != 1.0) {
       ScaleCopy(es[i]->output, buf + offset, static_cast<size_t>(n), r.dtype, inv);
     } else if (es[i]) {
       std::memcpy(es[i]->output, buf + offset, static_cast<size_t>(n * dsize));
@@ -159,6 +159,46 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
     offset += n * dsize;
   }
   Phase(es, "MEMCPY_OUT_FUSION_BUFFER", t2);
+  return Status::OK();
+}
+
+// Float Average without a postscale: the backend multiplies by 1 / ranks as it
+// finishes each element (returns that factor); otherwise 1, and Finish() runs after.
+double Executor::BackendScale(const Response& r) const {
+  const bool float_average = r.reduce_op == ReduceOp::kAverage && r.postscale == 1.0 &&
+                             (r.dtype == DataType::kFloat32 || r.dtype == DataType::kFloat64);
+  return float_average ? 1.0 / static_cast<double>(std::max<size_t>(1, r.active.size())) : 1.0;
+}
+
+// The tensors reduced in place in their outputs as one allreduce (no fusion buffer:
+// the backend addresses every output itself). Ranks that joined contribute neutral
+// values from a temporary.
+Status Executor::AllreduceSegments(const Response& r, Entries& es, Communicator* comm) {
+  const size_t dsize = DataTypeSize(r.dtype);
+  std::vector<Segment> segments;
+  std::vector<std::vector<uint8_t>> neutral;
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const int64_t n = NumElements(r.tensors[i].shape);
+    void* out;
+    if (es[i]) {
+      out = es[i]->output;
+      if (es[i]->input != out) std::memcpy(out, es[i]->input, static_cast<size_t>(n) * dsize);
+      ScaleBuffer(out, static_cast<size_t>(n), r.dtype, r.prescale);
+    } else {
+      neutral.emplace_back(static_cast<size_t>(n) * dsize);
+      out = neutral.back().data();
+      FillNeutral(out, static_cast<size_t>(n), r.dtype, r.reduce_op);
+    }
+    segments.push_back(Segment{out, n});
+  }
+  const double scale = BackendScale(r);
+  const int64_t t1 = NowMicros();
+  Status s = comm->AllreduceSegments(segments, r.dtype, r.reduce_op, scale);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
+  if (scale == 1.0) {
+    for (const auto& seg : segments) Finish(r, seg.data, seg.count);
+  }
   return Status::OK();
 }
 

@@ -26,6 +26,9 @@ class Executor {
   using Entries = std::vector<std::unique_ptr<TensorEntry>>;
   Status Allreduce(const Response& r, Entries& es, Communicator* comm);
   Status AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t, Communicator* comm);
+  Status AllreduceSegments(const Response& r, Entries& es, Communicator* comm);
+  // The factor a backend (or the copy out) applies for a float Average; 1 otherwise.
+  double BackendScale(const Response& r) const;
   Status Allgather(const Response& r, Entries& es, Communicator* comm);
   Status Broadcast(const Response& r, Entries& es, Communicator* comm);
   Status Alltoall(const Response& r, Entries& es, Communicator* comm);

@@ -271,7 +271,7 @@ int64_t GlooCommunicator::StableAllreduceCount(int64_t count) const {
 Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                    bool stable_buffer) {
   if (size_ == 1 || count == 0) return Status::OK();
-  if (ring_allreduce_) return mesh_->Allreduce(buf, count, dtype, op);
+  if (ring_allreduce_) return mesh_->Allreduce({Segment{buf, count}}, dtype, op, 1.0);
   const int64_t elem = DataTypeSize(dtype);
   const int64_t chunk = std::max<int64_t>(1, env::GlooChunkBytes() / elem);
   return Guard("allreduce", rank_, [&] {
@@ -289,6 +289,11 @@ Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, Red
       }
     }
   });
+}
+
+Status GlooCommunicator::AllreduceSegments(const std::vector<Segment>& segments, DataType dtype,
+                                           ReduceOp op, double scale) {
+  return mesh_->Allreduce(segments, dtype, op, scale);
 }
 
 Status GlooCommunicator::Allgatherv(const void* in, void* out,

@@ -43,6 +43,9 @@ class GlooCommunicator : public Communicator {
   Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                    bool stable_buffer) override;
   int64_t StableAllreduceCount(int64_t count) const override;
+  bool SegmentedAllreduce() const override { return ring_allreduce_ && mesh_ != nullptr; }
+  Status AllreduceSegments(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
+                           double scale) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,

@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -393,35 +394,113 @@ Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
   return Exchange(xs, "control allgather");
 }
 
-Status TcpMesh::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+// The bytes of an allreduce as one logical buffer over several memory segments
+// (tensors reduced in place, without a fusion buffer).
+class TcpMesh::Layout {
+ public:
+  Layout(const std::vector<Segment>& segments, size_t elem) {
+    for (const auto& seg : segments) {
+      if (seg.count <= 0) continue;
+      ptrs_.push_back(static_cast<char*>(seg.data));
+      starts_.push_back(bytes_);
+      bytes_ += static_cast<size_t>(seg.count) * elem;
+    }
+  }
+  size_t bytes() const { return bytes_; }
+
+  // fn(pointer, length) for each contiguous piece of [off, off + len).
+  template <typename F>
+  void Pieces(size_t off, size_t len, F&& fn) const {
+    size_t i = Find(off);
+    while (len > 0) {
+      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : bytes_;
+      const size_t n = std::min(len, end - off);
+      fn(ptrs_[i] + (off - starts_[i]), n);
+      off += n;
+      len -= n;
+      ++i;
+    }
+  }
+
+  // Describes [off, off + len) as at most kMaxIov entries of iov; returns how many.
+  int Iov(size_t off, size_t len, iovec* iov) const {
+    int k = 0;
+    size_t i = Find(off);
+    while (len > 0 && k < kMaxIov) {
+      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : bytes_;
+      const size_t n = std::min(len, end - off);
+      iov[k].iov_base = ptrs_[i] + (off - starts_[i]);
+      iov[k].iov_len = n;
+      ++k;
+      off += n;
+      len -= n;
+      ++i;
+    }
+    return k;
+  }
+
+  static constexpr int kMaxIov = 64;
+
+ private:
+  size_t Find(size_t off) const {
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), off);
+    return static_cast<size_t>(it - starts_.begin()) - 1;
+  }
+  std::vector<char*> ptrs_;
+  std::vector<size_t> starts_;
+  size_t bytes_ = 0;
+};
+
+Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
+                          double scale) {
   if (!broken_.ok()) return broken_;
-  if (size_ == 1 || count == 0) return Status::OK();
-  const int64_t bytes = count * static_cast<int64_t>(DataTypeSize(dtype));
-  if (bytes <= kDirectBytesPerPeer || count < size_) return DirectAllreduce(buf, count, dtype, op);
-  return RingAllreduce(buf, count, dtype, op);
+  const size_t elem = DataTypeSize(dtype);
+  Layout buf(segments, elem);
+  if (buf.bytes() == 0) return Status::OK();
+  if (size_ == 1) {
+    if (scale != 1.0) {
+      buf.Pieces(0, buf.bytes(), [&](char* p, size_t n) { ScaleBuffer(p, n / elem, dtype, scale); });
+    }
+    return Status::OK();
+  }
+  const size_t count = buf.bytes() / elem;
+  if (buf.bytes() <= static_cast<size_t>(kDirectBytesPerPeer) || count < static_cast<size_t>(size_)) {
+    return DirectAllreduce(buf, dtype, op, scale);
+  }
+  return RingAllreduce(buf, dtype, op, scale);
 }
 
-Status TcpMesh::DirectAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
-  const size_t n = static_cast<size_t>(count) * DataTypeSize(dtype);
-  scratch_.resize(std::max(scratch_.size(), n * static_cast<size_t>(size_)));
-  char* in = scratch_.data();  // rank p's contribution at p * n (own slot unused)
+Status TcpMesh::DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale) {
+  const size_t n = buf.bytes();
+  const size_t elem = DataTypeSize(dtype);
+  // Slots 0..size-1: each rank's contribution (this rank's packed here); slot size:
+  // the result, reduced in rank order on every rank: ((x0 op x1) op x2) ...
+  scratch_.resize(std::max(scratch_.size(), n * static_cast<size_t>(size_ + 1)));
+  char* slots = scratch_.data();
+  char* mine = slots + n * rank_;
+  size_t at = 0;
+  buf.Pieces(0, n, [&](char* p, size_t len) {
+    std::memcpy(mine + at, p, len);
+    at += len;
+  });
   std::vector<Transfer> xs;
-  for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, static_cast<char*>(buf), n, true});
+  for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, mine, n, true});
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + size_ - k) % size_;
-    xs.push_back({p, in + n * p, n, false});
+    xs.push_back({p, slots + n * p, n, false});
   }
   Status s = Exchange(xs, "allreduce");
   if (!s.ok()) return s;
-  // Reduce in rank order on every rank: ((x0 op x1) op x2) ..., the same bits everywhere.
   ReduceFn fn = GetReduceFn(dtype, op);
-  auto contribution = [&](int p) -> const char* {
-    return p == rank_ ? static_cast<const char*>(buf) : in + n * p;
-  };
-  char* acc = in + n * rank_;  // this rank's unused slot accumulates
-  std::memcpy(acc, contribution(0), n);
-  for (int p = 1; p < size_; ++p) fn(acc, contribution(p), static_cast<size_t>(count));
-  std::memcpy(buf, acc, n);
+  char* acc = slots + n * size_;
+  std::memcpy(acc, slots, n);
+  for (int p = 1; p < size_; ++p) fn(acc, slots + n * p, n / elem);
+  if (scale != 1.0) ScaleBuffer(acc, n / elem, dtype, scale);
+  at = 0;
+  buf.Pieces(0, n, [&](char* p, size_t len) {
+    std::memcpy(p, acc + at, len);
+    at += len;
+  });
   return Status::OK();
 }
 
@@ -432,20 +511,23 @@ Status TcpMesh::DirectAllreduce(void* buf, int64_t count, DataType dtype, Reduce
 //   allgather (k = n - 1 + j):   S(k) = rank + 1 - j,    R(k) = rank - j     (copied in)
 // S(k + 1) == R(k): what a step receives is what the next step forwards, so a byte
 // of step k + 1 may go out as soon as that byte of step k is received (and reduced).
-// The reduce-scatter lands in a scratch ring and is reduced into buf slice by slice.
+// The reduce-scatter lands in a scratch ring and is reduced into buf slice by slice;
+// the last reduce-scatter step also applies `scale` (this rank's chunk is final then).
 // Each chunk is reduced along the ring in one order, then copied to every rank,
-// so all ranks hold the same bits.
-Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+// so all ranks hold the same bits. Sends and allgather receives go straight from
+// and into the segments (sendmsg/recvmsg over iovecs).
+Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale) {
   const int n = size_;
   const size_t elem = DataTypeSize(dtype);
-  char* base = static_cast<char*>(buf);
+  const size_t count = buf.bytes() / elem;
   auto chunk_begin = [&](int c) {
     c = ((c % n) + n) % n;
-    return static_cast<size_t>(count * c / n) * elem;
+    return count * static_cast<size_t>(c) / static_cast<size_t>(n) * elem;
   };
   auto chunk_bytes = [&](int c) {
     c = ((c % n) + n) % n;
-    return static_cast<size_t>(count * (c + 1) / n - count * c / n) * elem;
+    return (count * static_cast<size_t>(c + 1) / static_cast<size_t>(n) -
+            count * static_cast<size_t>(c) / static_cast<size_t>(n)) * elem;
   };
   const int steps = 2 * n - 2;
   auto send_chunk = [&](int k) { return k < n - 1 ? rank_ - k : rank_ + 1 - (k - (n - 1)); };
@@ -458,13 +540,14 @@ Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
   char* scratch = scratch_.data();
   ReduceFn fn = GetReduceFn(dtype, op);
 
-  const int next_fd = fds_[(rank_ + 1) % n], prev_fd = fds_[(rank_ + n - 1) % n];
   const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
+  const int next_fd = fds_[next], prev_fd = fds_[prev];
   int sk = 0, rk = 0;      // current send / receive step
   size_t sent = 0;         // bytes of step sk sent
   size_t got = 0;          // bytes of step rk received
   size_t done = 0;         // bytes of step rk reduced (reduce-scatter) or received (allgather)
   auto last_progress = Clock::now();
+  iovec iov[Layout::kMaxIov];
 
   // Reduces received scratch bytes of step rk into buf, whole elements only.
   auto reduce_ready = [&](bool force) {
@@ -472,14 +555,25 @@ Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
     if (avail == 0 || (!force && avail < kReduceSlice && got < chunk_bytes(recv_chunk(rk)))) {
       return;
     }
-    char* dst = base + chunk_begin(recv_chunk(rk));
+    const size_t base = chunk_begin(recv_chunk(rk));
+    const bool last = rk == n - 2;
     while (avail > 0) {
       const size_t at = done % ring;
       const size_t len = std::min(avail, ring - at);
-      fn(dst + done, scratch + at, len / elem);
+      const char* from = scratch + at;
+      buf.Pieces(base + done, len, [&](char* p, size_t m) {
+        fn(p, from, m / elem);
+        if (last && scale != 1.0) ScaleBuffer(p, m / elem, dtype, scale);
+        from += m;
+      });
       done += len;
       avail -= len;
     }
+  };
+  // Bytes of send step sk that may go now.
+  auto send_ready = [&]() -> size_t {
+    if (sk == 0 || sk - 1 < rk) return chunk_bytes(send_chunk(sk));
+    return sk - 1 == rk ? done : 0;
   };
 
   while (sk < steps || rk < steps) {
@@ -488,29 +582,29 @@ Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
     while (rk < steps) {
       const size_t total = chunk_bytes(recv_chunk(rk));
       if (got == total) {
-        // Step complete (a zero-length chunk completes at once).
         if (rk < n - 1) reduce_ready(true);
         ++rk;
         got = done = 0;
         progress = true;
         continue;
       }
-      char* dst;
-      size_t room;
+      ssize_t r;
       if (rk < n - 1) {
         const size_t at = got % ring;
-        room = std::min(ring - at, ring - (got - done));  // do not overrun unreduced bytes
-        dst = scratch + at;
+        // Never overrun bytes not reduced yet.
+        const size_t room = std::min({ring - at, ring - (got - done), total - got, kMaxIo});
+        if (room == 0) {
+          reduce_ready(true);
+          continue;
+        }
+        r = ::recv(prev_fd, scratch + at, room, MSG_DONTWAIT);
       } else {
-        room = total - got;
-        dst = base + chunk_begin(recv_chunk(rk)) + got;
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<size_t>(
+            buf.Iov(chunk_begin(recv_chunk(rk)) + got, std::min(total - got, kMaxIo), iov));
+        r = ::recvmsg(prev_fd, &msg, MSG_DONTWAIT);
       }
-      room = std::min({room, total - got, kMaxIo});
-      if (room == 0) {
-        reduce_ready(true);
-        continue;
-      }
-      ssize_t r = ::recv(prev_fd, dst, room, MSG_DONTWAIT);
       if (r > 0) {
         got += static_cast<size_t>(r);
         if (rk < n - 1) {
@@ -534,13 +628,13 @@ Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
         sent = 0;
         continue;
       }
-      size_t ready = total;
-      if (sk > 0 && sk - 1 == rk) ready = done;
-      if (sk > 0 && sk - 1 > rk) ready = 0;
+      const size_t ready = send_ready();
       if (ready <= sent) break;
-      const size_t len = std::min(ready - sent, kMaxIo);
-      ssize_t w = ::send(next_fd, base + chunk_begin(send_chunk(sk)) + sent, len,
-                         MSG_NOSIGNAL | MSG_DONTWAIT);
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<size_t>(
+          buf.Iov(chunk_begin(send_chunk(sk)) + sent, std::min(ready - sent, kMaxIo), iov));
+      ssize_t w = ::sendmsg(next_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (w > 0) {
         sent += static_cast<size_t>(w);
         progress = true;
@@ -558,14 +652,8 @@ Status TcpMesh::RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp
     // Nothing moved: wait for the wire.
     pollfd pfds[2];
     int np = 0;
-    short prev_events = rk < steps ? POLLIN : 0;
-    bool want_send = false;
-    if (sk < steps) {
-      size_t ready = chunk_bytes(send_chunk(sk));
-      if (sk > 0 && sk - 1 == rk) ready = done;
-      if (sk > 0 && sk - 1 > rk) ready = 0;
-      want_send = ready > sent;
-    }
+    const short prev_events = rk < steps ? POLLIN : 0;
+    const bool want_send = sk < steps && send_ready() > sent;
     if (next_fd == prev_fd) {
       pfds[np++] = pollfd{prev_fd, static_cast<short>(prev_events | (want_send ? POLLOUT : 0)), 0};
     } else {

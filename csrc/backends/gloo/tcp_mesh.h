@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/communicator.h"
 #include "common/status.h"
 #include "common/types.h"
 #include "rendezvous/store.h"
@@ -45,18 +46,21 @@ class TcpMesh {
   // Every rank contributes `bytes`; out receives size * bytes in rank order.
   Status AllgatherFixed(const void* in, void* out, int64_t bytes);
 
-  // In-place allreduce (Average reduces as Sum). Every element of the result is
-  // reduced in the same order on every rank, so all ranks end bit-identical.
-  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  // In-place allreduce of the concatenation of `segments` (Average reduces as
+  // Sum); scale != 1 multiplies the result. Every element is reduced (and scaled)
+  // in the same order on every rank, so all ranks end bit-identical.
+  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
+                   double scale);
 
  private:
+  class Layout;
   TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s);
 
   // Small buffers: everyone sends everything to everyone (one round trip), then
   // each rank reduces the contributions in rank order.
-  Status DirectAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  Status DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale);
   // Larger buffers: reduce-scatter then allgather around the ring, pipelined.
-  Status RingAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
+  Status RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale);
 
   // Sends/receives whole buffers to/from several peers at once.
   struct Transfer {
