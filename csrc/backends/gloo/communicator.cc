@@ -198,10 +198,10 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
     if (store) {
-      GlooStoreAdapter adapter(store, options.connect_timeout_s);
-      ctx->connectFullMesh(adapter, device);
       mesh = TcpMesh::Connect(rank, size, store.get(), options.bind_host, options.timeout_s,
                               options.connect_timeout_s);
+      GlooStoreAdapter adapter(store, options.connect_timeout_s);
+      ctx->connectFullMesh(adapter, device);
     } else {
       SHVD_CHECK_EQ(size, 1);  // a one-rank job needs no rendezvous
       gloo::rendezvous::HashStore local;
