@@ -51,15 +51,16 @@ inline double TimeoutS() {
   return v;
 }
 
-// CPU allreduce algorithm of the Gloo backend: "ring" (spark_hvd's pipelined ring
-// on its own TCP connections, direct exchange for small buffers) or
-// "halving_doubling" (Gloo's algorithm objects). Must be equal on every rank.
-inline const std::string& GlooAllreduce() {
-  static const std::string v = GetString("SPARK_HVD_GLOO_ALLREDUCE", "ring");
+// How the Gloo backend moves tensors: "tcp" (spark_hvd's own connections, see
+// backends/gloo/tcp_mesh.h) or "gloo" (Gloo's pairs and algorithms: halving-doubling
+// allreduce, its allgatherv, broadcast, alltoallv and barrier). The control plane
+// always uses the own connections. Must be equal on every rank.
+inline const std::string& GlooDataPlane() {
+  static const std::string v = GetString("SPARK_HVD_GLOO_DATA_PLANE", "tcp");
   return v;
 }
 
-// Gloo halving-doubling allreduces larger than this run as consecutive pieces of
+// With the "gloo" data plane, allreduces larger than this run as consecutive pieces of
 // this many bytes (rounded down to whole elements). Must be equal on every rank.
 inline int64_t GlooChunkBytes() {
   static const int64_t v = GetInt("SPARK_HVD_GLOO_CHUNK_BYTES", 16 * 1024 * 1024);

@@ -1,4 +1,5 @@
-"""The op matrix (cases_collectives.py) on 1, 2 and 3 ranks, and under ``--mpi`` on 2.
+"""The op matrix (cases_collectives.py) on 1, 2 and 3 ranks, under ``--mpi`` on 2, and on
+Gloo's pairs and algorithms (SPARK_HVD_GLOO_DATA_PLANE=gloo) on 3.
 
 One job per rank count runs every case; each case is its own test item here.
 """
@@ -9,7 +10,7 @@ import cases_collectives
 from _ranks import have_mpirun
 
 NAMES = cases_collectives.CASES.names()
-# Under --mpi: the op matrix proper (every op x every dtype, join, fusion, cache).
+# Under --mpi and the gloo data plane: the op matrix proper (every op x every dtype, join, fusion, cache).
 MPI_PATTERN = r"^(allreduce|allgather|broadcast|alltoall|reducescatter|grouped_allreduce|join|" \
               r"barrier|fusion|cache|process_set|topology)"
 MPI_NAMES = cases_collectives.CASES.names(MPI_PATTERN)
@@ -25,3 +26,9 @@ def test_case(case_runs, case, np):
 @pytest.mark.parametrize("case", MPI_NAMES)
 def test_case_mpi(case_runs, case):
     case_runs.get("cases_collectives", 2, mpi=True, pattern=MPI_PATTERN).check(case)
+
+
+@pytest.mark.parametrize("case", MPI_NAMES)
+def test_case_gloo_data_plane(case_runs, case):
+    case_runs.get("cases_collectives", 3, env={"SPARK_HVD_GLOO_DATA_PLANE": "gloo"},
+                  pattern=MPI_PATTERN).check(case)

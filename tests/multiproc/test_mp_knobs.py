@@ -1,5 +1,5 @@
 """Engine settings from the environment: SPARK_HVD_FUSION_THRESHOLD,
-SPARK_HVD_CACHE_CAPACITY, SPARK_HVD_TIMELINE, SPARK_HVD_GLOO_ALLREDUCE,
+SPARK_HVD_CACHE_CAPACITY, SPARK_HVD_TIMELINE, SPARK_HVD_GLOO_DATA_PLANE,
 SPARK_HVD_GLOO_CHUNK_BYTES and SPARK_HVD_IDLE_CYCLE_TIME_MS (cases_knobs.py)."""
 
 import json
@@ -13,10 +13,11 @@ NAMES = cases_knobs.CASES.names()
 SMALL = {"SPARK_HVD_FUSION_THRESHOLD": "4096", "SPARK_HVD_CACHE_CAPACITY": "2",
          "SPARK_HVD_TIMELINE": "{outdir}/timeline.json"}
 OFF = {"SPARK_HVD_FUSION_THRESHOLD": "0", "SPARK_HVD_CACHE_CAPACITY": "0"}
-# Gloo's halving-doubling instead of the ring, in pieces of 1000 bytes (not a
-# multiple of 8: pieces are whole elements), and a long idle back-off.
+# Gloo's pairs and algorithms instead of the own connections (halving-doubling
+# allreduce in pieces of 1000 bytes: not a multiple of 8, pieces are whole
+# elements), and a long idle back-off.
 PIECES = {"SPARK_HVD_FUSION_THRESHOLD": "65536", "SPARK_HVD_CACHE_CAPACITY": "1024",
-          "SPARK_HVD_GLOO_ALLREDUCE": "halving_doubling", "SPARK_HVD_GLOO_CHUNK_BYTES": "1000",
+          "SPARK_HVD_GLOO_DATA_PLANE": "gloo", "SPARK_HVD_GLOO_CHUNK_BYTES": "1000",
           "SPARK_HVD_IDLE_CYCLE_TIME_MS": "50"}
 SETTINGS = {"small_fusion_small_cache_timeline": (3, SMALL), "no_fusion_no_cache": (2, OFF),
             "gloo_pieces_slow_idle": (3, PIECES)}

@@ -381,6 +381,6 @@ def test_size_without_rendezvous_is_a_clear_error():
     assert "spark-hvdrun" in init_error({"SPARK_HVD_RANK": "0", "SPARK_HVD_SIZE": "2"})
 
 
-def test_unknown_gloo_allreduce_algorithm_is_a_clear_error():
-    out = init_error({"SPARK_HVD_GLOO_ALLREDUCE": "bucket"})
-    assert "SPARK_HVD_GLOO_ALLREDUCE='bucket'" in out and "'ring'" in out
+def test_unknown_gloo_data_plane_is_a_clear_error():
+    out = init_error({"SPARK_HVD_GLOO_DATA_PLANE": "udp"})
+    assert "SPARK_HVD_GLOO_DATA_PLANE='udp'" in out and "'tcp'" in out and "'gloo'" in out

@@ -27,8 +27,8 @@
 namespace spark_hvd {
 namespace {
 
-// With SPARK_HVD_GLOO_ALLREDUCE=halving_doubling, allreduce is Gloo's
-// halving-doubling at every size: measured with bench/allreduce.py on
+// With SPARK_HVD_GLOO_DATA_PLANE=gloo, allreduce is Gloo's halving-doubling at
+// every size: measured with bench/allreduce.py on
 // this Debian gloo (2022), both its chunked ring and the options-API ring take a
 // ~90 ms stall per call from 256 KiB to 1 MiB on loopback, while halving-doubling
 // matches or beats torch's gloo up to 16 MiB.
@@ -152,7 +152,7 @@ GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Con
       size_(size),
       context_(std::move(context)),
       mesh_(std::move(mesh)),
-      ring_allreduce_(env::GlooAllreduce() == "ring") {}
+      gloo_plane_(env::GlooDataPlane() == "gloo") {}
 
 GlooCommunicator::~GlooCommunicator() {
   algos_.clear();
@@ -165,15 +165,22 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
                                                             const GlooOptions& options) {
   gloo::transport::tcp::attr attr;
   attr.hostname = options.bind_host;
-  const std::string& algorithm = env::GlooAllreduce();
-  if (algorithm != "ring" && algorithm != "halving_doubling") {
+  const std::string& plane = env::GlooDataPlane();
+  if (plane != "tcp" && plane != "gloo") {
     throw StatusError(Status::InvalidArgument(
-        "SPARK_HVD_GLOO_ALLREDUCE='" + algorithm +
-        "' is not an allreduce algorithm: use 'ring' (the default) or 'halving_doubling'"));
+        "SPARK_HVD_GLOO_DATA_PLANE='" + plane +
+        "' is not a data plane: use 'tcp' (the default: spark_hvd's own connections) or 'gloo' "
+        "(Gloo's pairs and algorithms)"));
   }
+  SHVD_CHECK(store != nullptr || size == 1);  // a one-rank job needs no rendezvous
   std::shared_ptr<gloo::Context> result;
   std::unique_ptr<TcpMesh> mesh;
   Status s = Guard("connect", rank, [&] {
+    if (size > 1) {
+      mesh = TcpMesh::Connect(rank, size, store.get(), options.bind_host, options.timeout_s,
+                              options.connect_timeout_s);
+    }
+    if (plane != "gloo") return;
     // Gloo's event-loop thread starts here and inherits this thread's name: name it
     // for top -H / perf, then take our own name back (also when this throws).
     struct LoopThreadName {
@@ -198,12 +205,9 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
     auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
     ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
     if (store) {
-      mesh = TcpMesh::Connect(rank, size, store.get(), options.bind_host, options.timeout_s,
-                              options.connect_timeout_s);
       GlooStoreAdapter adapter(store, options.connect_timeout_s);
       ctx->connectFullMesh(adapter, device);
     } else {
-      SHVD_CHECK_EQ(size, 1);  // a one-rank job needs no rendezvous
       gloo::rendezvous::HashStore local;
       ctx->connectFullMesh(local, device);
     }
@@ -261,7 +265,7 @@ gloo::Algorithm* GlooCommunicator::CachedAllreduce(void* buf, int64_t count, Dat
 
 int64_t GlooCommunicator::StableAllreduceCount(int64_t count) const {
   // The ring sets nothing up per size; halving-doubling allocates per size.
-  if (ring_allreduce_ || count <= kMinCountGranule) return count;
+  if (!gloo_plane_ || count <= kMinCountGranule) return count;
   int64_t pow2 = 1;
   while (pow2 * 2 <= count) pow2 *= 2;
   const int64_t granule = std::max(kMinCountGranule, pow2 / 4);
@@ -271,7 +275,7 @@ int64_t GlooCommunicator::StableAllreduceCount(int64_t count) const {
 Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                    bool stable_buffer) {
   if (size_ == 1 || count == 0) return Status::OK();
-  if (ring_allreduce_) return mesh_->Allreduce({Segment{buf, count}}, dtype, op, 1.0);
+  if (!gloo_plane_) return mesh_->Allreduce({Segment{buf, count}}, dtype, op, 1.0);
   const int64_t elem = DataTypeSize(dtype);
   const int64_t chunk = std::max<int64_t>(1, env::GlooChunkBytes() / elem);
   return Guard("allreduce", rank_, [&] {
@@ -305,6 +309,7 @@ Status GlooCommunicator::Allgatherv(const void* in, void* out,
     return Status::OK();
   }
   if (total == 0) return Status::OK();
+  if (!gloo_plane_) return mesh_->Allgatherv(in, out, bytes_per_rank);
   return Guard("allgather", rank_, [&] {
     gloo::AllgathervOptions opts(context_);
     std::vector<size_t> elems(bytes_per_rank.begin(), bytes_per_rank.end());
@@ -317,6 +322,7 @@ Status GlooCommunicator::Allgatherv(const void* in, void* out,
 
 Status GlooCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
   if (size_ == 1 || bytes == 0) return Status::OK();
+  if (!gloo_plane_) return mesh_->Broadcast(buf, bytes, root);
   return Guard("broadcast", rank_, [&] {
     gloo::BroadcastOptions opts(context_);
     if (rank_ == root) opts.setInput(static_cast<char*>(buf), bytes);
@@ -336,6 +342,7 @@ Status GlooCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& s
     if (total_send > 0) std::memcpy(out, in, total_send);
     return Status::OK();
   }
+  if (!gloo_plane_) return mesh_->Alltoallv(in, send_bytes, out, recv_bytes);
   return Guard("alltoall", rank_, [&] {
     // gloo rejects null pointers even for empty buffers.
     char dummy_in = 0, dummy_out = 0;
@@ -350,6 +357,7 @@ Status GlooCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& s
 
 Status GlooCommunicator::Barrier() {
   if (size_ == 1) return Status::OK();
+  if (!gloo_plane_) return mesh_->Barrier();
   return Guard("barrier", rank_, [&] {
     gloo::BarrierOptions opts(context_);
     opts.setTag(tag_++);

@@ -1,4 +1,7 @@
-// Gloo (TCP) communicator for CPU tensors; also the default control plane.
+// The CPU communicator (backend name "gloo"), also the default control plane. Its
+// control plane and, by default, every collective run on spark_hvd's own TCP
+// connections (TcpMesh); SPARK_HVD_GLOO_DATA_PLANE=gloo runs the collectives on
+// Gloo's pairs and algorithms instead.
 #pragma once
 
 #include <list>
@@ -43,7 +46,7 @@ class GlooCommunicator : public Communicator {
   Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                    bool stable_buffer) override;
   int64_t StableAllreduceCount(int64_t count) const override;
-  bool SegmentedAllreduce() const override { return ring_allreduce_ && mesh_ != nullptr; }
+  bool SegmentedAllreduce() const override { return !gloo_plane_ && mesh_ != nullptr; }
   Status AllreduceSegments(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
                            double scale) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
@@ -65,10 +68,10 @@ class GlooCommunicator : public Communicator {
 
   int rank_;
   int size_;
-  std::shared_ptr<gloo::Context> context_;
-  // Our own connections: the control plane's allgather and the ring allreduce.
+  std::shared_ptr<gloo::Context> context_;  // only with the "gloo" data plane
+  // Our own connections (null in a one-rank job).
   std::unique_ptr<TcpMesh> mesh_;
-  bool ring_allreduce_;
+  bool gloo_plane_;  // collectives on Gloo's context (else on mesh_)
   struct CachedAlgo {
     AlgoKey key;
     int64_t scratch_bytes;  // what the algorithm holds besides the caller's buffer

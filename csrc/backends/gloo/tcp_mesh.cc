@@ -377,6 +377,10 @@ Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
 }
 
 Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
+  return Gather(in, out, bytes, "control allgather");
+}
+
+Status TcpMesh::Gather(const void* in, void* out, int64_t bytes, const char* what) {
   if (!broken_.ok()) return broken_;
   char* o = static_cast<char*>(out);
   const size_t n = static_cast<size_t>(bytes);
@@ -391,7 +395,74 @@ Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
     const int p = (rank_ + size_ - k) % size_;
     xs.push_back({p, o + n * p, n, false});
   }
-  return Exchange(xs, "control allgather");
+  return Exchange(xs, what);
+}
+
+Status TcpMesh::Allgatherv(const void* in, void* out,
+                           const std::vector<int64_t>& bytes_per_rank) {
+  if (!broken_.ok()) return broken_;
+  std::vector<size_t> offset(static_cast<size_t>(size_) + 1, 0);
+  for (int p = 0; p < size_; ++p) offset[p + 1] = offset[p] + static_cast<size_t>(bytes_per_rank[p]);
+  char* o = static_cast<char*>(out);
+  const size_t mine = static_cast<size_t>(bytes_per_rank[rank_]);
+  if (mine > 0 && o + offset[rank_] != in) std::memmove(o + offset[rank_], in, mine);
+  std::vector<Transfer> xs;
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    if (mine > 0) xs.push_back({p, o + offset[rank_], mine, true});
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + size_ - k) % size_;
+    const size_t theirs = static_cast<size_t>(bytes_per_rank[p]);
+    if (theirs > 0) xs.push_back({p, o + offset[p], theirs, false});
+  }
+  return Exchange(xs, "allgather");
+}
+
+Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
+  if (!broken_.ok()) return broken_;
+  if (bytes == 0) return Status::OK();
+  std::vector<Transfer> xs;
+  char* b = static_cast<char*>(buf);
+  if (rank_ == root) {
+    for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, b, static_cast<size_t>(bytes), true});
+  } else {
+    xs.push_back({root, b, static_cast<size_t>(bytes), false});
+  }
+  return Exchange(xs, "broadcast");
+}
+
+Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                          const std::vector<int64_t>& recv_bytes) {
+  if (!broken_.ok()) return broken_;
+  std::vector<size_t> soff(static_cast<size_t>(size_) + 1, 0), roff(static_cast<size_t>(size_) + 1, 0);
+  for (int p = 0; p < size_; ++p) {
+    soff[p + 1] = soff[p] + static_cast<size_t>(send_bytes[p]);
+    roff[p + 1] = roff[p] + static_cast<size_t>(recv_bytes[p]);
+  }
+  const char* i = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  if (send_bytes[rank_] > 0) {
+    std::memcpy(o + roff[rank_], i + soff[rank_], static_cast<size_t>(send_bytes[rank_]));
+  }
+  std::vector<Transfer> xs;
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    if (send_bytes[p] > 0) {
+      xs.push_back({p, const_cast<char*>(i + soff[p]), static_cast<size_t>(send_bytes[p]), true});
+    }
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + size_ - k) % size_;
+    if (recv_bytes[p] > 0) xs.push_back({p, o + roff[p], static_cast<size_t>(recv_bytes[p]), false});
+  }
+  return Exchange(xs, "alltoall");
+}
+
+Status TcpMesh::Barrier() {
+  char mine = 1;
+  std::vector<char> all(static_cast<size_t>(size_));
+  return Gather(&mine, all.data(), 1, "barrier");
 }
 
 // The bytes of an allreduce as one logical buffer over several memory segments

@@ -1,6 +1,6 @@
 // TcpMesh: spark_hvd's own TCP connections among the ranks of one communicator,
-// used by the Gloo communicator for its hot paths (the control plane's per-cycle
-// allgather and allreduce).
+// used by the Gloo communicator for its control plane (the per-cycle allgather)
+// and, unless SPARK_HVD_GLOO_DATA_PLANE=gloo, for every collective.
 //
 // Why not Gloo's pairs: every Gloo receive is completed by Gloo's event-loop
 // thread and handed to the caller through a condition variable (two thread
@@ -52,6 +52,15 @@ class TcpMesh {
   Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
                    double scale);
 
+  // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
+  Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
+  // The root sends buf to every other rank.
+  Status Broadcast(void* buf, int64_t bytes, int root);
+  // send_bytes[r] bytes go to rank r (consecutive in `in`); recv_bytes[r] come from r.
+  Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                   const std::vector<int64_t>& recv_bytes);
+  Status Barrier();
+
  private:
   class Layout;
   TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s);
@@ -70,6 +79,7 @@ class TcpMesh {
     bool send;
   };
   Status Exchange(std::vector<Transfer>& transfers, const char* what);
+  Status Gather(const void* in, void* out, int64_t bytes, const char* what);
 
   Status Fail(Status s);
   Status PeerError(int peer, const char* what, int err);
