@@ -95,6 +95,18 @@ def _(ctx):
     assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
 
 
+@CASES.case("broadcast_large/every_root")
+def _(ctx):
+    """Broadcasts large enough to go down the chain (3+ ranks), from every root, of an
+    odd byte length: every rank gets the root's bytes."""
+    n = (3 << 20) + 5
+    for root in range(ctx.size):
+        x = (np.arange(n, dtype=np.int64) * (root + 3) % 251).astype(np.uint8)
+        mine = x if ctx.rank == root else np.zeros(n, np.uint8)
+        got = hvd.broadcast(mine, root_rank=root, name=f"bcl.{root}")
+        assert np.array_equal(got, x), f"root {root}: bytes differ"
+
+
 @CASES.case("allreduce/default_op_is_average")
 def _(ctx):
     for dt in (np.float32, np.int32):

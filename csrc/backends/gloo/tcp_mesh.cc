@@ -38,6 +38,8 @@ constexpr size_t kReduceSlice = 64 << 10;
 // One send() or recv() moves at most this much, so reducing and forwarding keep
 // pace with the wire instead of waiting for a whole chunk.
 constexpr size_t kMaxIo = 1 << 20;
+// Broadcasts of at least this many bytes among more than two ranks use a chain.
+constexpr int64_t kChainBytes = 1 << 20;
 
 std::string Errno(int err) { return std::string(std::strerror(err)); }
 
@@ -336,43 +338,75 @@ Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {
   return Fail(Status::Timeout(os.str()));
 }
 
-Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
-  auto last_progress = Clock::now();
+ssize_t TcpMesh::Move(int peer, bool send, iovec* iov, int iovcnt, const char* what,
+                      Status* error) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<size_t>(iovcnt);
+  while (true) {
+    ssize_t r = send ? ::sendmsg(fds_[peer], &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+                     : ::recvmsg(fds_[peer], &msg, MSG_DONTWAIT);
+    if (r > 0) return r;
+    if (r == 0 && !send) {
+      *error = PeerClosed(peer, what);
+      return -1;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    *error = PeerError(peer, what, r < 0 ? errno : EPIPE);
+    return -1;
+  }
+}
+
+ssize_t TcpMesh::Move(int peer, bool send, char* data, size_t len, const char* what,
+                      Status* error) {
+  iovec iov{data, std::min(len, kMaxIo)};
+  return Move(peer, send, &iov, 1, what, error);
+}
+
+Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
+                     Clock::time_point last_progress, const char* what) {
   std::vector<pollfd> pfds;
   std::vector<int> peers;
+  for (const auto& w : waits) {
+    auto it = std::find(peers.begin(), peers.end(), w.first);
+    if (it != peers.end()) {
+      pfds[static_cast<size_t>(it - peers.begin())].events |= w.second;
+      continue;
+    }
+    pfds.push_back(pollfd{fds_[w.first], w.second, 0});
+    peers.push_back(w.first);
+  }
+  SHVD_CHECK(!pfds.empty());
+  const double left = timeout_s_ - SecondsSince(last_progress);
+  if (left <= 0) return Timeout(peers, what);
+  int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(left * 1000) + 1);
+  if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+  return Status::OK();
+}
+
+Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
+  auto last_progress = Clock::now();
+  std::vector<std::pair<int, short>> waits;
+  Status error;
   while (true) {
-    bool pending = false, progress = false;
+    bool progress = false;
+    waits.clear();
     for (auto& x : xs) {
       while (x.left > 0) {
-        const size_t n = std::min(x.left, kMaxIo);
-        ssize_t r = x.send ? ::send(fds_[x.peer], x.data, n, MSG_NOSIGNAL | MSG_DONTWAIT)
-                           : ::recv(fds_[x.peer], x.data, n, MSG_DONTWAIT);
-        if (r > 0) {
-          x.data += r;
-          x.left -= static_cast<size_t>(r);
-          progress = true;
-          continue;
-        }
-        if (r == 0 && !x.send) return PeerClosed(x.peer, what);
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        return PeerError(x.peer, what, errno);
+        ssize_t r = Move(x.peer, x.send, x.data, x.left, what, &error);
+        if (r < 0) return error;
+        if (r == 0) break;
+        x.data += r;
+        x.left -= static_cast<size_t>(r);
+        progress = true;
       }
-      pending = pending || x.left > 0;
+      if (x.left > 0) waits.emplace_back(x.peer, x.send ? POLLOUT : POLLIN);
     }
-    if (!pending) return Status::OK();
+    if (waits.empty()) return Status::OK();
     if (progress) last_progress = Clock::now();
-    pfds.clear();
-    peers.clear();
-    for (auto& x : xs) {
-      if (x.left == 0) continue;
-      pfds.push_back(pollfd{fds_[x.peer], static_cast<short>(x.send ? POLLOUT : POLLIN), 0});
-      peers.push_back(x.peer);
-    }
-    const double left = timeout_s_ - SecondsSince(last_progress);
-    if (left <= 0) return Timeout(peers, what);
-    int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(left * 1000) + 1);
-    if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+    Status s = Wait(waits, last_progress, what);
+    if (!s.ok()) return s;
   }
 }
 
@@ -419,11 +453,50 @@ Status TcpMesh::Allgatherv(const void* in, void* out,
   return Exchange(xs, "allgather");
 }
 
+// Large broadcasts among more than two ranks go down a chain (root, root + 1, ...),
+// each rank forwarding what it has received while the rest arrives: the root
+// sends the payload once instead of size - 1 times.
 Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
   if (!broken_.ok()) return broken_;
   if (bytes == 0) return Status::OK();
-  std::vector<Transfer> xs;
   char* b = static_cast<char*>(buf);
+  if (size_ > 2 && bytes >= kChainBytes) {
+    const size_t total = static_cast<size_t>(bytes);
+    const int pos = (rank_ - root + size_) % size_;
+    const int prev = (rank_ + size_ - 1) % size_, next = (rank_ + 1) % size_;
+    const bool forward = pos < size_ - 1;
+    size_t got = pos == 0 ? total : 0, sent = 0;
+    auto last_progress = Clock::now();
+    Status error;
+    while (got < total || (forward && sent < total)) {
+      bool progress = false;
+      while (got < total) {
+        ssize_t r = Move(prev, false, b + got, total - got, "broadcast", &error);
+        if (r < 0) return error;
+        if (r == 0) break;
+        got += static_cast<size_t>(r);
+        progress = true;
+      }
+      while (forward && sent < got) {
+        ssize_t w = Move(next, true, b + sent, got - sent, "broadcast", &error);
+        if (w < 0) return error;
+        if (w == 0) break;
+        sent += static_cast<size_t>(w);
+        progress = true;
+      }
+      if (progress) {
+        last_progress = Clock::now();
+        continue;
+      }
+      std::vector<std::pair<int, short>> waits;
+      if (got < total) waits.emplace_back(prev, POLLIN);
+      if (forward && sent < got) waits.emplace_back(next, POLLOUT);
+      Status s = Wait(waits, last_progress, "broadcast");
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  }
+  std::vector<Transfer> xs;
   if (rank_ == root) {
     for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, b, static_cast<size_t>(bytes), true});
   } else {
@@ -612,7 +685,7 @@ Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, do
   ReduceFn fn = GetReduceFn(dtype, op);
 
   const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
-  const int next_fd = fds_[next], prev_fd = fds_[prev];
+  Status error;
   int sk = 0, rk = 0;      // current send / receive step
   size_t sent = 0;         // bytes of step sk sent
   size_t got = 0;          // bytes of step rk received
@@ -663,33 +736,25 @@ Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, do
       if (rk < n - 1) {
         const size_t at = got % ring;
         // Never overrun bytes not reduced yet.
-        const size_t room = std::min({ring - at, ring - (got - done), total - got, kMaxIo});
+        const size_t room = std::min({ring - at, ring - (got - done), total - got});
         if (room == 0) {
           reduce_ready(true);
           continue;
         }
-        r = ::recv(prev_fd, scratch + at, room, MSG_DONTWAIT);
+        r = Move(prev, false, scratch + at, room, "allreduce", &error);
       } else {
-        msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = static_cast<size_t>(
-            buf.Iov(chunk_begin(recv_chunk(rk)) + got, std::min(total - got, kMaxIo), iov));
-        r = ::recvmsg(prev_fd, &msg, MSG_DONTWAIT);
+        const int k = buf.Iov(chunk_begin(recv_chunk(rk)) + got, std::min(total - got, kMaxIo), iov);
+        r = Move(prev, false, iov, k, "allreduce", &error);
       }
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-        if (rk < n - 1) {
-          reduce_ready(false);
-        } else {
-          done = got;
-        }
-        progress = true;
-        continue;
+      if (r < 0) return error;
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+      if (rk < n - 1) {
+        reduce_ready(false);
+      } else {
+        done = got;
       }
-      if (r == 0) return PeerClosed(prev, "allreduce");
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return PeerError(prev, "allreduce", errno);
+      progress = true;
     }
     // Send what may go: step 0 all of it, step sk > 0 what step sk - 1 has finished.
     while (sk < steps) {
@@ -701,19 +766,12 @@ Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, do
       }
       const size_t ready = send_ready();
       if (ready <= sent) break;
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<size_t>(
-          buf.Iov(chunk_begin(send_chunk(sk)) + sent, std::min(ready - sent, kMaxIo), iov));
-      ssize_t w = ::sendmsg(next_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w > 0) {
-        sent += static_cast<size_t>(w);
-        progress = true;
-        continue;
-      }
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      return PeerError(next, "allreduce", w < 0 ? errno : EPIPE);
+      const int k = buf.Iov(chunk_begin(send_chunk(sk)) + sent, std::min(ready - sent, kMaxIo), iov);
+      ssize_t w = Move(next, true, iov, k, "allreduce", &error);
+      if (w < 0) return error;
+      if (w == 0) break;
+      sent += static_cast<size_t>(w);
+      progress = true;
     }
     if (sk >= steps && rk >= steps) break;
     if (progress) {
@@ -721,26 +779,11 @@ Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, do
       continue;
     }
     // Nothing moved: wait for the wire.
-    pollfd pfds[2];
-    int np = 0;
-    const short prev_events = rk < steps ? POLLIN : 0;
-    const bool want_send = sk < steps && send_ready() > sent;
-    if (next_fd == prev_fd) {
-      pfds[np++] = pollfd{prev_fd, static_cast<short>(prev_events | (want_send ? POLLOUT : 0)), 0};
-    } else {
-      if (prev_events) pfds[np++] = pollfd{prev_fd, prev_events, 0};
-      if (want_send) pfds[np++] = pollfd{next_fd, POLLOUT, 0};
-    }
-    SHVD_CHECK(np > 0);
-    const double left = timeout_s_ - SecondsSince(last_progress);
-    if (left <= 0) {
-      std::vector<int> who;
-      if (rk < steps) who.push_back(prev);
-      if (want_send && next != prev) who.push_back(next);
-      return Timeout(who, "allreduce");
-    }
-    int rc = ::poll(pfds, static_cast<nfds_t>(np), static_cast<int>(left * 1000) + 1);
-    if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+    std::vector<std::pair<int, short>> waits;
+    if (rk < steps) waits.emplace_back(prev, POLLIN);
+    if (sk < steps && send_ready() > sent) waits.emplace_back(next, POLLOUT);
+    Status s = Wait(waits, last_progress, "allreduce");
+    if (!s.ok()) return s;
   }
   return Status::OK();
 }

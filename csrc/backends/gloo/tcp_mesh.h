@@ -15,9 +15,14 @@
 // that first error (the streams are no longer in step).
 #pragma once
 
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/communicator.h"
@@ -79,6 +84,15 @@ class TcpMesh {
     bool send;
   };
   Status Exchange(std::vector<Transfer>& transfers, const char* what);
+
+  // One non-blocking send or receive with peer: bytes moved, 0 when the socket
+  // would block, -1 with *error set (the mesh is then broken).
+  ssize_t Move(int peer, bool send, iovec* iov, int iovcnt, const char* what, Status* error);
+  ssize_t Move(int peer, bool send, char* data, size_t len, const char* what, Status* error);
+  // Polls until one of (peer, events) is ready; Timeout once timeout_s has passed
+  // since last_progress.
+  Status Wait(const std::vector<std::pair<int, short>>& waits,
+              std::chrono::steady_clock::time_point last_progress, const char* what);
   Status Gather(const void* in, void* out, int64_t bytes, const char* what);
 
   Status Fail(Status s);
