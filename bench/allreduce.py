@@ -186,7 +186,9 @@ def main(argv=None) -> int:
     b = Bench(args)
     out = print if b.rank == 0 else (lambda *a, **k: None)
     n = b.size
-    out(f"# float32 allreduce, {n} ranks: spark_hvd ({'mpi' if hvd.mpi_enabled() else 'gloo'}"
+    plane = os.environ.get("SPARK_HVD_GLOO_DATA_PLANE", "tcp")
+    backend = "mpi" if hvd.mpi_enabled() else f"gloo backend, {plane} data plane"
+    out(f"# float32 allreduce, {n} ranks: spark_hvd ({backend}"
         f") vs torch.distributed {b.torch.__version__} (gloo); median of {args.rounds} "
         "alternating rounds")
     out(f"# busbw = algbw * 2(n-1)/n; GB/s = 1e9 B/s")
