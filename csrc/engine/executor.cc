@@ -112,8 +112,10 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
   const int64_t total = r.TotalElements();
   const int64_t threshold = env::FusionThresholdBytes();
-  // Backends that address several buffers reduce every output in place.
-  if (comm->SegmentedAllreduce()) return AllreduceSegments(r, es, comm);
+  // Backends that address several buffers reduce every output in place, unless
+  // tensors share memory (packing keeps such ops as they were: all inputs are read
+  // before any output is written).
+  if (comm->SegmentedAllreduce() && Disjoint(r, es)) return AllreduceSegments(r, es, comm);
   // A lone tensor of at least kInPlaceBytes reduces in its own output buffer:
   // packing would only add two copies. Smaller ones go through the fusion buffer,
   // whose fixed address lets the backend reuse its set-up-once algorithms.
@@ -170,6 +172,33 @@ double Executor::BackendScale(const Response& r) const {
   return float_average ? 1.0 / static_cast<double>(std::max<size_t>(1, r.active.size())) : 1.0;
 }
 
+bool Executor::Disjoint(const Response& r, const Entries& es) const {
+  struct Span {
+    uintptr_t begin, end;
+    size_t tensor;
+  };
+  std::vector<Span> spans;
+  const size_t dsize = DataTypeSize(r.dtype);
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const size_t bytes = static_cast<size_t>(NumElements(r.tensors[i].shape)) * dsize;
+    if (!es[i] || bytes == 0) continue;
+    const auto out = reinterpret_cast<uintptr_t>(es[i]->output);
+    spans.push_back({out, out + bytes, i});
+    const auto in = reinterpret_cast<uintptr_t>(es[i]->input);
+    if (in != out) spans.push_back({in, in + bytes, i});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  // Sweep keeping the span reaching furthest: any two spans of different tensors
+  // that overlap are caught when the later-starting one is visited.
+  const Span* reach = nullptr;
+  for (const auto& sp : spans) {
+    if (reach && sp.begin < reach->end && sp.tensor != reach->tensor) return false;
+    if (!reach || sp.end > reach->end) reach = &sp;
+  }
+  return true;
+}
+
 // The tensors reduced in place in their outputs as one allreduce (no fusion buffer:
 // the backend addresses every output itself). Ranks that joined contribute neutral
 // values from a temporary.
@@ -182,7 +211,7 @@ Status Executor::AllreduceSegments(const Response& r, Entries& es, Communicator*
     void* out;
     if (es[i]) {
       out = es[i]->output;
-      if (es[i]->input != out) std::memcpy(out, es[i]->input, static_cast<size_t>(n) * dsize);
+      if (es[i]->input != out) std::memmove(out, es[i]->input, static_cast<size_t>(n) * dsize);
       ScaleBuffer(out, static_cast<size_t>(n), r.dtype, r.prescale);
     } else {
       neutral.emplace_back(static_cast<size_t>(n) * dsize);

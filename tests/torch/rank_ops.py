@@ -149,6 +149,16 @@ def check_allreduce_inplace_variants():
     same(hvd.synchronize(h), torch.full((3,), float(n - 1)), "allreduce_async + poll")
 
 
+def check_grouped_allreduce_inplace_overlapping_views():
+    """In-place views sharing memory in one group: every element ends as the sum of
+    the originals (the core must not reduce the shared part twice)."""
+    r, n = rn()
+    size = 40000  # large enough for the ring (small groups are packed anyway)
+    t = torch.arange(size, dtype=torch.float64) + r
+    hvd.grouped_allreduce_([t[0:24000], t[16000:]], op=hvd.Sum, name="overlap")
+    same(t, torch.arange(size, dtype=torch.float64) * n + n * (n - 1) / 2, "overlapping views")
+
+
 def check_grouped_allreduce():
     r, n = rn()
     xs = [torch.full((3,), float(r + 1)), torch.full((2, 2), r + 1, dtype=torch.int32),
