@@ -28,9 +28,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kHelloMagic = 0x73687664;  // "shvd"
 constexpr size_t kTokenBytes = 32;            // hex characters
-// Allreduces of at most this many bytes per peer go direct (one round trip);
-// larger ones take the ring (2 (n - 1) steps, but each peer's share is 1/n).
-constexpr int64_t kDirectBytesPerPeer = 64 * 1024;
+// Allreduces of at most this many bytes go direct (one round trip, every rank
+// receives everything); larger ones take the ring (2 (n - 1) steps, each moving
+// 1/n of the buffer).
+constexpr size_t kDirectBytes = 64 * 1024;
 // The reduce-scatter receives into a scratch ring of this size and reduces slices
 // of at least kReduceSlice bytes (or what is left of a step) as they arrive.
 constexpr size_t kScratchBytes = 4 << 20;
@@ -608,7 +609,7 @@ Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, 
     return Status::OK();
   }
   const size_t count = buf.bytes() / elem;
-  if (buf.bytes() <= static_cast<size_t>(kDirectBytesPerPeer) || count < static_cast<size_t>(size_)) {
+  if (buf.bytes() <= kDirectBytes || count < static_cast<size_t>(size_)) {
     return DirectAllreduce(buf, dtype, op, scale);
   }
   return RingAllreduce(buf, dtype, op, scale);
