@@ -199,26 +199,30 @@ bool Executor::Disjoint(const Response& r, const Entries& es) const {
   return true;
 }
 
+// Where a tensor is reduced in place: its output, holding its (prescaled) input;
+// for a rank that joined (no entry), `neutral` filled with the op's identity.
+void* Executor::InPlaceInput(const Response& r, TensorEntry* e, int64_t n,
+                             std::vector<uint8_t>* neutral) const {
+  const size_t count = static_cast<size_t>(n);
+  if (!e) {
+    neutral->resize(count * DataTypeSize(r.dtype));
+    FillNeutral(neutral->data(), count, r.dtype, r.reduce_op);
+    return neutral->data();
+  }
+  if (e->input != e->output) std::memmove(e->output, e->input, count * DataTypeSize(r.dtype));
+  ScaleBuffer(e->output, count, r.dtype, r.prescale);
+  return e->output;
+}
+
 // The tensors reduced in place in their outputs as one allreduce (no fusion buffer:
 // the backend addresses every output itself). Ranks that joined contribute neutral
 // values from a temporary.
 Status Executor::AllreduceSegments(const Response& r, Entries& es, Communicator* comm) {
-  const size_t dsize = DataTypeSize(r.dtype);
   std::vector<Segment> segments;
-  std::vector<std::vector<uint8_t>> neutral;
+  std::vector<std::vector<uint8_t>> neutral(r.tensors.size());
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
-    void* out;
-    if (es[i]) {
-      out = es[i]->output;
-      if (es[i]->input != out) std::memmove(out, es[i]->input, static_cast<size_t>(n) * dsize);
-      ScaleBuffer(out, static_cast<size_t>(n), r.dtype, r.prescale);
-    } else {
-      neutral.emplace_back(static_cast<size_t>(n) * dsize);
-      out = neutral.back().data();
-      FillNeutral(out, static_cast<size_t>(n), r.dtype, r.reduce_op);
-    }
-    segments.push_back(Segment{out, n});
+    segments.push_back(Segment{InPlaceInput(r, es[i].get(), n, &neutral[i]), n});
   }
   const double scale = BackendScale(r);
   const int64_t t1 = NowMicros();
@@ -234,18 +238,8 @@ Status Executor::AllreduceSegments(const Response& r, Entries& es, Communicator*
 Status Executor::AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t,
                               Communicator* comm) {
   const int64_t n = NumElements(t.shape);
-  const size_t bytes = static_cast<size_t>(n) * DataTypeSize(r.dtype);
   std::vector<uint8_t> neutral;
-  void* buf;
-  if (e) {
-    buf = e->output;
-    if (e->input != e->output) std::memcpy(buf, e->input, bytes);
-    ScaleBuffer(buf, static_cast<size_t>(n), r.dtype, r.prescale);
-  } else {
-    neutral.resize(bytes);
-    buf = neutral.data();
-    FillNeutral(buf, static_cast<size_t>(n), r.dtype, r.reduce_op);
-  }
+  void* buf = InPlaceInput(r, e, n, &neutral);
   int64_t t1 = NowMicros();
   Status s = comm->Allreduce(buf, n, r.dtype, r.reduce_op, /*stable_buffer=*/false);
   if (!s.ok()) return s;

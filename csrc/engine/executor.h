@@ -27,6 +27,8 @@ class Executor {
   Status Allreduce(const Response& r, Entries& es, Communicator* comm);
   Status AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t, Communicator* comm);
   Status AllreduceSegments(const Response& r, Entries& es, Communicator* comm);
+  void* InPlaceInput(const Response& r, TensorEntry* e, int64_t n,
+                     std::vector<uint8_t>* neutral) const;
   // No two tensors' inputs/outputs share memory (then they may be reduced in place).
   bool Disjoint(const Response& r, const Entries& es) const;
   // The factor a backend (or the copy out) applies for a float Average; 1 otherwise.

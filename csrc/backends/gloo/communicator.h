@@ -14,7 +14,6 @@
 #include "backends/communicator.h"
 #include "rendezvous/store.h"
 
-
 namespace gloo {
 class Context;
 class Algorithm;

@@ -411,47 +411,40 @@ Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
   }
 }
 
-Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
-  return Gather(in, out, bytes, "control allgather");
+// Where each rank's block starts in a concatenation of blocks of these sizes
+// (size + 1 entries, the last one the total).
+std::vector<size_t> TcpMesh::Offsets(const std::vector<int64_t>& bytes) const {
+  std::vector<size_t> offset(static_cast<size_t>(size_) + 1, 0);
+  for (int p = 0; p < size_; ++p) offset[p + 1] = offset[p] + static_cast<size_t>(bytes[p]);
+  return offset;
 }
 
-Status TcpMesh::Gather(const void* in, void* out, int64_t bytes, const char* what) {
-  if (!broken_.ok()) return broken_;
-  char* o = static_cast<char*>(out);
-  const size_t n = static_cast<size_t>(bytes);
-  std::memcpy(o + n * rank_, in, n);
-  if (size_ == 1 || n == 0) return Status::OK();
-  std::vector<Transfer> xs;
-  xs.reserve(2 * (size_ - 1));
-  for (int k = 1; k < size_; ++k) {
-    xs.push_back({(rank_ + k) % size_, const_cast<char*>(static_cast<const char*>(in)), n, true});
-  }
-  for (int k = 1; k < size_; ++k) {
-    const int p = (rank_ + size_ - k) % size_;
-    xs.push_back({p, o + n * p, n, false});
-  }
-  return Exchange(xs, what);
+Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
+  return AllgatherBlocks(in, out, Offsets(std::vector<int64_t>(size_, bytes)), "control allgather");
 }
 
 Status TcpMesh::Allgatherv(const void* in, void* out,
                            const std::vector<int64_t>& bytes_per_rank) {
+  return AllgatherBlocks(in, out, Offsets(bytes_per_rank), "allgather");
+}
+
+Status TcpMesh::AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
+                                const char* what) {
   if (!broken_.ok()) return broken_;
-  std::vector<size_t> offset(static_cast<size_t>(size_) + 1, 0);
-  for (int p = 0; p < size_; ++p) offset[p + 1] = offset[p] + static_cast<size_t>(bytes_per_rank[p]);
   char* o = static_cast<char*>(out);
-  const size_t mine = static_cast<size_t>(bytes_per_rank[rank_]);
-  if (mine > 0 && o + offset[rank_] != in) std::memmove(o + offset[rank_], in, mine);
+  char* mine = o + offset[rank_];
+  const size_t n = offset[rank_ + 1] - offset[rank_];
+  if (n > 0 && mine != in) std::memmove(mine, in, n);
   std::vector<Transfer> xs;
   for (int k = 1; k < size_; ++k) {
-    const int p = (rank_ + k) % size_;
-    if (mine > 0) xs.push_back({p, o + offset[rank_], mine, true});
+    if (n > 0) xs.push_back({(rank_ + k) % size_, mine, n, true});
   }
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + size_ - k) % size_;
-    const size_t theirs = static_cast<size_t>(bytes_per_rank[p]);
+    const size_t theirs = offset[p + 1] - offset[p];
     if (theirs > 0) xs.push_back({p, o + offset[p], theirs, false});
   }
-  return Exchange(xs, "allgather");
+  return Exchange(xs, what);
 }
 
 // Large broadcasts among more than two ranks go down a chain (root, root + 1, ...),
@@ -509,11 +502,7 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
 Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) {
   if (!broken_.ok()) return broken_;
-  std::vector<size_t> soff(static_cast<size_t>(size_) + 1, 0), roff(static_cast<size_t>(size_) + 1, 0);
-  for (int p = 0; p < size_; ++p) {
-    soff[p + 1] = soff[p] + static_cast<size_t>(send_bytes[p]);
-    roff[p + 1] = roff[p] + static_cast<size_t>(recv_bytes[p]);
-  }
+  const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
   const char* i = static_cast<const char*>(in);
   char* o = static_cast<char*>(out);
   if (send_bytes[rank_] > 0) {
@@ -536,7 +525,7 @@ Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes
 Status TcpMesh::Barrier() {
   char mine = 1;
   std::vector<char> all(static_cast<size_t>(size_));
-  return Gather(&mine, all.data(), 1, "barrier");
+  return AllgatherBlocks(&mine, all.data(), Offsets(std::vector<int64_t>(size_, 1)), "barrier");
 }
 
 // The bytes of an allreduce as one logical buffer over several memory segments
@@ -584,6 +573,20 @@ class TcpMesh::Layout {
     return k;
   }
 
+  // All the bytes, packed into / unpacked from a contiguous buffer.
+  void CopyOut(char* to) const {
+    Pieces(0, bytes_, [&](char* p, size_t len) {
+      std::memcpy(to, p, len);
+      to += len;
+    });
+  }
+  void CopyIn(const char* from) const {
+    Pieces(0, bytes_, [&](char* p, size_t len) {
+      std::memcpy(p, from, len);
+      from += len;
+    });
+  }
+
   static constexpr int kMaxIov = 64;
 
  private:
@@ -602,12 +605,6 @@ Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, 
   const size_t elem = DataTypeSize(dtype);
   Layout buf(segments, elem);
   if (buf.bytes() == 0) return Status::OK();
-  if (size_ == 1) {
-    if (scale != 1.0) {
-      buf.Pieces(0, buf.bytes(), [&](char* p, size_t n) { ScaleBuffer(p, n / elem, dtype, scale); });
-    }
-    return Status::OK();
-  }
   const size_t count = buf.bytes() / elem;
   if (buf.bytes() <= kDirectBytes || count < static_cast<size_t>(size_)) {
     return DirectAllreduce(buf, dtype, op, scale);
@@ -623,29 +620,15 @@ Status TcpMesh::DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, 
   scratch_.resize(std::max(scratch_.size(), n * static_cast<size_t>(size_ + 1)));
   char* slots = scratch_.data();
   char* mine = slots + n * rank_;
-  size_t at = 0;
-  buf.Pieces(0, n, [&](char* p, size_t len) {
-    std::memcpy(mine + at, p, len);
-    at += len;
-  });
-  std::vector<Transfer> xs;
-  for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, mine, n, true});
-  for (int k = 1; k < size_; ++k) {
-    const int p = (rank_ + size_ - k) % size_;
-    xs.push_back({p, slots + n * p, n, false});
-  }
-  Status s = Exchange(xs, "allreduce");
+  buf.CopyOut(mine);
+  Status s = AllgatherBlocks(mine, slots, Offsets(std::vector<int64_t>(size_, n)), "allreduce");
   if (!s.ok()) return s;
   ReduceFn fn = GetReduceFn(dtype, op);
   char* acc = slots + n * size_;
   std::memcpy(acc, slots, n);
   for (int p = 1; p < size_; ++p) fn(acc, slots + n * p, n / elem);
   if (scale != 1.0) ScaleBuffer(acc, n / elem, dtype, scale);
-  at = 0;
-  buf.Pieces(0, n, [&](char* p, size_t len) {
-    std::memcpy(p, acc + at, len);
-    at += len;
-  });
+  buf.CopyIn(acc);
   return Status::OK();
 }
 

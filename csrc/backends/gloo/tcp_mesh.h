@@ -93,7 +93,11 @@ class TcpMesh {
   // since last_progress.
   Status Wait(const std::vector<std::pair<int, short>>& waits,
               std::chrono::steady_clock::time_point last_progress, const char* what);
-  Status Gather(const void* in, void* out, int64_t bytes, const char* what);
+  // Every rank's block to every peer: rank p's block is out[offset[p], offset[p + 1]),
+  // this rank's taken from `in` (which may already be that block).
+  Status AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
+                         const char* what);
+  std::vector<size_t> Offsets(const std::vector<int64_t>& bytes) const;
 
   Status Fail(Status s);
   Status PeerError(int peer, const char* what, int err);
