@@ -162,6 +162,15 @@ ALLREDUCE = """
 """
 
 
+def results_by_rank(proc) -> dict:
+    """Each rank's JSON line of the job's output, by rank (from its [rank] prefix)."""
+    by_rank = {}
+    for line in lines(proc.stdout):
+        prefix, _, payload = line.partition(" ")
+        by_rank[int(prefix.strip("[]"))] = json.loads(payload)
+    return by_rank
+
+
 def test_four_ranks_on_two_hosts(sshd, tmp_path):
     proc = subprocess.run(  # remote ranks too start in the launcher's working directory
         [sys.executable, "-m", "spark_hvd.runner", "-np", "4", "-H", f"localhost:2,{HOST}:2",
@@ -169,10 +178,7 @@ def test_four_ranks_on_two_hosts(sshd, tmp_path):
         env=dict(sshd.env(), SPARK_HVD_TEST_VAR="travels"), cwd=tmp_path, capture_output=True,
         timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr.decode()
-    by_rank = {}
-    for line in lines(proc.stdout):
-        prefix, _, payload = line.partition(" ")
-        by_rank[int(prefix.strip("[]"))] = json.loads(payload)
+    by_rank = results_by_rank(proc)
     assert sorted(by_rank) == [0, 1, 2, 3]
     for r, got in by_rank.items():
         assert got["rank"] == r and got["size"] == 4
@@ -195,10 +201,7 @@ def test_mpi_passes_the_hosts_to_mpirun(sshd):
          *script(ALLREDUCE.replace('os.environ["SPARK_HVD_HOSTNAME"]', '""'))],
         env=dict(sshd.env(), OMPI_MCA_btl="self,tcp"), capture_output=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr.decode()
-    by_rank = {}
-    for line in lines(proc.stdout):
-        prefix, _, payload = line.partition(" ")
-        by_rank[int(prefix.strip("[]"))] = json.loads(payload)
+    by_rank = results_by_rank(proc)
     assert sorted(by_rank) == [0, 1, 2, 3]
     for r, got in by_rank.items():
         assert (got["rank"], got["size"], got["sum"]) == (r, 4, [10.0, 8.0])
