@@ -1,15 +1,18 @@
 """Collectives on numpy arrays, and the handle machinery every framework layer shares.
 
 A framework layer (spark_hvd.torch, spark_hvd.tensorflow) describes a tensor to
-the core as (data pointer, dtype code, shape, device) and passes a ``keep``
-tuple that holds every buffer alive until the op completes, plus a ``finish``
+the core as (data pointer, dtype code, shape, device) and passes an ``owner``
+object (the tensors behind the pointers), which the core holds until it has
+finished with the op, whatever happens to the handle; plus a ``finish``
 callable that turns the core's result into its own tensor type.
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import threading
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -29,70 +32,125 @@ _WAIT_SLICE_S = 1.0  # wait in slices so Ctrl-C reaches Python
 
 
 class Handle:
-    """An in-flight op: pass it to ``synchronize`` or ``poll``."""
+    """An in-flight op: pass it to ``synchronize`` or ``poll``.
 
-    __slots__ = ("id", "keep", "finish", "done", "value")
+    Dropping a handle before the op completes is safe: the core keeps the op's
+    buffers until it is done with them, and frees a result nobody claimed.
+    A group handle stands for several ops (``members``) that finish together.
+    """
 
-    def __init__(self, hid: int, keep: Any, finish: Callable) -> None:
-        self.id = hid
-        self.keep = keep
+    __slots__ = ("work", "members", "finish", "done", "value")
+
+    def __init__(self, work: Any, finish: Callable, members: Optional[List["Handle"]] = None) \
+            -> None:
+        self.work = work  # the core's _core.Work; None for a group, or until a batch submits
+        self.members = members
         self.finish = finish
         self.done = False
         self.value = None
 
     def __repr__(self) -> str:
-        return f"Handle({self.id})"
+        state = "done" if self.done else "in flight"
+        return f"Handle({'group of %d' % len(self.members) if self.members else 'op'}, {state})"
+
+
+_batch = threading.local()  # .pending: [(spec, handle)] while a submit_together block runs
+
+
+@contextlib.contextmanager
+def submit_together() -> Iterator[None]:
+    """Ops submitted inside the block reach the core together when it ends, or,
+    if the block raises or any op is invalid, none of them do: a group is never
+    left half submitted. Nested blocks submit with the outermost one."""
+    if getattr(_batch, "pending", None) is not None:
+        yield
+        return
+    _batch.pending = []
+    try:
+        yield
+        pending = _batch.pending
+    finally:
+        _batch.pending = None
+    if pending:
+        _enqueue(pending)
+
+
+def _enqueue(pending: List[Tuple[tuple, Handle]]) -> None:
+    try:
+        works = _core.enqueue([spec for spec, _ in pending])
+    except SparkHvdError as exc:
+        raise explain_failure(exc) from None
+    for (_, handle), work in zip(pending, works):
+        handle.work = work
 
 
 def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, out_ptr: int,
-           keep: Any, finish: Callable, *, reduce_op: int = 0, prescale: float = 1.0,
+           owner: Any, finish: Callable, *, reduce_op: int = 0, prescale: float = 1.0,
            postscale: float = 1.0, root: int = 0, process_set: ProcessSet = global_process_set,
            device: int = -1, splits: Sequence[int] = (), group: str = "",
            group_size: int = 0) -> Handle:
-    """Queues one op on the core; raises at once for invalid input."""
-    ps_id = process_set._require()
-    try:
-        hid = _core.enqueue(int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr),
-                            int(out_ptr), reduce_op=int(reduce_op), prescale=float(prescale),
-                            postscale=float(postscale), root=int(root), process_set=ps_id,
-                            device=int(device), splits=[int(s) for s in splits], group=group,
-                            group_size=int(group_size))
-    except SparkHvdError as exc:
-        raise explain_failure(exc) from None
-    return Handle(hid, keep, finish)
+    """Queues one op on the core (or on the enclosing ``submit_together`` block);
+    raises at once for invalid input. ``owner`` keeps in_ptr/out_ptr valid."""
+    spec = (int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr), int(out_ptr),
+            int(reduce_op), float(prescale), float(postscale), int(root),
+            process_set._require(), int(device), [int(s) for s in splits], group,
+            int(group_size), owner)
+    handle = Handle(None, finish)
+    pending = getattr(_batch, "pending", None)
+    if pending is not None:
+        pending.append((spec, handle))
+    else:
+        _enqueue([(spec, handle)])
+    return handle
 
 
-_GROUP = -1  # id of a handle that stands for a list of member handles (in .keep)
+class GroupHandle(Handle):
+    """Several ops that finish together: ``synchronize`` waits for every member (so
+    none is left unclaimed on an error) and returns ``finish(results)``."""
+
+    __slots__ = ()
+
+    def __init__(self, members: List[Handle], finish: Callable[[List[Any]], Any]) -> None:
+        super().__init__(None, finish, members)
 
 
 def poll(handle: Handle) -> bool:
     """True when the op is done (``synchronize`` then returns without waiting)."""
     if handle.done:
         return True
-    if handle.id == _GROUP:
-        return all(poll(h) for h in handle.keep)
-    return _core.poll(handle.id)
+    if handle.members is not None:
+        return all(poll(h) for h in handle.members)
+    return handle.work.poll()
 
 
 def synchronize(handle: Handle):
     """Waits for the op and returns its output (raises the op's error)."""
     if handle.done:
         return handle.value
-    if handle.id == _GROUP:
-        handle.value = handle.finish(None)
+    if handle.members is not None:
+        results, error = [], None
+        for h in handle.members:
+            try:
+                results.append(synchronize(h))
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
+                results.append(None)
+        if error is not None:
+            raise error
+        handle.value = handle.finish(results)
         handle.done = True
+        handle.members = []
         return handle.value
-    while not _core.wait(handle.id, _WAIT_SLICE_S):
+    work = handle.work
+    while not work.wait(_WAIT_SLICE_S):
         pass
     try:
-        result = _core.result(handle.id)
+        result = work.result()
     except SparkHvdError as exc:
         raise explain_failure(exc) from None
-    finally:
-        _core.release(handle.id)
     handle.value = handle.finish(result)
     handle.done = True
-    handle.keep = None
+    handle.work = None
     return handle.value
 
 
@@ -151,14 +209,15 @@ def grouped_allreduce_async(tensors, average=None, name: Optional[str] = None, o
     base = _name(name, "grouped_allreduce", process_set)
     rop = _reduce_op(op, average)
     handles = []
-    for i, a in enumerate(arrays):
-        out = np.empty_like(a)
-        handles.append(submit(
-            OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a.ctypes.data,
-            out.ctypes.data, (a, out), (lambda r, o=out: o), reduce_op=rop,
-            prescale=prescale_factor, postscale=postscale_factor, process_set=process_set,
-            group=base, group_size=len(arrays)))
-    return Handle(_GROUP, handles, lambda _: [synchronize(h) for h in handles])
+    with submit_together():
+        for i, a in enumerate(arrays):
+            out = np.empty_like(a)
+            handles.append(submit(
+                OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a.ctypes.data,
+                out.ctypes.data, (a, out), (lambda r, o=out: o), reduce_op=rop,
+                prescale=prescale_factor, postscale=postscale_factor, process_set=process_set,
+                group=base, group_size=len(arrays)))
+    return GroupHandle(handles, list)
 
 
 def grouped_allreduce(tensors, average=None, name: Optional[str] = None, op=None,

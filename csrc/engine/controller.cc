@@ -2,35 +2,19 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 #include "common/env.h"
 #include "common/logging.h"
+#include "engine/fusion.h"
 #include "engine/timeline.h"
 
 namespace spark_hvd {
 namespace {
 
-struct Header {
-  uint32_t flags;
-  uint32_t uncached_bytes;
-  int64_t stall_cutoff;  // rank 0 only: fail tensors pending since this cycle; -1 = none
-};
-constexpr uint32_t kFlagShutdown = 1;
-constexpr uint32_t kFlagJoined = 2;
-
 bool Cacheable(const Request& r) {
   return r.group.empty() &&
          (r.op == OpType::kAllreduce || r.op == OpType::kAllgather || r.op == OpType::kBroadcast ||
           r.op == OpType::kAlltoall || r.op == OpType::kReducescatter);
-}
-
-std::string RankList(const std::vector<int32_t>& ranks) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
-  os << "]";
-  return os.str();
 }
 
 std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
@@ -39,44 +23,46 @@ std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, HandleTable* handles)
+std::string RankList(const std::vector<int32_t>& ranks) {
+  std::string s = "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s + "]";
+}
+
+bool CycleRecords::AnyFlagOrBit() const {
+  for (size_t r = 0; r < headers.size(); ++r) {
+    if (headers[r].flags != 0) return true;
+    const char* bits = records.data() + static_cast<int64_t>(r) * record_bytes +
+                       static_cast<int64_t>(sizeof(CycleHeader));
+    for (int64_t b = 0; b < record_bytes - static_cast<int64_t>(sizeof(CycleHeader)); ++b) {
+      if (bits[b] != 0) return true;
+    }
+  }
+  return false;
+}
+
+Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets)
     : rank_(rank),
       size_(size),
       sets_(sets),
-      handles_(handles),
       cache_(env::CacheCapacity()),
+      stalls_(rank, sets),
       joined_(static_cast<size_t>(size), false),
       join_cycle_(static_cast<size_t>(size), -1) {}
 
-void Controller::Fail(TensorEntry& e, const Status& s) {
-  if (e.state) handles_->Complete(*e.state, s);
-}
-
-void Controller::File(TensorEntry e) {
-  if (e.req.op == OpType::kJoin) {
-    if (join_entry_) {
-      Fail(e, Status::InvalidArgument("join() is already pending on rank " +
-                                      std::to_string(rank_)));
-      return;
-    }
-    join_entry_ = std::make_unique<TensorEntry>(std::move(e));
+void Controller::File(Request req) {
+  if (req.op == OpType::kJoin) {
+    join_pending_ = true;
     return;
   }
-  const std::string key = TensorKey(e.req);
-  if (pending_.count(key)) {
-    Fail(e, Status::InvalidArgument(
-                "a tensor named '" + e.req.name + "' is already in flight on rank " +
-                std::to_string(rank_) + " in process set " + std::to_string(e.req.process_set) +
-                "; names of concurrent operations must be unique (omit name= to get a generated one)"));
-    return;
-  }
-  int64_t slot = Cacheable(e.req) ? cache_.Find(key) : -1;
-  if (slot >= 0 && cache_.Matches(slot, e.req)) {
+  const std::string key = TensorKey(req);
+  int64_t slot = Cacheable(req) ? cache_.Find(key) : -1;
+  if (slot >= 0 && cache_.Matches(slot, req)) {
     cached_local_[slot] = key;
   } else {
     to_send_.push_back(key);
   }
-  pending_[key] = std::make_unique<TensorEntry>(std::move(e));
+  local_[key] = std::move(req);
 }
 
 std::vector<int32_t> Controller::Active(const ProcessSet& set) const {
@@ -196,89 +182,90 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
   return r;
 }
 
-CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> incoming,
+CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incoming,
                               bool shutdown) {
   ++cycle_;
-  for (auto& e : incoming) File(std::move(e));
-
-  // 1-2. Header, uncached payload and cache bits.
-  Writer payload;
-  for (const auto& name : to_send_) {
-    auto it = pending_.find(name);
-    if (it != pending_.end()) WriteRequest(payload, it->second->req);
-  }
-  to_send_.clear();
-  const int64_t bit_bytes = ((cache_.capacity() + 63) / 64) * 8;
-  const int64_t rec = static_cast<int64_t>(sizeof(Header)) + bit_bytes;
-  std::vector<char> mine(static_cast<size_t>(rec), 0);
-  Header h{0, static_cast<uint32_t>(payload.data().size()), -1};
-  if (shutdown) h.flags |= kFlagShutdown;
-  if (join_entry_) h.flags |= kFlagJoined;
-  const double stall_shutdown_s = env::StallShutdownTimeS();
-  if (rank_ == 0 && stall_shutdown_s > 0) {
-    const int64_t limit_us = NowMicros() - static_cast<int64_t>(stall_shutdown_s * 1e6);
-    for (const auto& kv : table_) {
-      if (kv.second.first_us <= limit_us) h.stall_cutoff = std::max(h.stall_cutoff, kv.second.first_cycle);
-    }
-    for (int64_t s = 0; s < cache_.capacity(); ++s) {
-      const CacheSlot& cs = cache_.slot(s);
-      if (cs.valid && cs.first_bit_cycle >= 0 && cs.first_bit_us <= limit_us) {
-        h.stall_cutoff = std::max(h.stall_cutoff, cs.first_bit_cycle);
-      }
-    }
-  }
-  std::memcpy(mine.data(), &h, sizeof(h));
-  for (const auto& kv : cached_local_) {
-    mine[sizeof(Header) + static_cast<size_t>(kv.first / 8)] |= static_cast<char>(1 << (kv.first % 8));
-  }
-  std::vector<char> all(static_cast<size_t>(rec * size_));
-  Status s = control->AllgatherFixed(mine.data(), all.data(), rec);
-  if (!s.ok()) throw StatusError(s);
-
-  std::vector<Header> headers(static_cast<size_t>(size_));
-  int64_t total_uncached = 0;
-  std::vector<int64_t> sizes(static_cast<size_t>(size_));
-  for (int32_t r = 0; r < size_; ++r) {
-    std::memcpy(&headers[r], all.data() + r * rec, sizeof(Header));
-    sizes[r] = headers[r].uncached_bytes;
-    total_uncached += sizes[r];
-  }
-  auto bit = [&](int32_t r, int64_t slot) {
-    const char byte = all[static_cast<size_t>(r * rec + static_cast<int64_t>(sizeof(Header)) + slot / 8)];
-    return ((byte >> (slot % 8)) & 1) != 0;
-  };
-
-  // 3. Uncached requests, only when someone has any.
-  std::string everyone;
-  if (total_uncached > 0) {
-    everyone.resize(static_cast<size_t>(total_uncached));
-    s = control->Allgatherv(payload.data().data(), &everyone[0], sizes);
-    if (!s.ok()) throw StatusError(s);
-  }
+  for (auto& r : incoming) File(std::move(r));
+  CycleRecords records = Exchange(control, shutdown);
 
   CycleResult result;
   for (int32_t r = 0; r < size_; ++r) {
-    if (headers[r].flags & kFlagShutdown) result.shutdown_ranks.push_back(r);
+    if (records.headers[r].flags & kFlagShutdown) result.shutdown_ranks.push_back(r);
   }
   if (!result.shutdown_ranks.empty()) {
     result.shutdown = true;
     return result;
   }
+  ApplyJoins(records);
+  ApplyRequests(records);
+  std::vector<Response> ready;
+  ReadyCached(records, &ready);
+  ReadyTable(&ready);
+  ReadyJoin(&ready);
+  stalls_.Inspect(records.headers[0].stall_cutoff, records, joined_, &table_, &cache_, &ready);
+  Answered(ready);
+  result.idle = !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() &&
+                table_.empty() && groups_.empty();
+  result.responses = FuseResponses(std::move(ready), env::FusionThresholdBytes());
+  return result;
+}
 
-  // 4. Joined ranks, then the message table.
+CycleRecords Controller::Exchange(Communicator* control, bool shutdown) {
+  Writer payload;
+  for (const auto& key : to_send_) {
+    auto it = local_.find(key);
+    if (it != local_.end()) WriteRequest(payload, it->second);
+  }
+  to_send_.clear();
+  CycleRecords x;
+  const int64_t bit_bytes = ((cache_.capacity() + 63) / 64) * 8;
+  x.record_bytes = static_cast<int64_t>(sizeof(CycleHeader)) + bit_bytes;
+  std::vector<char> mine(static_cast<size_t>(x.record_bytes), 0);
+  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_)};
+  if (shutdown) h.flags |= kFlagShutdown;
+  if (join_pending_) h.flags |= kFlagJoined;
+  std::memcpy(mine.data(), &h, sizeof(h));
+  for (const auto& kv : cached_local_) {
+    mine[sizeof(CycleHeader) + static_cast<size_t>(kv.first / 8)] |=
+        static_cast<char>(1 << (kv.first % 8));
+  }
+  x.records.resize(static_cast<size_t>(x.record_bytes * size_));
+  Status s = control->AllgatherFixed(mine.data(), x.records.data(), x.record_bytes);
+  if (!s.ok()) throw StatusError(s);
+
+  x.headers.resize(static_cast<size_t>(size_));
+  x.uncached_bytes.resize(static_cast<size_t>(size_));
+  int64_t total = 0;
   for (int32_t r = 0; r < size_; ++r) {
-    bool j = (headers[r].flags & kFlagJoined) != 0;
+    std::memcpy(&x.headers[r], x.records.data() + r * x.record_bytes, sizeof(CycleHeader));
+    x.uncached_bytes[r] = x.headers[r].uncached_bytes;
+    total += x.uncached_bytes[r];
+  }
+  if (total > 0) {
+    x.uncached.resize(static_cast<size_t>(total));
+    s = control->Allgatherv(payload.data().data(), &x.uncached[0], x.uncached_bytes);
+    if (!s.ok()) throw StatusError(s);
+  }
+  return x;
+}
+
+void Controller::ApplyJoins(const CycleRecords& records) {
+  for (int32_t r = 0; r < size_; ++r) {
+    const bool j = (records.headers[r].flags & kFlagJoined) != 0;
     if (j && !joined_[r]) join_cycle_[r] = cycle_;
     joined_[r] = j;
   }
+}
+
+void Controller::ApplyRequests(const CycleRecords& records) {
   int64_t offset = 0;
   for (int32_t r = 0; r < size_; ++r) {
-    Reader rd(everyone.data() + offset, static_cast<size_t>(sizes[r]));
-    offset += sizes[r];
+    Reader rd(records.uncached.data() + offset, static_cast<size_t>(records.uncached_bytes[r]));
+    offset += records.uncached_bytes[r];
     while (!rd.done()) {
       Request req = ReadRequest(rd);
       const std::string key = TensorKey(req);
-      int64_t slot = cache_.Find(key);
+      const int64_t slot = cache_.Find(key);
       if (slot >= 0) {
         cache_.Erase(slot);
         auto it = cached_local_.find(slot);
@@ -296,9 +283,9 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
       te.requests[req.rank] = std::move(req);
     }
   }
+}
 
-  std::vector<Response> ready;
-  // Cached tensors whose bit every active member set.
+void Controller::ReadyCached(const CycleRecords& records, std::vector<Response>* ready) {
   for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
     CacheSlot& cs = cache_.slot(slot);
     if (!cs.valid) continue;
@@ -307,22 +294,25 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
       cache_.Erase(slot);
       continue;
     }
-    std::vector<int32_t> active = Active(*set);
-    bool any = false, every = !active.empty();
-    for (int32_t m : set->ranks) any = any || bit(m, slot);
-    for (int32_t a : active) every = every && bit(a, slot);
+    bool any = false;
+    for (int32_t m : set->ranks) any = any || records.Bit(m, slot);
+    const std::vector<int32_t> active = Active(*set);
+    bool every = !active.empty();
+    for (int32_t a : active) every = every && records.Bit(a, slot);
     if (any && cs.first_bit_cycle < 0) {
       cs.first_bit_cycle = cycle_;
       cs.first_bit_us = NowMicros();
     }
     if (every) {
-      ready.push_back(Build(cs.requests, set));
+      ready->push_back(Build(cs.requests, set));
       cs.first_bit_cycle = -1;
       cs.reported = false;
-      cached_local_.erase(slot);
     }
   }
-  // Table entries every active member submitted, in first-seen order.
+}
+
+void Controller::ReadyTable(std::vector<Response>* ready) {
+  // Entries every active member submitted, in first-seen order.
   std::vector<std::pair<int64_t, std::string>> order;
   for (const auto& kv : table_) order.emplace_back(kv.second.seq, kv.first);
   std::sort(order.begin(), order.end());
@@ -339,7 +329,7 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
       resp.error_message = "process set " + std::to_string(first.process_set) +
                            " does not exist (removed?) for tensor '" + first.name + "'";
     } else {
-      std::vector<int32_t> active = Active(*set);
+      const std::vector<int32_t> active = Active(*set);
       bool every = !active.empty();
       for (int32_t a : active) every = every && te.requests.count(a) > 0;
       if (!every) continue;
@@ -354,166 +344,36 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<TensorEntry> in
       auto& g = groups_[group_key];
       g.push_back(std::move(resp));
       if (static_cast<int32_t>(g.size()) >= first.group_size) {
-        for (auto& gr : g) ready.push_back(std::move(gr));
+        for (auto& gr : g) ready->push_back(std::move(gr));
         groups_.erase(group_key);
       }
     } else {
-      ready.push_back(std::move(resp));
+      ready->push_back(std::move(resp));
     }
     table_.erase(o.second);
   }
-
-  // 5. Join completes when every rank has joined.
-  if (std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) {
-    int32_t last = 0;
-    for (int32_t r = 0; r < size_; ++r) {
-      if (join_cycle_[r] >= join_cycle_[last]) last = r;
-    }
-    Response j;
-    j.op = OpType::kJoin;
-    j.extra = {last};
-    ready.push_back(std::move(j));
-  }
-  InspectStalls(headers[0].stall_cutoff, bit, &ready);
-  bool any_flag = false;
-  for (int32_t r = 0; r < size_ && !any_flag; ++r) {
-    any_flag = headers[r].flags != 0;
-    for (int64_t b = 0; b < bit_bytes && !any_flag; ++b) {
-      any_flag = all[static_cast<size_t>(r * rec + static_cast<int64_t>(sizeof(Header)) + b)] != 0;
-    }
-  }
-  result.idle = !any_flag && total_uncached == 0 && ready.empty() && table_.empty() &&
-                groups_.empty();
-  result.responses = Fuse(std::move(ready));
-  return result;
 }
 
-void Controller::InspectStalls(int64_t cutoff, const std::function<bool(int32_t, int64_t)>& bit,
-                               std::vector<Response>* out) {
-  const double check_s = env::StallCheckTimeS();
-  const int64_t now = NowMicros();
-  auto missing_from = [&](int32_t set_id, const std::map<int32_t, Request>* have,
-                          std::vector<int32_t>* got, std::vector<int32_t>* missing) {
-    ProcessSet* set = sets_->Get(set_id);
-    if (set == nullptr) return;
-    for (int32_t m : set->ranks) {
-      if (have->count(m)) got->push_back(m);
-      else if (!joined_[m]) missing->push_back(m);
-    }
-  };
-  // Table entries (uncached tensors).
-  std::vector<std::string> expired;
-  for (auto& kv : table_) {
-    TableEntry& te = kv.second;
-    const Request& first = te.requests.begin()->second;
-    std::vector<int32_t> got, missing;
-    bool stalled = check_s > 0 && rank_ == 0 && !te.reported && now - te.first_us > check_s * 1e6;
-    bool expire = cutoff >= 0 && te.first_cycle <= cutoff;
-    if (!stalled && !expire) continue;
-    missing_from(first.process_set, &te.requests, &got, &missing);
-    std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) + ", process set " +
-                       std::to_string(first.process_set) + ") was submitted by ranks " +
-                       RankList(got) + " but not yet by ranks " + RankList(missing);
-    if (stalled) {
-      te.reported = true;
-      SHVD_LOG(kWarning, "stall")
-          << text << " after " << (now - te.first_us) / 1000000
-          << " s. A rank may have skipped this op, called it under another name, or be stuck. "
-             "(SPARK_HVD_STALL_CHECK_TIME_S sets this warning's delay; "
-             "SPARK_HVD_STALL_SHUTDOWN_TIME_S turns stalls into errors.)";
-    }
-    if (expire) {
-      Response r;
-      r.op = first.op;
-      r.process_set = first.process_set;
-      r.tensors.push_back({first.name, first.shape, {}});
-      r.error = StatusCode::kTimeout;
-      r.error_message = text + " after SPARK_HVD_STALL_SHUTDOWN_TIME_S=" +
-                        std::to_string(env::StallShutdownTimeS()) + " s";
-      out->push_back(std::move(r));
-      expired.push_back(kv.first);
-    }
+void Controller::ReadyJoin(std::vector<Response>* ready) {
+  if (!std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) return;
+  int32_t last = 0;
+  for (int32_t r = 0; r < size_; ++r) {
+    if (join_cycle_[r] >= join_cycle_[last]) last = r;
   }
-  for (const auto& name : expired) table_.erase(name);
-  // Cached tensors: some ranks set the bit, others did not yet.
-  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
-    CacheSlot& cs = cache_.slot(slot);
-    if (!cs.valid || cs.first_bit_cycle < 0) continue;
-    bool stalled = check_s > 0 && rank_ == 0 && !cs.reported && now - cs.first_bit_us > check_s * 1e6;
-    bool expire = cutoff >= 0 && cs.first_bit_cycle <= cutoff;
-    if (!stalled && !expire) continue;
-    const Request& first = cs.requests.begin()->second;
-    std::vector<int32_t> got, missing;
-    if (ProcessSet* set = sets_->Get(cs.process_set)) {
-      for (int32_t m : set->ranks) {
-        if (bit(m, slot)) got.push_back(m);
-        else if (!joined_[m]) missing.push_back(m);
-      }
-    }
-    std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) + ", process set " +
-                       std::to_string(cs.process_set) + ") was submitted by ranks " +
-                       RankList(got) + " but not yet by ranks " + RankList(missing);
-    if (stalled) {
-      cs.reported = true;
-      SHVD_LOG(kWarning, "stall") << text << " after " << (now - cs.first_bit_us) / 1000000
-                                  << " s (SPARK_HVD_STALL_CHECK_TIME_S)";
-    }
-    if (expire) {
-      Response r;
-      r.op = first.op;
-      r.process_set = cs.process_set;
-      r.tensors.push_back({first.name, first.shape, {}});
-      r.error = StatusCode::kTimeout;
-      r.error_message = text + " after SPARK_HVD_STALL_SHUTDOWN_TIME_S=" +
-                        std::to_string(env::StallShutdownTimeS()) + " s";
-      out->push_back(std::move(r));
-      cached_local_.erase(slot);
-      cs.first_bit_cycle = -1;
-    }
-  }
+  Response j;
+  j.op = OpType::kJoin;
+  j.extra = {last};
+  ready->push_back(std::move(j));
 }
 
-std::vector<Response> Controller::Fuse(std::vector<Response> ready) {
-  const int64_t threshold = env::FusionThresholdBytes();
-  std::vector<Response> out;
-  int64_t bytes = 0;
-  for (auto& r : ready) {
-    const int64_t rb = r.TotalElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
-    if (!out.empty() && threshold > 0 && r.op == OpType::kAllreduce &&
-        r.error == StatusCode::kOk && r.reduce_op != ReduceOp::kAdasum) {
-      Response& last = out.back();
-      if (last.op == OpType::kAllreduce && last.error == StatusCode::kOk &&
-          last.dtype == r.dtype && last.reduce_op == r.reduce_op && last.prescale == r.prescale &&
-          last.postscale == r.postscale && last.process_set == r.process_set &&
-          last.device == r.device && last.active == r.active && bytes + rb <= threshold) {
-        for (auto& t : r.tensors) last.tensors.push_back(std::move(t));
-        bytes += rb;
-        continue;
-      }
-    }
-    bytes = rb;
-    out.push_back(std::move(r));
+void Controller::Answered(const std::vector<Response>& responses) {
+  for (const Response& r : responses) {
+    if (r.op == OpType::kJoin) join_pending_ = false;
+    for (const auto& t : r.tensors) local_.erase(TensorKey(r.process_set, t.name));
   }
-  return out;
-}
-
-std::unique_ptr<TensorEntry> Controller::Take(int32_t process_set, const std::string& name) {
-  auto it = pending_.find(TensorKey(process_set, name));
-  if (it == pending_.end()) return nullptr;
-  auto e = std::move(it->second);
-  pending_.erase(it);
-  return e;
-}
-
-std::unique_ptr<TensorEntry> Controller::TakeJoin() { return std::move(join_entry_); }
-
-void Controller::FailAll(const Status& status) {
-  for (auto& kv : pending_) Fail(*kv.second, status);
-  pending_.clear();
-  if (join_entry_) Fail(*join_entry_, status);
-  join_entry_.reset();
-  to_send_.clear();
-  cached_local_.clear();
+  for (auto it = cached_local_.begin(); it != cached_local_.end();) {
+    it = local_.count(it->second) ? std::next(it) : cached_local_.erase(it);
+  }
 }
 
 }  // namespace spark_hvd

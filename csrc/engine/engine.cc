@@ -122,8 +122,8 @@ void Engine::Loop(std::promise<Status>* ready) {
     ready->set_value(Status::Internal(std::string("engine start failed: ") + e.what()));
     return;
   }
-  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &handles_);
-  Executor executor(rank_, &sets_, &handles_, &timeline_, controller_.get());
+  controller_ = std::make_unique<Controller>(rank_, size_, &sets_);
+  Executor executor(rank_, &sets_, &queue_, &completions_, &timeline_);
   running_ = true;
   ready->set_value(Status::OK());  // `ready` dies with Init's frame: no use after this
 
@@ -134,13 +134,8 @@ void Engine::Loop(std::promise<Status>* ready) {
   Status stop = Status::OK();
   while (true) {
     const auto start = std::chrono::steady_clock::now();
-    std::vector<TensorEntry> incoming;
-    bool want_shutdown;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      incoming.swap(queue_);
-      want_shutdown = shutdown_requested_.load();
-    }
+    std::vector<Request> incoming = queue_.TakeNew();
+    const bool want_shutdown = shutdown_requested_.load();
     CycleResult cr;
     try {
       cr = controller_->Cycle(control_, std::move(incoming), want_shutdown);
@@ -192,7 +187,7 @@ void Engine::Loop(std::promise<Status>* ready) {
     negotiating_ = negotiating;
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_until(lock, start + wait, [this, negotiating] {
-      return shutdown_requested_.load() || (!negotiating && !queue_.empty());
+      return shutdown_requested_.load() || (!negotiating && queue_.HasNew());
     });
   }
   if (!stop.ok() && !shutdown_requested_.load()) {
@@ -208,10 +203,9 @@ void Engine::Loop(std::promise<Status>* ready) {
     failure_ = stop.ok() ? Status::NotInitialized("spark_hvd was shut down; call init() again")
                          : stop;
     running_ = false;
-    for (auto& e : queue_) handles_.Complete(*e.state, failure_);
-    queue_.clear();
   }
-  controller_->FailAll(failure_);
+  // No enqueue gets past the running_ check from here on.
+  queue_.FailAll(&completions_, failure_);
   control_ = nullptr;
   sets_.Clear();
 #if SPARK_HVD_HAVE_MPI
@@ -222,7 +216,7 @@ void Engine::Loop(std::promise<Status>* ready) {
 
 void Engine::ChangeProcessSets(const Response& r) {
   std::vector<int32_t> ranks(r.extra.begin(), r.extra.end());
-  auto e = controller_->Take(r.process_set, r.tensors[0].name);
+  auto e = queue_.Take(r.process_set, r.tensors[0].name);
   int64_t value = -1;
   if (r.op == kAddProcessSet) {
     int32_t id = sets_.NextId();
@@ -234,7 +228,7 @@ void Engine::ChangeProcessSets(const Response& r) {
   }
   if (e) {
     e->state->value = value;
-    handles_.Complete(*e->state, Status::OK());
+    completions_.Complete(*e->state, Status::OK());
   }
 }
 
@@ -299,27 +293,27 @@ void Engine::Validate(const Request& req) const {
   }
 }
 
-int64_t Engine::Enqueue(Request req, const void* input, void* output) {
+std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
   }
-  req.rank = rank_;
-  Validate(req);
-  auto state = std::make_shared<OpState>();
-  TensorEntry e;
-  e.req = std::move(req);
-  e.input = input;
-  e.output = output;
-  e.state = state;
-  e.enqueue_us = NowMicros();
+  std::vector<std::shared_ptr<OpState>> states;
+  const int64_t now = NowMicros();
+  for (auto& e : entries) {
+    e.req.rank = rank_;
+    Validate(e.req);
+    e.state = std::make_shared<OpState>();
+    e.enqueue_us = now;
+    states.push_back(e.state);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
-    queue_.push_back(std::move(e));
+    queue_.Add(std::move(entries));
   }
   if (!negotiating_.load()) cv_.notify_one();
-  return handles_.Add(state);
+  return states;
 }
 
 void Engine::Shutdown() {

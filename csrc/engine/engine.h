@@ -16,6 +16,7 @@
 #include "backends/gloo/communicator.h"
 #include "engine/controller.h"
 #include "engine/op_state.h"
+#include "engine/tensor_queue.h"
 #include "engine/process_set.h"
 #include "engine/timeline.h"
 #include "rendezvous/store.h"
@@ -47,10 +48,13 @@ class Engine {
   int32_t size() const { return size_; }
   const std::string& controller_name() const { return controller_name_; }
 
-  // Validates and queues one op; returns its handle. Throws StatusError on bad
-  // input, before init, or after the engine stopped (with the reason).
-  int64_t Enqueue(Request req, const void* input, void* output);
-  HandleTable& handles() { return handles_; }
+  // Validates and queues ops: all of them or, when any is invalid, none (a group
+  // is never left half submitted). Each entry gives req, input, output and the
+  // owner of the buffers (held until the engine is done with the op). Returns
+  // the ops' states, in order. Throws StatusError on bad input, a name already in
+  // flight, before init, or after the engine stopped (with the reason).
+  std::vector<std::shared_ptr<OpState>> Enqueue(std::vector<TensorEntry> entries);
+  Completions& completions() { return completions_; }
   std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
   std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
 
@@ -75,14 +79,14 @@ class Engine {
   // cycle (batching with others) instead of starting one at once.
   std::atomic<bool> negotiating_{false};
 
-  HandleTable handles_;
+  Completions completions_;
+  TensorQueue queue_;
   ProcessSetTable sets_;
   Timeline timeline_;
   Communicator* control_ = nullptr;  // the global set's first communicator
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<TensorEntry> queue_;
   Status failure_;  // why the engine stopped, once it has
   std::thread thread_;
   std::unique_ptr<Controller> controller_;

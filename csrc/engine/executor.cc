@@ -48,18 +48,18 @@ void Executor::Finish(const Response& r, void* buf, int64_t n) const {
 
 Status Executor::Execute(const Response& r) {
   if (r.op == OpType::kJoin) {
-    auto e = controller_->TakeJoin();
+    auto e = queue_->TakeJoin();
     if (e) {
       e->state->value = r.extra.empty() ? -1 : r.extra[0];
-      handles_->Complete(*e->state, Status::OK());
+      completions_->Complete(*e->state, Status::OK());
     }
     return Status::OK();
   }
   Entries es;
-  for (const auto& t : r.tensors) es.push_back(controller_->Take(r.process_set, t.name));
+  for (const auto& t : r.tensors) es.push_back(queue_->Take(r.process_set, t.name));
   auto fail_all = [&](const Status& s) {
     for (auto& e : es) {
-      if (e) handles_->Complete(*e->state, s);
+      if (e) completions_->Complete(*e->state, s);
     }
   };
   if (r.error != StatusCode::kOk) {
@@ -103,7 +103,7 @@ Status Executor::Execute(const Response& r) {
     return s;
   }
   for (auto& e : es) {
-    if (e) handles_->Complete(*e->state, Status::OK());
+    if (e) completions_->Complete(*e->state, Status::OK());
   }
   return Status::OK();
 }

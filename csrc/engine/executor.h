@@ -7,16 +7,18 @@
 #include <memory>
 #include <vector>
 
-#include "engine/controller.h"
+#include "engine/message.h"
+#include "engine/process_set.h"
+#include "engine/tensor_queue.h"
 #include "engine/timeline.h"
 
 namespace spark_hvd {
 
 class Executor {
  public:
-  Executor(int32_t rank, ProcessSetTable* sets, HandleTable* handles, Timeline* timeline,
-           Controller* controller)
-      : rank_(rank), sets_(sets), handles_(handles), timeline_(timeline), controller_(controller) {}
+  Executor(int32_t rank, ProcessSetTable* sets, TensorQueue* queue, Completions* completions,
+           Timeline* timeline)
+      : rank_(rank), sets_(sets), queue_(queue), completions_(completions), timeline_(timeline) {}
 
   // Executes one response. A non-OK return means a communicator failed: the
   // engine must stop (the response's own ops have already been failed).
@@ -44,9 +46,9 @@ class Executor {
 
   int32_t rank_;
   ProcessSetTable* sets_;
-  HandleTable* handles_;
+  TensorQueue* queue_;
+  Completions* completions_;
   Timeline* timeline_;
-  Controller* controller_;
   std::vector<uint8_t> fusion_;
 };
 

@@ -1,10 +1,14 @@
-// OpState and HandleTable: how an enqueued op's completion reaches the caller.
-// Waiters block on a condition variable (no spinning); Python polls or waits.
+// OpState and Completions: how an enqueued op's completion reaches the caller.
+//
+// An op is shared between the caller's handle (the Python Work object) and the
+// engine's TensorEntry. Either side may go first: a caller that drops its handle
+// before the op completes leaves the engine's entry (and with it the buffers the
+// entry owns) alive until the engine is done; an op nobody waits for is freed
+// when the engine finishes it. Waiters block on a condition variable (no spinning).
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -15,7 +19,7 @@
 namespace spark_hvd {
 
 struct OpState {
-  bool done = false;
+  bool done = false;  // guarded by Completions' mutex
   Status status;
   // Outputs the core allocates (allgather, alltoall, reducescatter).
   std::vector<uint8_t> output;
@@ -24,21 +28,18 @@ struct OpState {
   int64_t value = -1;                    // join: last rank to join; add_process_set: id
 };
 
-class HandleTable {
+// One mutex and condition variable for every op's completion.
+class Completions {
  public:
-  int64_t Add(std::shared_ptr<OpState> state);
-  std::shared_ptr<OpState> Get(int64_t handle);
+  // Marks the op done with `status` (only the first call counts) and wakes waiters.
   void Complete(OpState& state, Status status);
-  bool Poll(int64_t handle);
+  bool Done(const OpState& state);
   // Waits up to timeout_s (< 0: forever). Returns false on timeout.
-  bool Wait(int64_t handle, double timeout_s);
-  void Release(int64_t handle);
+  bool Wait(const OpState& state, double timeout_s);
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<int64_t, std::shared_ptr<OpState>> states_;
-  int64_t next_ = 1;
 };
 
 }  // namespace spark_hvd

@@ -5,6 +5,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <mutex>
+#include <vector>
+
 #include "common/config.h"
 #include "common/types.h"
 #include "engine/engine.h"
@@ -39,11 +42,64 @@ auto Native(F&& f) -> decltype(f()) {
   }
 }
 
-std::shared_ptr<OpState> StateOf(int64_t handle) {
-  auto state = TheEngine().handles().Get(handle);
-  if (!state) Raise(Status::InvalidArgument("unknown or released handle " + std::to_string(handle)));
-  return state;
+// Python objects whose last core reference went away on a thread without the
+// GIL (the engine's): decref'd by the next binding call that holds the GIL.
+std::mutex releases_mu;
+std::vector<PyObject*> releases;
+
+void ReleaseLater(PyObject* obj) {
+  if (PyGILState_Check()) {
+    Py_DECREF(obj);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(releases_mu);
+  releases.push_back(obj);
 }
+
+void DrainReleases() {  // GIL held
+  std::vector<PyObject*> batch;
+  {
+    std::lock_guard<std::mutex> lock(releases_mu);
+    batch.swap(releases);
+  }
+  for (PyObject* obj : batch) Py_DECREF(obj);
+}
+
+// A Python object as the owner of an op's buffers, for the core to hold.
+std::shared_ptr<void> OwnerOf(py::object obj) {
+  if (obj.is_none()) return nullptr;
+  return std::shared_ptr<void>(obj.release().ptr(),
+                               [](void* p) { ReleaseLater(static_cast<PyObject*>(p)); });
+}
+
+TensorEntry ParseSpec(const py::tuple& t) {
+  if (t.size() != 16) Raise(Status::InvalidArgument("an op spec has 16 fields, got " + std::to_string(t.size())));
+  const int dtype = t[2].cast<int>();
+  if (!IsValidDataType(dtype)) Raise(Status::InvalidArgument("unknown dtype code " + std::to_string(dtype)));
+  TensorEntry e;
+  Request& r = e.req;
+  r.op = static_cast<OpType>(t[0].cast<int>());
+  r.name = t[1].cast<std::string>();
+  r.dtype = static_cast<DataType>(dtype);
+  r.shape = t[3].cast<std::vector<int64_t>>();
+  e.input = reinterpret_cast<const void*>(t[4].cast<uintptr_t>());
+  e.output = reinterpret_cast<void*>(t[5].cast<uintptr_t>());
+  r.reduce_op = static_cast<ReduceOp>(t[6].cast<int>());
+  r.prescale = t[7].cast<double>();
+  r.postscale = t[8].cast<double>();
+  r.root = t[9].cast<int>();
+  r.process_set = t[10].cast<int>();
+  r.device = t[11].cast<int>();
+  r.splits = t[12].cast<std::vector<int64_t>>();
+  r.group = t[13].cast<std::string>();
+  r.group_size = t[14].cast<int>();
+  e.owner = OwnerOf(t[15]);
+  return e;
+}
+
+struct Work {
+  std::shared_ptr<OpState> state;
+};
 
 }  // namespace
 
@@ -74,69 +130,69 @@ PYBIND11_MODULE(_core, m) {
       py::arg("store") = py::none(), py::arg("store_prefix") = "spark_hvd",
       py::arg("bind_host") = "127.0.0.1", py::arg("connect_timeout_s") = 60.0,
       py::arg("timeline_path") = "");
-  m.def("shutdown", [] { Native([] { TheEngine().Shutdown(); }); });
+  m.def("shutdown", [] {
+    Native([] { TheEngine().Shutdown(); });
+    DrainReleases();
+  });
   m.def("is_initialized", [] { return TheEngine().initialized(); });
   m.def("rank", [] { return TheEngine().rank(); });
   m.def("size", [] { return TheEngine().size(); });
   m.def("controller", [] { return TheEngine().controller_name(); });
 
-  m.def(
-      "enqueue",
-      [](int op, const std::string& name, int dtype, std::vector<int64_t> shape, uintptr_t input,
-         uintptr_t output, int reduce_op, double prescale, double postscale, int root,
-         int process_set, int device, std::vector<int64_t> splits, const std::string& group,
-         int group_size) {
-        if (!IsValidDataType(dtype)) Raise(Status::InvalidArgument("unknown dtype code " + std::to_string(dtype)));
-        Request r;
-        r.name = name;
-        r.op = static_cast<OpType>(op);
-        r.dtype = static_cast<DataType>(dtype);
-        r.shape = std::move(shape);
-        r.reduce_op = static_cast<ReduceOp>(reduce_op);
-        r.prescale = prescale;
-        r.postscale = postscale;
-        r.root = root;
-        r.process_set = process_set;
-        r.device = device;
-        r.splits = std::move(splits);
-        r.group = group;
-        r.group_size = group_size;
-        try {
-          return TheEngine().Enqueue(std::move(r), reinterpret_cast<const void*>(input),
-                                     reinterpret_cast<void*>(output));
-        } catch (const StatusError& e) {
-          Raise(e.status());
-        }
-      },
-      py::arg("op"), py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("input"),
-      py::arg("output"), py::arg("reduce_op") = 0, py::arg("prescale") = 1.0,
-      py::arg("postscale") = 1.0, py::arg("root") = 0, py::arg("process_set") = 0,
-      py::arg("device") = kCpuDevice, py::arg("splits") = std::vector<int64_t>{},
-      py::arg("group") = "", py::arg("group_size") = 0);
+  // One or more ops, queued together or not at all (a group is never half
+  // submitted). Each spec is a tuple (op, name, dtype, shape, input, output,
+  // reduce_op, prescale, postscale, root, process_set, device, splits, group,
+  // group_size, owner): input/output are addresses, and owner is the Python object
+  // that keeps them valid; the core holds it until the op is finished with, even
+  // when the returned Work is dropped first.
+  m.def("enqueue", [](const py::list& specs) {
+    DrainReleases();
+    std::vector<TensorEntry> entries;
+    entries.reserve(specs.size());
+    for (const auto& item : specs) entries.push_back(ParseSpec(item.cast<py::tuple>()));
+    std::vector<std::shared_ptr<OpState>> states;
+    try {
+      states = TheEngine().Enqueue(std::move(entries));
+    } catch (const StatusError& e) {
+      Raise(e.status());
+    }
+    py::list works;
+    for (auto& st : states) works.append(Work{std::move(st)});
+    return works;
+  });
   m.def("add_process_set_op", [] { return static_cast<int>(kAddProcessSet); });
   m.def("remove_process_set_op", [] { return static_cast<int>(kRemoveProcessSet); });
 
-  m.def("poll", [](int64_t h) { return TheEngine().handles().Poll(h); });
-  m.def(
-      "wait",
-      [](int64_t h, double timeout_s) {
-        return Native([&] { return TheEngine().handles().Wait(h, timeout_s); });
-      },
-      py::arg("handle"), py::arg("timeout_s") = -1.0);
-  // The outcome of a completed op: raises its error, else returns
-  // (output as a uint8 numpy array sharing the core's buffer, output shape,
-  //  received splits, value).
-  m.def("result", [](int64_t h) {
-    auto state = StateOf(h);
-    if (!state->done) Raise(Status::InvalidArgument("handle " + std::to_string(h) + " is not complete; call wait() first"));
-    if (!state->status.ok()) Raise(state->status);
-    auto* holder = new std::shared_ptr<OpState>(state);
-    py::capsule owner(holder, [](void* p) { delete static_cast<std::shared_ptr<OpState>*>(p); });
-    py::array_t<uint8_t> out({static_cast<py::ssize_t>(state->output.size())}, {1},
-                             state->output.data(), owner);
-    return py::make_tuple(out, state->output_shape, state->received_splits, state->value);
-  });
-  m.def("release", [](int64_t h) { TheEngine().handles().Release(h); });
+  // An enqueued op, as the caller holds it (c10d's Work): dropping it never
+  // frees what the op is still using; a result nobody claims is freed with it.
+  py::class_<Work>(m, "Work")
+      .def("poll", [](const Work& w) {
+        DrainReleases();
+        return TheEngine().completions().Done(*w.state);
+      })
+      .def(
+          "wait",
+          [](const Work& w, double timeout_s) {
+            bool done = Native([&] { return TheEngine().completions().Wait(*w.state, timeout_s); });
+            DrainReleases();
+            return done;
+          },
+          py::arg("timeout_s") = -1.0)
+      // The outcome of a completed op: raises its error, else returns
+      // (output as a uint8 numpy array sharing the core's buffer, output shape,
+      //  received splits, value).
+      .def("result", [](const Work& w) {
+        const auto& state = w.state;
+        if (!TheEngine().completions().Done(*state)) {
+          Raise(Status::InvalidArgument("the operation is not complete; call wait() first"));
+        }
+        if (!state->status.ok()) Raise(state->status);
+        auto* holder = new std::shared_ptr<OpState>(state);
+        py::capsule owner(holder, [](void* p) { delete static_cast<std::shared_ptr<OpState>*>(p); });
+        py::array_t<uint8_t> out({static_cast<py::ssize_t>(state->output.size())}, {1},
+                                 state->output.data(), owner);
+        return py::make_tuple(out, state->output_shape, state->received_splits, state->value);
+      });
 
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });

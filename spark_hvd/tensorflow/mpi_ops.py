@@ -167,12 +167,14 @@ def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
     arrays = [np.ascontiguousarray(a) for a in arrays]
     codes = [numpy_code(a.dtype) for a in arrays]  # validate all before submitting any
     handles = []
-    for i, (a, code) in enumerate(zip(arrays, codes)):
-        out = np.empty_like(a)
-        handles.append(_np.submit(
-            OpType.ALLREDUCE, f"{name}.{i}", code, a.shape, a.ctypes.data, out.ctypes.data,
-            (a, out), (lambda r, o=out: o), reduce_op=op, prescale=prescale,
-            postscale=postscale, process_set=process_set, group=name, group_size=len(arrays)))
+    with _np.submit_together():
+        for i, (a, code) in enumerate(zip(arrays, codes)):
+            out = np.empty_like(a)
+            handles.append(_np.submit(
+                OpType.ALLREDUCE, f"{name}.{i}", code, a.shape, a.ctypes.data, out.ctypes.data,
+                (a, out), (lambda r, o=out: o), reduce_op=op, prescale=prescale,
+                postscale=postscale, process_set=process_set, group=name,
+                group_size=len(arrays)))
     return [_np.synchronize(h).reshape(shape) for h, shape in zip(handles, shapes)]
 
 

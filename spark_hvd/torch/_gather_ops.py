@@ -48,13 +48,15 @@ def grouped_allgather_async(tensors, name: Optional[str] = None,
     tensors = list(tensors)
     base = _name(name, "grouped_allgather", process_set)
     handles = []
-    for i, tensor in enumerate(tensors):
-        t = contiguous(check(tensor, "grouped_allgather"))
-        if t.dim() == 0:
-            t = t.reshape(1)
-        handles.append(_submit(OpType.ALLGATHER, f"{base}.{i}", t, None, (t,),
-                               lambda r, dt=t.dtype: from_result(r, dt),
-                               process_set=process_set, group=base, group_size=len(tensors)))
+    with _ops.submit_together():
+        for i, tensor in enumerate(tensors):
+            t = contiguous(check(tensor, "grouped_allgather"))
+            if t.dim() == 0:
+                t = t.reshape(1)
+            handles.append(_submit(OpType.ALLGATHER, f"{base}.{i}", t, None, (t,),
+                                   lambda r, dt=t.dtype: from_result(r, dt),
+                                   process_set=process_set, group=base,
+                                   group_size=len(tensors)))
     return GroupHandle(handles, list)
 
 
@@ -150,10 +152,12 @@ def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
                                 postscale_factor: float = 1.0) -> GroupHandle:
     tensors = list(tensors)
     base = _name(name, "grouped_reducescatter", process_set)
-    return GroupHandle([_reducescatter_async(t, f"{base}.{i}", op, process_set,
-                                             prescale_factor, postscale_factor,
-                                             "grouped_reducescatter", base, len(tensors))
-                        for i, t in enumerate(tensors)], list)
+    with _ops.submit_together():
+        handles = [_reducescatter_async(t, f"{base}.{i}", op, process_set, prescale_factor,
+                                        postscale_factor, "grouped_reducescatter", base,
+                                        len(tensors))
+                   for i, t in enumerate(tensors)]
+    return GroupHandle(handles, list)
 
 
 def grouped_reducescatter(tensors, name: Optional[str] = None, compression=Compression.none,

@@ -133,9 +133,10 @@ def _grouped_allreduce_async(tensors, name, rop, prescale, postscale, process_se
                              what) -> GroupHandle:
     tensors = list(tensors)
     base = _name(name, "grouped_allreduce", process_set)
-    handles = [_allreduce_async(t, f"{base}.{i}", rop, prescale, postscale, process_set,
-                                inplace, t, what, group=base, group_size=len(tensors))
-               for i, t in enumerate(tensors)]
+    with _ops.submit_together():
+        handles = [_allreduce_async(t, f"{base}.{i}", rop, prescale, postscale, process_set,
+                                    inplace, t, what, group=base, group_size=len(tensors))
+                   for i, t in enumerate(tensors)]
     return GroupHandle(handles, list)
 
 
@@ -193,8 +194,9 @@ def sparse_allreduce_async(tensor, name: Optional[str] = None, op=Average,
     base = _name(name, "sparse_allreduce", process_set)
     indices = sp.indices().t().contiguous()  # rows = nonzeros, as allgather concatenates rows
     values = sp.values().contiguous()
-    h_idx = allgather_async(indices, f"{base}.indices", process_set)
-    h_val = allgather_async(values, f"{base}.values", process_set)
+    with _ops.submit_together():
+        h_idx = allgather_async(indices, f"{base}.indices", process_set)
+        h_val = allgather_async(values, f"{base}.values", process_set)
     n = process_set.size()
 
     def finish(results):

@@ -29,6 +29,7 @@ from typing import Dict, List
 
 import torch
 
+from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
@@ -155,8 +156,9 @@ class _DistributedOptimizer:
     def _hvd_submit_group(self, g: int) -> None:
         params = self._hvd_groups[g]
         tag = f"allreduce.group.{g}"
-        self._hvd_group_handles[g] = [(p, *self._hvd_submit(p, tag, len(params)))
-                                     for p in params]
+        with _ops.submit_together():  # all of the group or none of it
+            entries = [(p, *self._hvd_submit(p, tag, len(params))) for p in params]
+        self._hvd_group_handles[g] = entries
 
     # -- synchronize / step / zero_grad -----------------------------------------------
     def synchronize(self) -> None:

@@ -1,5 +1,6 @@
 """Error cases, run by case_worker.py on 1, 2 and 3 ranks: ops before init() and after
-shutdown(), invalid arguments, a duplicate in-flight name, and tensor mismatches.
+shutdown(), invalid arguments and tensor mismatches (a duplicate in-flight name:
+cases_lifetime.py).
 
 Ops that might hang are waited on with a deadline (harness.wait_for), so a hang fails
 its case instead of the job.
@@ -130,35 +131,6 @@ def _(ctx):
         hvd.remove_process_set(ps)
     got = hvd.allreduce(np.ones(2), op=hvd.Sum, name="inv.ps.ok")
     assert_same(got, np.full(2, float(n)))
-
-
-@CASES.case("duplicate_name/in_flight")
-def _(ctx):
-    """The last rank is 0.5 s late, so on the others the first 'dup.grad' is surely still
-    in flight when they submit a second one under the same name."""
-    n, me = ctx.size, ctx.rank
-    if n < 2:
-        raise Skip("needs 2 ranks to hold the first op in flight (see test_core_single.py)")
-    late = me == n - 1
-    x = values(np.float32, me, (5,))
-    if late:
-        time.sleep(0.5)
-    h1 = hvd.allreduce_async(x, op=hvd.Sum, name="dup.grad")
-    err = None
-    if not late:
-        try:
-            h2 = hvd.allreduce_async(x, op=hvd.Sum, name="dup.grad")
-        except hvd.InvalidArgumentError as e:
-            err = e
-        else:
-            err = expect_error(hvd.InvalidArgumentError, wait_for, h2, HANG_S,
-                               "second dup.grad", ctx)
-    want = sum(values(np.float32, r, (5,)) for r in range(n))
-    assert_same(wait_for(h1, HANG_S + 1, "first dup.grad", ctx), want, "the first op")
-    # once done, the name is free again
-    assert_same(hvd.allreduce(x, op=hvd.Sum, name="dup.grad"), want, "reuse")
-    if err is not None:
-        assert "dup.grad" in str(err) and "in flight" in str(err), str(err)
 
 
 # -- tensor mismatches (2+ ranks) --------------------------------------------------------

@@ -279,9 +279,44 @@ def test_timeline_at_an_unwritable_path_raises(tmp_path):
 
 # -- errors -------------------------------------------------------------------------------
 
-# A duplicate in-flight name is tested with 2-3 ranks in tests/multiproc
-# (cases_errors.py, duplicate_name/in_flight): a lone rank starts a cycle as soon
-# as an op arrives, so nothing stays in flight long enough here.
+# A duplicate in-flight name across cycles is tested with 2-3 ranks in tests/multiproc
+# (cases_lifetime.py): a lone rank starts a cycle as soon as an op arrives. Ops
+# submitted together reach the core in one call, so here a duplicate is certain.
+
+
+def test_duplicate_name_in_one_submission_is_refused_whole():
+    from spark_hvd import _ops
+
+    x = np.arange(3, dtype=np.float32)
+    with pytest.raises(hvd.InvalidArgumentError, match="'single.dup' is already in flight"):
+        with _ops.submit_together():
+            first = hvd.allreduce_async(x, name="single.dup")
+            hvd.allreduce_async(x, name="single.dup")
+    assert first.work is None  # nothing was submitted
+    same(hvd.allreduce(x, name="single.dup"), x)
+
+
+def test_group_with_an_invalid_member_submits_nothing():
+    x = np.arange(3, dtype=np.float32)
+    with pytest.raises(hvd.InvalidArgumentError, match="bool"):
+        hvd.grouped_allreduce([x, x, np.ones(2, bool)], name="single.grp")
+    got = hvd.grouped_allreduce([x, x], name="single.grp")
+    same(got[0], x)
+    same(hvd.allreduce(x, name="single.grp.0"), x)
+
+
+def test_dropped_handles_are_safe_and_leave_no_result_behind():
+    import gc
+
+    for i in range(200):
+        a = np.full(1 << 14, i, np.float32)
+        hvd.allgather_async(a, name=f"single.drop.{i}")
+        hvd.allreduce_async(a, name=f"single.drop.ar.{i}")
+        del a
+        gc.collect()
+        np.full(1 << 14, -1, np.float32)  # reuses the freed memory
+    same(hvd.allreduce(np.ones(2, np.float32), name="single.drop.after"),
+         np.ones(2, np.float32))
 
 
 @pytest.mark.parametrize("call", [

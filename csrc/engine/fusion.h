@@ -1,0 +1,17 @@
+// Fusion planning (protocol step 6): adjacent ready allreduces that agree on
+// everything but their tensors become one response, up to a byte threshold.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/message.h"
+
+namespace spark_hvd {
+
+// Merges runs of compatible allreduce responses (same dtype, op, scale factors,
+// process set, device and contributing ranks; not Adasum; no error) while their
+// total stays within threshold_bytes (<= 0: no fusion). Order is kept.
+std::vector<Response> FuseResponses(std::vector<Response> ready, int64_t threshold_bytes);
+
+}  // namespace spark_hvd
