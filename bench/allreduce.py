@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 import spark_hvd as hvd
+from spark_hvd import _config
 
 KiB, MiB = 1024, 1024 * 1024
 SIZES = [4, 64, KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB,
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     b = Bench(args)
     out = print if b.rank == 0 else (lambda *a, **k: None)
     n = b.size
-    plane = os.environ.get("SPARK_HVD_GLOO_DATA_PLANE", "tcp")
+    plane = _config.gloo_data_plane()
     backend = "mpi" if hvd.mpi_enabled() else f"gloo backend, {plane} data plane"
     out(f"# float32 allreduce, {n} ranks: spark_hvd ({backend}"
         f") vs torch.distributed {b.torch.__version__} (gloo); median of {args.rounds} "

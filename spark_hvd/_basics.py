@@ -160,7 +160,7 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
     with _RUNTIME.lock:
         if _core.is_initialized():
             return
-        controller = os.environ.get(renv.CONTROLLER_ENV_VAR)
+        controller = _config.controller()
         if not controller:
             under_mpirun = "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ
             controller = "mpi" if (under_mpirun and _core.mpi_built()
@@ -183,10 +183,8 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
         try:
             _core.init(rank=rank_, size=size_, controller=controller, store=client,
                        store_prefix=_RUNTIME.store_prefix, bind_host=bind_host,
-                       connect_timeout_s=_config.get_float(_config.START_TIMEOUT_ENV_VAR,
-                                                           _config.DEFAULT_START_TIMEOUT_S),
-                       timeline_path=timeline_path(os.environ.get(_config.TIMELINE_ENV_VAR, ""),
-                                                   rank_, size_))
+                       connect_timeout_s=_config.start_timeout_s(),
+                       timeline_path=timeline_path(_config.timeline(), rank_, size_))
         except BaseException:
             if client is not None:
                 client.close()
@@ -333,8 +331,7 @@ def explain_failure(exc: SparkHvdError) -> SparkHvdError:
         return PeerLostError(f"{exc.message} -- {format_ranks(exited)} had already shut down "
                              "(called shutdown() or exited); every rank must run the same "
                              "collectives", ranks=exited)
-    lost = _RUNTIME.lost_ranks(_config.get_float(_config.LOST_RANK_WAIT_ENV_VAR,
-                                                 _config.DEFAULT_LOST_RANK_WAIT_S))
+    lost = _RUNTIME.lost_ranks(_config.lost_rank_wait_s())
     if lost:
         return PeerLostError(f"{exc.message} -- lost {format_ranks(lost)} (the process "
                              "exited or its host is unreachable)", ranks=lost)

@@ -1,40 +1,140 @@
-"""Every SPARK_HVD_* setting, mirrored from the native core (csrc/common/env.h).
+"""Every SPARK_HVD_* setting, read from the one table the core is compiled from.
 
-Each knob is a ``FOO_ENV_VAR`` / ``DEFAULT_FOO`` pair; units are in the names.
-The core reads its own copy once at init; Python reads these where it needs them.
+The table is ``settings.def`` beside this file (an X-macro list the C++ getters in
+csrc/common/env.h are generated from). This module parses it, so the launchers know
+the settings without loading the native core, and defines for each setting
+``SPARK_HVD_<KEY>``:
+
+- ``<KEY>_ENV_VAR``: the variable's name, e.g. ``START_TIMEOUT_S_ENV_VAR``;
+- ``DEFAULT_<KEY>``: its default (int, float or str), e.g. ``DEFAULT_START_TIMEOUT_S``;
+- ``<key>(environ=None)``: its value in ``environ`` (default ``os.environ``), e.g.
+  ``start_timeout_s()``; InvalidArgumentError naming the variable when it does not parse.
+
+``python -m spark_hvd._config`` prints the README's Settings table.
 """
 
-FUSION_THRESHOLD_ENV_VAR = "SPARK_HVD_FUSION_THRESHOLD"  # bytes; 0 disables fusion
-DEFAULT_FUSION_THRESHOLD_BYTES = 64 * 1024 * 1024
-CYCLE_TIME_ENV_VAR = "SPARK_HVD_CYCLE_TIME_MS"
-DEFAULT_CYCLE_TIME_MS = 1.0
-IDLE_CYCLE_TIME_ENV_VAR = "SPARK_HVD_IDLE_CYCLE_TIME_MS"  # longest pause while all ranks idle
-DEFAULT_IDLE_CYCLE_TIME_MS = 10.0
-GLOO_DATA_PLANE_ENV_VAR = "SPARK_HVD_GLOO_DATA_PLANE"  # "tcp" (own connections) or "gloo"
-DEFAULT_GLOO_DATA_PLANE = "tcp"
-GLOO_CHUNK_BYTES_ENV_VAR = "SPARK_HVD_GLOO_CHUNK_BYTES"  # "gloo" plane: allreduce pieces
-DEFAULT_GLOO_CHUNK_BYTES = 16 * 1024 * 1024
-CACHE_CAPACITY_ENV_VAR = "SPARK_HVD_CACHE_CAPACITY"  # response-cache entries; 0 disables
-DEFAULT_CACHE_CAPACITY = 1024
-STALL_CHECK_TIME_ENV_VAR = "SPARK_HVD_STALL_CHECK_TIME_S"
-DEFAULT_STALL_CHECK_TIME_S = 60.0
-STALL_SHUTDOWN_TIME_ENV_VAR = "SPARK_HVD_STALL_SHUTDOWN_TIME_S"  # 0 = only warn
-DEFAULT_STALL_SHUTDOWN_TIME_S = 0.0
-TIMEOUT_ENV_VAR = "SPARK_HVD_TIMEOUT_S"  # a silent peer is declared lost after this
-DEFAULT_TIMEOUT_S = 30.0
-START_TIMEOUT_ENV_VAR = "SPARK_HVD_START_TIMEOUT_S"  # rendezvous at init
-DEFAULT_START_TIMEOUT_S = 60.0
-TIMELINE_ENV_VAR = "SPARK_HVD_TIMELINE"  # path of a Chrome-trace JSON file
-LOG_LEVEL_ENV_VAR = "SPARK_HVD_LOG_LEVEL"  # trace, debug, info, warning, error
-LOST_RANK_WAIT_ENV_VAR = "SPARK_HVD_LOST_RANK_WAIT_S"  # how long an error waits to name lost ranks
-DEFAULT_LOST_RANK_WAIT_S = 2.0
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Tuple, Union
+
+from spark_hvd.exceptions import InvalidArgumentError
+
+TABLE_PATH = Path(__file__).with_name("settings.def")
+PREFIX = "SPARK_HVD_"
+_TYPES = {"Int": int, "Float": float, "String": str}
+
+Value = Union[int, float, str]
 
 
-def get_float(name: str, default: float) -> float:
-    import os
+@dataclass(frozen=True)
+class Setting:
+    """One row of settings.def."""
 
-    value = os.environ.get(name, "")
-    try:
-        return float(value) if value else default
-    except ValueError as exc:
-        raise ValueError(f"{name}={value!r} is not a number") from exc
+    getter: str   # the C++ getter, env::<getter>()
+    name: str     # SPARK_HVD_...
+    type: str     # "Int", "Float" or "String"
+    default: Value
+    unit: str     # "" when the value has none
+    meaning: str
+
+    @property
+    def key(self) -> str:
+        """The name without SPARK_HVD_: the stem of the Python constants."""
+        return self.name[len(PREFIX):]
+
+    def read(self, environ: Optional[Mapping[str, str]] = None) -> Value:
+        """This setting's value in ``environ`` (default ``os.environ``), parsed like the
+        core does: numbers fall back to the default when unset or empty, strings only
+        when unset."""
+        environ = os.environ if environ is None else environ
+        value = environ.get(self.name)
+        if value is None or (value == "" and self.type != "String"):
+            return self.default
+        try:
+            return _TYPES[self.type](value)
+        except ValueError:
+            kind = "an integer" if self.type == "Int" else "a number"
+            raise InvalidArgumentError(f"{self.name}={value!r} is not {kind}") from None
+
+
+def parse_table(text: str) -> Tuple[Setting, ...]:
+    """The settings declared in ``text`` (the contents of settings.def)."""
+    lines = [line if not line.lstrip().startswith(("//", "#")) else ""
+             for line in text.splitlines()]  # blanked, so line numbers stay right
+    settings = []
+    for stmt in ast.parse("\n".join(lines), filename=str(TABLE_PATH)).body:
+        settings.append(_parse_entry(stmt))
+    return tuple(settings)
+
+
+def _parse_entry(stmt: ast.stmt) -> Setting:
+    where = f"{TABLE_PATH.name}:{stmt.lineno}"
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id == "SHVD_SETTING" and len(call.args) == 6 and not call.keywords):
+        raise ValueError(f"{where}: expected SHVD_SETTING(Getter, name, Type, default, unit, "
+                         "meaning)")
+    getter, name, type_, default, unit, meaning = call.args
+    if not (isinstance(getter, ast.Name) and isinstance(type_, ast.Name)
+            and type_.id in _TYPES):
+        raise ValueError(f"{where}: the getter must be an identifier and the type one of "
+                         f"{', '.join(_TYPES)}")
+    strings = [_literal(n, where) for n in (name, unit, meaning)]
+    if not all(isinstance(s, str) for s in strings) or not strings[0].startswith(PREFIX):
+        raise ValueError(f"{where}: name, unit and meaning must be strings, the name "
+                         f"{PREFIX}...")
+    value = _literal(default, where)
+    if type(value) is not _TYPES[type_.id]:
+        raise ValueError(f"{where}: default {value!r} is not of type {type_.id}")
+    return Setting(getter.id, strings[0], type_.id, value, strings[1], strings[2])
+
+
+def _literal(node: ast.expr, where: str) -> Value:
+    """A constant, or a product of integer constants (64 * 1024 * 1024)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        left, right = _literal(node.left, where), _literal(node.right, where)
+        if type(left) is int and type(right) is int:
+            return left * right
+    raise ValueError(f"{where}: {ast.unparse(node)} is not a literal")
+
+
+SETTINGS: Tuple[Setting, ...] = parse_table(TABLE_PATH.read_text())
+BY_NAME: Dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+for _s in SETTINGS:
+    for _attr, _value in ((f"{_s.key}_ENV_VAR", _s.name), (f"DEFAULT_{_s.key}", _s.default),
+                          (_s.key.lower(), _s.read)):
+        if _attr in globals():
+            raise ValueError(f"{TABLE_PATH.name}: {_s.name} would redefine _config.{_attr}")
+        globals()[_attr] = _value
+del _s, _attr, _value
+
+
+def _format_default(setting: Setting) -> str:
+    text = f"{setting.default:g}" if setting.type == "Float" else str(setting.default)
+    if setting.unit and not setting.name.lower().endswith("_" + setting.unit):
+        text += f" {setting.unit}"  # the name does not carry the unit
+    return text
+
+
+def readme_rows() -> Tuple[Tuple[str, str, str], ...]:
+    """The README's Settings rows: (`variable`, default, meaning)."""
+    return tuple((f"`{s.name}`", _format_default(s), s.meaning) for s in SETTINGS)
+
+
+def readme_table() -> str:
+    """The README's Settings table, in Markdown."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    lines += ["|" + "|".join(f" {cell} " if cell else " " for cell in row) + "|"
+              for row in readme_rows()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(readme_table())

@@ -7,7 +7,7 @@
 namespace spark_hvd {
 namespace env {
 
-int64_t GetInt(const char* name, int64_t default_value) {
+Int Read(const char* name, Int default_value) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return default_value;
   char* end = nullptr;
@@ -19,7 +19,7 @@ int64_t GetInt(const char* name, int64_t default_value) {
   return parsed;
 }
 
-double GetDouble(const char* name, double default_value) {
+Float Read(const char* name, Float default_value) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return default_value;
   char* end = nullptr;
@@ -31,9 +31,19 @@ double GetDouble(const char* name, double default_value) {
   return parsed;
 }
 
-std::string GetString(const char* name, const std::string& default_value) {
+String Read(const char* name, const String& default_value) {
   const char* v = std::getenv(name);
-  return (v == nullptr) ? default_value : std::string(v);
+  return (v == nullptr) ? default_value : String(v);
+}
+
+const std::vector<Setting>& Settings() {
+  static const std::vector<Setting> settings = {
+#define SHVD_SETTING(getter, name, type, default_value, unit, meaning) \
+  {name, #type, type(default_value), unit, meaning},
+#include "spark_hvd/settings.def"
+#undef SHVD_SETTING
+  };
+  return settings;
 }
 
 }  // namespace env

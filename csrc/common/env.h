@@ -1,71 +1,44 @@
-// Every SPARK_HVD_* knob of the core, read once (at first use) through cached getters.
-// Python mirrors the names and defaults in spark_hvd/_config.py.
+// Every SPARK_HVD_* setting, read once (at first use) through cached getters generated
+// from the one declaration table, spark_hvd/settings.def (Python reads the same file).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <variant>
+#include <vector>
 
 namespace spark_hvd {
 namespace env {
 
-int64_t GetInt(const char* name, int64_t default_value);
-double GetDouble(const char* name, double default_value);
-std::string GetString(const char* name, const std::string& default_value);
+// The types a setting can have (the Type column of settings.def).
+using Int = int64_t;
+using Float = double;
+using String = std::string;
 
-// Fusion buffer size in bytes; 0 disables fusion.
-inline int64_t FusionThresholdBytes() {
-  static const int64_t v = GetInt("SPARK_HVD_FUSION_THRESHOLD", 64 * 1024 * 1024);
-  return v;
-}
-// Background cycle period.
-inline double CycleTimeMs() {
-  static const double v = GetDouble("SPARK_HVD_CYCLE_TIME_MS", 1.0);
-  return v;
-}
-// Longest pause between negotiation cycles while no rank has anything pending:
-// idle cycles back off from the cycle time, doubling, up to this. A rank that
-// enqueues work starts a cycle at once; peers with no work of their own join it
-// within this bound.
-inline double IdleCycleTimeMs() {
-  static const double v = GetDouble("SPARK_HVD_IDLE_CYCLE_TIME_MS", 10.0);
-  return v;
-}
-// Response cache entries; 0 disables the cache.
-inline int64_t CacheCapacity() {
-  static const int64_t v = GetInt("SPARK_HVD_CACHE_CAPACITY", 1024);
-  return v;
-}
-// Seconds before a tensor waiting for some ranks is reported.
-inline double StallCheckTimeS() {
-  static const double v = GetDouble("SPARK_HVD_STALL_CHECK_TIME_S", 60.0);
-  return v;
-}
-// Seconds before stalled tensors fail with an error on every rank; 0 = never.
-inline double StallShutdownTimeS() {
-  static const double v = GetDouble("SPARK_HVD_STALL_SHUTDOWN_TIME_S", 0.0);
-  return v;
-}
-// Transport timeout: how long a rank waits on a silent peer before declaring it lost.
-inline double TimeoutS() {
-  static const double v = GetDouble("SPARK_HVD_TIMEOUT_S", 30.0);
-  return v;
-}
+// The variable's value, or default_value when it is unset or empty (String: unset only);
+// a number that does not parse is logged and replaced by the default.
+Int Read(const char* name, Int default_value);
+Float Read(const char* name, Float default_value);
+String Read(const char* name, const String& default_value);
 
-// How the Gloo backend moves tensors: "tcp" (spark_hvd's own connections, see
-// backends/gloo/tcp_mesh.h) or "gloo" (Gloo's pairs and algorithms: halving-doubling
-// allreduce, its allgatherv, broadcast, alltoallv and barrier). The control plane
-// always uses the own connections. Must be equal on every rank.
-inline const std::string& GlooDataPlane() {
-  static const std::string v = GetString("SPARK_HVD_GLOO_DATA_PLANE", "tcp");
-  return v;
-}
+// One row of settings.def, for spark_hvd._core.settings().
+struct Setting {
+  const char* name;
+  const char* type;  // "Int", "Float" or "String"
+  std::variant<Int, Float, String> default_value;
+  const char* unit;
+  const char* meaning;
+};
+const std::vector<Setting>& Settings();
 
-// With the "gloo" data plane, allreduces larger than this run as consecutive pieces of
-// this many bytes (rounded down to whole elements). Must be equal on every rank.
-inline int64_t GlooChunkBytes() {
-  static const int64_t v = GetInt("SPARK_HVD_GLOO_CHUNK_BYTES", 16 * 1024 * 1024);
-  return v;
-}
+// One getter per setting, e.g. env::FusionThresholdBytes().
+#define SHVD_SETTING(getter, name, type, default_value, unit, meaning) \
+  inline const type& getter() {                                       \
+    static const type v = Read(name, type(default_value));            \
+    return v;                                                         \
+  }
+#include "spark_hvd/settings.def"
+#undef SHVD_SETTING
 
 }  // namespace env
 }  // namespace spark_hvd

@@ -7,15 +7,15 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/env.h"
+
 namespace spark_hvd {
 namespace {
 
 std::atomic<int> g_log_rank{-1};
 
 LogLevel ParseLevel() {
-  const char* v = std::getenv("SPARK_HVD_LOG_LEVEL");
-  if (v == nullptr) return LogLevel::kWarning;
-  std::string s(v);
+  std::string s = env::LogLevelName();
   for (auto& c : s) c = static_cast<char>(std::tolower(c));
   if (s == "trace") return LogLevel::kTrace;
   if (s == "debug") return LogLevel::kDebug;

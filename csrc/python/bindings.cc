@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/env.h"
 #include "common/types.h"
 #include "engine/engine.h"
 #include "python/py_store.h"
@@ -109,6 +110,19 @@ PYBIND11_MODULE(_core, m) {
   m.def("gloo_built", [] { return SPARK_HVD_HAVE_GLOO == 1; });
   m.def("mpi_built", [] { return SPARK_HVD_HAVE_MPI == 1; });
   m.def("nccl_built", [] { return SPARK_HVD_HAVE_NCCL == 1; });
+  m.def(
+      "settings",
+      [] {
+        py::list out;
+        for (const auto& s : env::Settings()) {
+          out.append(py::dict(py::arg("name") = s.name, py::arg("type") = s.type,
+                              py::arg("default") = s.default_value, py::arg("unit") = s.unit,
+                              py::arg("meaning") = s.meaning));
+        }
+        return out;
+      },
+      "Every SPARK_HVD_* setting as the core compiled it (spark_hvd/settings.def): dicts of "
+      "name, type, default, unit, meaning.");
 
   m.def(
       "init",

@@ -12,6 +12,7 @@ import sys
 if __name__ == "__main__":
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from spark_hvd import _config  # noqa: E402
 from spark_hvd.runner import env as _env  # noqa: E402
 
 PID_DIR_ENV_VAR = "_SPARK_HVD_MPI_PID_DIR"  # internal: where a rank leaves its pid
@@ -41,7 +42,7 @@ def mpi_rank_env(environ) -> dict:
             out.get(_env.LOCAL_SIZE_ENV_VAR) == out.get(_env.SIZE_ENV_VAR):
         out[_env.CROSS_RANK_ENV_VAR] = "0"
         out[_env.CROSS_SIZE_ENV_VAR] = "1"
-    out[_env.CONTROLLER_ENV_VAR] = _env.CONTROLLER_MPI
+    out[_config.CONTROLLER_ENV_VAR] = _env.CONTROLLER_MPI
     return out
 
 

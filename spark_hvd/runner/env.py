@@ -1,7 +1,11 @@
 """The environment a rank is started with, and how a rank reads it back.
 
-Every variable is a ``FOO_ENV_VAR`` constant here; no other module spells the
-names out.
+The launch contract: the variables every launcher sets for a rank (its place in the
+job, how to reach the rendezvous server), each a ``FOO_ENV_VAR`` constant here and
+listed in LAUNCH_ENV_VARS; no other module spells the names out. They are not
+settings: the settings a launcher also passes on (SPARK_HVD_CONTROLLER,
+SPARK_HVD_START_TIMEOUT_S) are declared with every other one in spark_hvd/settings.def
+(spark_hvd/_config.py).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ import os
 import socket
 from typing import Dict, Mapping, Optional
 
+from spark_hvd import _config
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.runner.topology import Topology
 
@@ -24,13 +29,13 @@ RENDEZVOUS_PORT_ENV_VAR = "SPARK_HVD_RENDEZVOUS_PORT"
 SECRET_ENV_VAR = "SPARK_HVD_SECRET"            # hex of the job's HMAC secret
 RUN_ID_ENV_VAR = "SPARK_HVD_RUN_ID"
 HOSTNAME_ENV_VAR = "SPARK_HVD_HOSTNAME"        # optional override of the host identity
-CONTROLLER_ENV_VAR = "SPARK_HVD_CONTROLLER"    # "gloo" or "mpi"
-START_TIMEOUT_ENV_VAR = "SPARK_HVD_START_TIMEOUT_S"
+LAUNCH_ENV_VARS = (RANK_ENV_VAR, SIZE_ENV_VAR, LOCAL_RANK_ENV_VAR, LOCAL_SIZE_ENV_VAR,
+                   CROSS_RANK_ENV_VAR, CROSS_SIZE_ENV_VAR, RENDEZVOUS_ADDR_ENV_VAR,
+                   RENDEZVOUS_PORT_ENV_VAR, SECRET_ENV_VAR, RUN_ID_ENV_VAR, HOSTNAME_ENV_VAR)
 
+# Values of SPARK_HVD_CONTROLLER.
 CONTROLLER_GLOO = "gloo"
 CONTROLLER_MPI = "mpi"
-DEFAULT_CONTROLLER = CONTROLLER_GLOO
-DEFAULT_START_TIMEOUT_S = 30.0
 
 
 def secret_to_env(secret: bytes) -> str:
@@ -55,23 +60,10 @@ def hostname(environ: Optional[Mapping[str, str]] = None) -> str:
     return environ.get(HOSTNAME_ENV_VAR) or socket.gethostname()
 
 
-def start_timeout_s(environ: Optional[Mapping[str, str]] = None) -> float:
-    """SPARK_HVD_START_TIMEOUT_S, or DEFAULT_START_TIMEOUT_S."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(START_TIMEOUT_ENV_VAR)
-    if not value:
-        return DEFAULT_START_TIMEOUT_S
-    try:
-        return float(value)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"{START_TIMEOUT_ENV_VAR}={value!r} is not a number of seconds") from None
-
-
 def rank_env(topology: Topology, addr: str, port: int, secret: bytes, run_id: str,
-             controller: str = DEFAULT_CONTROLLER,
-             start_timeout: float = DEFAULT_START_TIMEOUT_S) -> Dict[str, str]:
-    """The SPARK_HVD_* variables a rank is started with."""
+             controller: str, start_timeout_s: float) -> Dict[str, str]:
+    """The SPARK_HVD_* variables a rank is started with: the launch contract, and the
+    controller and start timeout settings."""
     if controller not in (CONTROLLER_GLOO, CONTROLLER_MPI):
         raise InvalidArgumentError(f"controller must be 'gloo' or 'mpi', got {controller!r}")
     return {
@@ -82,8 +74,8 @@ def rank_env(topology: Topology, addr: str, port: int, secret: bytes, run_id: st
         CROSS_RANK_ENV_VAR: str(topology.cross_rank),
         CROSS_SIZE_ENV_VAR: str(topology.cross_size),
         **rendezvous_env(addr, port, secret, run_id),
-        CONTROLLER_ENV_VAR: controller,
-        START_TIMEOUT_ENV_VAR: f"{start_timeout:g}",
+        _config.CONTROLLER_ENV_VAR: controller,
+        _config.START_TIMEOUT_S_ENV_VAR: f"{start_timeout_s:g}",
     }
 
 
@@ -122,4 +114,4 @@ def client_from_env(environ: Optional[Mapping[str, str]] = None):
             from None
     return RendezvousClient(addr, port, secret_from_env(environ[SECRET_ENV_VAR]),
                             environ[RUN_ID_ENV_VAR],
-                            connect_timeout_s=start_timeout_s(environ))
+                            connect_timeout_s=_config.start_timeout_s(environ))

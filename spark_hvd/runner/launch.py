@@ -26,6 +26,7 @@ import sys
 import tempfile
 from typing import BinaryIO, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from spark_hvd import _config
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 from spark_hvd.runner import _hosts, _mpi_exec, _ssh, _supervise, env as _env
 from spark_hvd.runner._hosts import Slot, parse_hosts  # noqa: F401  (parse_hosts: public here)
@@ -98,7 +99,7 @@ def _addresses(slots: Sequence[Slot], ssh: Optional[_ssh.Ssh], network_interface
 
 def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = None,
            mpi: bool = False, hosts: Optional[str] = None,
-           start_timeout_s: float = _env.DEFAULT_START_TIMEOUT_S, verbose: bool = False,
+           start_timeout_s: float = _config.DEFAULT_START_TIMEOUT_S, verbose: bool = False,
            stdout: Optional[BinaryIO] = None, stderr: Optional[BinaryIO] = None,
            kill_grace_s: float = DEFAULT_KILL_GRACE_S, ssh_port: Optional[int] = None,
            ssh_identity_file: Optional[str] = None,
@@ -297,14 +298,14 @@ def _launch_mpi(command: List[str], np: int, base_env: Dict[str, str], user_env:
     with tempfile.TemporaryDirectory(prefix="spark_hvd_mpi_") as pid_dir:
         mpi_env = dict(base_env)
         mpi_env.update(rdv_env)
-        mpi_env[_env.START_TIMEOUT_ENV_VAR] = f"{start_timeout_s:g}"
+        mpi_env[_config.START_TIMEOUT_S_ENV_VAR] = f"{start_timeout_s:g}"
         mpi_env[_mpi_exec.PID_DIR_ENV_VAR] = pid_dir
-        exported = sorted(set(rdv_env) | set(user_env) | {_env.START_TIMEOUT_ENV_VAR,
+        exported = sorted(set(rdv_env) | set(user_env) | {_config.START_TIMEOUT_S_ENV_VAR,
                                                           _mpi_exec.PID_DIR_ENV_VAR}
                           | ({"PYTHONPATH"} & set(mpi_env))
                           | ({"PATH"} & set(mpi_env) if remote_hosts else set()))
         argv = [mpirun, "-np", str(np), "--allow-run-as-root", "--oversubscribe",
-                "--tag-output", "-x", f"{_env.CONTROLLER_ENV_VAR}={_env.CONTROLLER_MPI}"]
+                "--tag-output", "-x", f"{_config.CONTROLLER_ENV_VAR}={_env.CONTROLLER_MPI}"]
         if remote_hosts is not None:  # mpirun starts its daemons there over ssh itself
             argv += ["-H", ",".join(f"{h}:{n}" for h, n in parse_hosts(remote_hosts)),
                      "--mca", "plm_rsh_args", " ".join(ssh.options)]
@@ -361,9 +362,9 @@ def _parser() -> argparse.ArgumentParser:
                         "listens and the ranks reach it (default: 127.0.0.1 for a job on "
                         "this host, else the address each host sees)")
     p.add_argument("--start-timeout", dest="start_timeout", type=float,
-                   default=_env.DEFAULT_START_TIMEOUT_S,
+                   default=_config.DEFAULT_START_TIMEOUT_S,
                    help=f"seconds ranks wait for each other at startup "
-                        f"(default {_env.DEFAULT_START_TIMEOUT_S:g})")
+                        f"(default {_config.DEFAULT_START_TIMEOUT_S:g})")
     p.add_argument("--verbose", action="store_true", help="say where the rendezvous server is")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return p

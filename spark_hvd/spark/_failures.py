@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Deque, Dict, List, Mapping
 
+from spark_hvd import _config
 from spark_hvd.exceptions import (CollectiveTimeoutError, RankFailedError, SparkHvdError,
                                   format_ranks)
-from spark_hvd.runner import env as _env
 from spark_hvd.runner._procs import describe_exit
 
 PROG = "spark_hvd.spark.run"
@@ -81,7 +81,7 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
         return CollectiveTimeoutError(
             f"{PROG}: {format_ranks(failure[1])} did not start within {start_timeout_s:g} s: "
             f"the cluster may be busy or short of task slots (each rank needs one at the same "
-            f"time); raise start_timeout (or {_env.START_TIMEOUT_ENV_VAR}) or lower num_proc")
+            f"time); raise start_timeout (or {_config.START_TIMEOUT_S_ENV_VAR}) or lower num_proc")
     failed = {r: rep for r, rep in reports.items() if not ok(rep)}
     # The root failure: the first rank to fail on its own account (a lost peer or a
     # stop by the driver is an effect), by when the failure happened.

@@ -34,9 +34,9 @@ from collections import deque
 from functools import partial
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from spark_hvd import _config
 from spark_hvd.exceptions import (CollectiveTimeoutError, InvalidArgumentError, SparkHvdError,
                                   StoreError)
-from spark_hvd.runner import env as _env
 from spark_hvd.runner.rendezvous import RendezvousServer
 from spark_hvd.runner.store import MAX_TIMEOUT_S
 from spark_hvd.spark import _checks, _failures, _protocol as P, _task
@@ -159,8 +159,8 @@ def _check_env(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
 
 def _start_timeout(value: Optional[float]) -> float:
     if value is None:
-        if os.environ.get(_env.START_TIMEOUT_ENV_VAR):
-            return _env.start_timeout_s()
+        if os.environ.get(_config.START_TIMEOUT_S_ENV_VAR):
+            return _config.start_timeout_s()
         return DEFAULT_SPARK_START_TIMEOUT_S
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise InvalidArgumentError(f"start_timeout must be a number of seconds > 0, got "
