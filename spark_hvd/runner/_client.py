@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
+HANDSHAKE_ATTEMPTS = 3
 
 
 def _ms(timeout_s: float) -> bytes:
@@ -32,12 +33,32 @@ class _Broken(Exception):
 
 
 class _Connection:
-    """One authenticated connection to the server (not thread-safe)."""
+    """One authenticated connection to the server (not thread-safe).
+
+    A server with too many connections authenticating closes the oldest, so a
+    connection closed before it is authenticated is opened again, up to
+    ``HANDSHAKE_ATTEMPTS`` times.
+    """
 
     def __init__(self, addr: str, port: int, secret: bytes, run_id: bytes,
                  connect_timeout_s: float) -> None:
         self.where = f"{addr}:{port}"
         self._secret, self._run_id = secret, run_id
+        for attempt in range(1, HANDSHAKE_ATTEMPTS + 1):
+            try:
+                self._open(addr, port, connect_timeout_s)
+                return
+            except _Broken as e:
+                logger.debug("the rendezvous server at %s closed connection attempt %d before "
+                             "authenticating it: %s", self.where, attempt, e)
+                if attempt == HANDSHAKE_ATTEMPTS:
+                    raise StoreError(
+                        f"the rendezvous server at {self.where} closed the connection before "
+                        f"authenticating it, {attempt} times (last: {e}); it does so when "
+                        f"too many connections are authenticating at once") from None
+
+    def _open(self, addr: str, port: int, connect_timeout_s: float) -> None:
+        """Connect and authenticate; _Broken if the server closes the connection first."""
         self.closed = False
         try:
             self.sock = socket.create_connection((addr, port), timeout=connect_timeout_s)
@@ -60,15 +81,14 @@ class _Connection:
             self.close()
             raise CollectiveTimeoutError(f"the rendezvous server at {self.where} did not greet "
                                          f"within {connect_timeout_s:g} s") from None
+        except (ConnectionError, _wire.ConnectionClosed) as e:
+            self.close()
+            raise _Broken(str(e), sent=False) from None
         except (OSError, _wire.ProtocolError) as e:
             self.close()
             raise StoreError(f"rendezvous handshake with {self.where} failed: {e}") from None
         self.seq = 0
-        try:
-            self.request(Op.AUTH, [], connect_timeout_s)
-        except _Broken as e:
-            raise StoreError(f"the rendezvous server at {self.where} closed the connection "
-                             f"while authenticating: {e}") from None
+        self.request(Op.AUTH, [], connect_timeout_s)
 
     def close(self) -> None:
         self.closed = True

@@ -15,6 +15,9 @@ Protocol, version 1 (all integers big-endian):
    another connection (other nonce) nor on the same one (old seq); the kind
    byte keeps a response from being reflected as a request.
 4. The first request must be ``AUTH``; until it succeeds nothing else is read.
+   A connection that has not authenticated within a few seconds is closed, and
+   so is the oldest unauthenticated one when too many are waiting; a client
+   whose connection is closed before ``AUTH`` is answered connects again.
 5. A bad signature, a malformed frame or a wrong sequence number is answered
    with ``REFUSED``: ``kind=4 | u8 code | utf-8 message`` (code 8 for
    authentication, 7 otherwise) and the connection is closed.
@@ -175,37 +178,56 @@ def parse_refused(payload: memoryview) -> Optional[tuple]:
     return None
 
 
-def _recv_exact(sock: socket.socket, n: int, mid_frame: bool) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], min(n - got, 1 << 20))
-        if k == 0:
-            raise ConnectionClosed("connection closed by the peer",
-                                   mid_frame=mid_frame or got > 0)
-        got += k
-    return buf
+class FrameReader:
+    """Reads one frame at a time from a socket, as its bytes arrive.
 
-
-def read_frame(sock: socket.socket, limit: int,
-               frame_timeout_s: Optional[float] = None) -> memoryview:
-    """Read one frame's payload.
-
-    Blocks with the socket's current timeout for the first byte; once a frame has
-    begun and ``frame_timeout_s`` is given, each further read must arrive within it.
-    The length is checked against ``limit`` before anything is allocated.
+    On a non-blocking socket :meth:`read` takes what has arrived and returns None
+    until the frame is complete, so one thread can read many connections; on a
+    blocking socket it returns the whole frame.  It never reads past the frame.
     """
-    first = _recv_exact(sock, 1, mid_frame=False)
-    old_timeout = sock.gettimeout()
-    if frame_timeout_s is not None:
-        sock.settimeout(frame_timeout_s)
-    try:
-        header = bytes(first) + bytes(_recv_exact(sock, 3, mid_frame=True))
-        (n,) = _U32.unpack(header)
-        if n == 0 or n > limit:
-            raise ProtocolError(f"frame length {n} outside 1..{limit} bytes")
-        return memoryview(_recv_exact(sock, n, mid_frame=True))
-    finally:
-        if frame_timeout_s is not None:
-            sock.settimeout(old_timeout)
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._body: Optional[bytearray] = None
+        self._got = 0
+
+    @property
+    def mid_frame(self) -> bool:
+        """Whether part of a frame has been read."""
+        return bool(self._header)
+
+    def read(self, sock: socket.socket, limit: int) -> Optional[memoryview]:
+        """The payload once the frame is complete, else None (nothing more to read now).
+
+        The length is checked against ``limit`` before anything is allocated.
+        """
+        try:
+            while self._body is None:
+                chunk = sock.recv(4 - len(self._header))
+                if not chunk:
+                    raise ConnectionClosed("connection closed by the peer",
+                                           mid_frame=self.mid_frame)
+                self._header += chunk
+                if len(self._header) == 4:
+                    (n,) = _U32.unpack(self._header)
+                    if n == 0 or n > limit:
+                        raise ProtocolError(f"frame length {n} outside 1..{limit} bytes")
+                    self._body = bytearray(n)
+            view = memoryview(self._body)
+            while self._got < len(view):
+                k = sock.recv_into(view[self._got:], min(len(view) - self._got, 1 << 20))
+                if k == 0:
+                    raise ConnectionClosed("connection closed by the peer", mid_frame=True)
+                self._got += k
+        except BlockingIOError:
+            return None
+        self._header, self._body, self._got = bytearray(), None, 0
+        return view
+
+
+def read_frame(sock: socket.socket, limit: int) -> memoryview:
+    """Read one frame's payload from a blocking socket (its timeout applies to each read)."""
+    payload = FrameReader().read(sock, limit)
+    if payload is None:
+        raise ProtocolError("read_frame needs a blocking socket")
+    return payload

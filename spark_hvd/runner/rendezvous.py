@@ -9,14 +9,19 @@ lost (``lost_ranks()`` and the key ``__lost__/<rank>``).
 The wire protocol is described in :mod:`spark_hvd.runner._wire`.  Every
 request is signed with HMAC-SHA256 under the job's secret, bound to the run id,
 a per-connection server nonce and a sequence number.
+
+The server may listen on every interface, so it bounds what anyone who can
+reach it costs (:mod:`spark_hvd.runner._connections`): one thread watches all
+connections; at most ``max_pending`` may be authenticating, each for at most
+``handshake_timeout_s``; at most ``max_connections`` may be authenticated; a
+thread is taken only while a request runs; and warnings a peer can trigger are
+logged at most once per ``warning_interval_s`` for each reason.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import select
-import selectors
 import socket
 import threading
 from typing import Dict, List, Optional, Set, Tuple
@@ -26,6 +31,9 @@ from spark_hvd.exceptions import (AuthenticationError, InvalidArgumentError, Spa
 from spark_hvd.runner import _wire
 from spark_hvd.runner._client import (DEFAULT_CONNECT_TIMEOUT_S,  # noqa: F401 (re-exported)
                                       DEFAULT_REQUEST_TIMEOUT_S, RendezvousClient)
+from spark_hvd.runner._connections import Connection, ConnectionLoop
+from spark_hvd.runner._ratelimit import DEFAULT_INTERVAL_S as DEFAULT_WARNING_INTERVAL_S
+from spark_hvd.runner._ratelimit import RateLimitedLog
 from spark_hvd.runner._wire import Kind, Op
 from spark_hvd.runner.store import DEFAULT_TIMEOUT_S, InMemoryStore
 
@@ -37,6 +45,17 @@ SECRET_BYTES = 32
 LOST_KEY_PREFIX = "__lost__/"
 HOST_KEY_PREFIX = "__host__/"
 DEFAULT_FRAME_TIMEOUT_S = 30.0
+# A client authenticates one round trip after connecting.
+DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
+# Authenticated connections: a rank holds about three (twice that under Spark), so
+# thousands of ranks fit; the limit stops a client that leaks connections.
+DEFAULT_MAX_CONNECTIONS = 16384
+# Connections still authenticating: a burst of ranks connecting at once passes (each
+# needs only a round trip), while a flood holds at most this many descriptors.
+DEFAULT_MAX_PENDING = 128
+# Connections the kernel holds until they are accepted (capped by net.core.somaxconn);
+# they cost the server no descriptor, and a burst of ranks connecting at once fits.
+_BACKLOG = 4096
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -48,14 +67,12 @@ def _keepalive(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
-class _ConnState:
-    """What the server knows about one client connection."""
+class _ConnState(Connection):
+    """A connection and what the protocol knows about it."""
 
-    def __init__(self, sock: socket.socket, peer: str) -> None:
-        self.sock = sock
-        self.peer = peer
+    def __init__(self, sock: socket.socket, peer: str, deadline: float) -> None:
+        super().__init__(sock, peer, deadline)
         self.nonce = _wire.new_nonce()
-        self.authenticated = False
         self.next_seq = 1
         self.rank: Optional[int] = None
         self.goodbye = False
@@ -76,27 +93,43 @@ class RendezvousServer:
     frame_timeout_s:
         Once a frame has begun, how long the server waits for each further piece
         of it before dropping the connection.
+    handshake_timeout_s:
+        How long a new connection has to authenticate before it is closed.
+    max_connections:
+        How many authenticated connections are served at once; one more is refused.
+    max_pending:
+        How many connections may be authenticating at once; one more closes the oldest.
+    warning_interval_s:
+        The least time between two warnings for the same reason (refused requests,
+        dropped connections); the next one says how many were held back.
     """
 
     def __init__(self, host: str = "0.0.0.0", port: int = 0, secret: Optional[bytes] = None,
                  run_id: Optional[str] = None,
-                 frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S) -> None:
+                 frame_timeout_s: float = DEFAULT_FRAME_TIMEOUT_S,
+                 handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 max_pending: int = DEFAULT_MAX_PENDING,
+                 warning_interval_s: float = DEFAULT_WARNING_INTERVAL_S) -> None:
         if secret is not None and (not isinstance(secret, bytes) or not secret):
             raise InvalidArgumentError("secret must be non-empty bytes")
+        if max_connections < 1 or max_pending < 1:
+            raise InvalidArgumentError(f"max_connections ({max_connections}) and max_pending "
+                                       f"({max_pending}) must be at least 1")
         self.secret: bytes = secret if secret is not None else os.urandom(SECRET_BYTES)
         self.run_id: str = run_id if run_id is not None else os.urandom(8).hex()
         self._run_id_b = self.run_id.encode("utf-8")
         self._requested = (host, int(port))
-        self._frame_timeout_s = frame_timeout_s
+        self._limits = dict(max_connections=max_connections, max_pending=max_pending,
+                            handshake_timeout_s=handshake_timeout_s,
+                            frame_timeout_s=frame_timeout_s)
+        self._warn = RateLimitedLog(logger, warning_interval_s).warning
         self.host: Optional[str] = None
         self.port: Optional[int] = None
         self.store = InMemoryStore(f"the rendezvous store of run {self.run_id}")
         self._lock = threading.Lock()
         self._lsock: Optional[socket.socket] = None
-        self._wake_r: Optional[socket.socket] = None
-        self._wake_w: Optional[socket.socket] = None
-        self._accept_thread: Optional[threading.Thread] = None
-        self._conns: Dict[threading.Thread, _ConnState] = {}
+        self._conns: Optional[ConnectionLoop] = None
         self._lost: Set[int] = set()
         self._rank_owner: Dict[int, _ConnState] = {}
         self._stopping = False
@@ -116,15 +149,16 @@ class RendezvousServer:
             try:
                 dualstack = family == socket.AF_INET6 and host in ("::", "") \
                     and socket.has_dualstack_ipv6()  # "::" serves IPv4 clients too
-                self._lsock = socket.create_server((host, port), family=family, backlog=128,
+                self._lsock = socket.create_server((host, port), family=family, backlog=_BACKLOG,
                                                    dualstack_ipv6=dualstack)
             except OSError as e:
                 raise StoreError(f"rendezvous server cannot listen on {host}:{port}: {e}") from e
             self.host, self.port = self._lsock.getsockname()[:2]
-            self._wake_r, self._wake_w = socket.socketpair()
-            self._accept_thread = threading.Thread(
-                target=self._accept_loop, name=f"spark_hvd-rendezvous-{self.port}", daemon=True)
-            self._accept_thread.start()
+            self._conns = ConnectionLoop(
+                self._lsock, new_connection=_ConnState, on_accepted=self._greet,
+                on_frame=self._on_frame, on_bad_frame=self._on_bad_frame,
+                on_closed=self._connection_ended, warn=self._warn, **self._limits)
+            self._conns.start()
             logger.debug("rendezvous server for run %s listening on %s:%s",
                          self.run_id, self.host, self.port)
             return self.host, self.port
@@ -139,19 +173,8 @@ class RendezvousServer:
         self.store.close()
         if not started:
             return
-        self._wake_w.send(b"x")
-        self._accept_thread.join(_JOIN_TIMEOUT_S)
-        with self._lock:
-            conns = dict(self._conns)
-        for state in conns.values():
-            try:
-                state.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        for thread in conns:
-            thread.join(_JOIN_TIMEOUT_S)
-        for s in (self._lsock, self._wake_r, self._wake_w):
-            s.close()
+        self._conns.stop(_JOIN_TIMEOUT_S)
+        self._lsock.close()
 
     def __enter__(self) -> "RendezvousServer":
         self.start()
@@ -167,105 +190,68 @@ class RendezvousServer:
         with self._lock:
             return sorted(self._lost)
 
+    def connection_counts(self) -> Tuple[int, int]:
+        """``(authenticated, authenticating)`` connections now; ``(0, 0)`` before start."""
+        return self._conns.counts() if self._conns is not None else (0, 0)
+
     def set(self, key: str, value: bytes) -> None:
         self.store.set(key, value)
 
     def get(self, key: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bytes:
         return self.store.get(key, timeout_s)
 
-    # -- serving -------------------------------------------------------------------
+    # -- the protocol, in the connection loop's thread -------------------------------
 
-    def _accept_loop(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._lsock, selectors.EVENT_READ)
-        sel.register(self._wake_r, selectors.EVENT_READ)
-        try:
-            while True:
-                ready = {key.fileobj for key, _ in sel.select()}
-                if self._wake_r in ready:
-                    return
-                try:
-                    sock, addr = self._lsock.accept()
-                except OSError as e:
-                    # e.g. out of file descriptors: back off instead of spinning on accept
-                    logger.warning("rendezvous server %s:%s cannot accept: %s",
-                                   self.host, self.port, e)
-                    select.select([self._wake_r], [], [], 0.1)
-                    continue
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                state = _ConnState(sock, f"{addr[0]}:{addr[1]}")
-                thread = threading.Thread(target=self._serve, args=(state,), daemon=True,
-                                          name=f"spark_hvd-rendezvous-conn-{state.peer}")
-                with self._lock:
-                    if self._stopping:
-                        sock.close()
-                        return
-                    self._conns[thread] = state
-                thread.start()
-        finally:
-            sel.close()
+    def _greet(self, conn: _ConnState) -> None:
+        self._conns.send_now(conn, _wire.hello_frame(conn.nonce))
 
-    def _refuse(self, state: _ConnState, code: int, message: str) -> None:
-        logger.warning("rendezvous server %s:%s refused a request from %s: %s",
-                       self.host, self.port, state.peer, message)
+    def _refuse(self, conn: _ConnState, code: int, reason: str, message: str) -> None:
+        self._warn(reason, "%s refused a request from %s: %s", self._conns.where, conn.peer,
+                   message)
         try:
-            state.sock.sendall(_wire.refused_frame(code, message))
+            conn.sock.send(_wire.refused_frame(code, message))  # best effort, never blocks
         except OSError:
             pass
+        self._conns.close(conn)
 
-    def _serve(self, state: _ConnState) -> None:
-        sock = state.sock
+    def _on_bad_frame(self, conn: _ConnState, error: _wire.ProtocolError) -> None:
+        self._refuse(conn, StoreError.code, "malformed frame", f"malformed frame: {error}")
+
+    def _on_frame(self, conn: _ConnState, payload: memoryview) -> None:
         try:
-            sock.sendall(_wire.hello_frame(state.nonce))
-            while not self._stopping:
-                limit = (_wire.MAX_FRAME_BYTES if state.authenticated
-                         else _wire.PRE_AUTH_MAX_FRAME_BYTES)
-                try:
-                    payload = _wire.read_frame(sock, limit, self._frame_timeout_s)
-                except _wire.ConnectionClosed as e:
-                    if e.mid_frame:
-                        logger.warning("rendezvous: %s closed its connection inside a frame",
-                                       state.peer)
-                    return
-                except _wire.ProtocolError as e:
-                    return self._refuse(state, StoreError.code, f"malformed frame: {e}")
-                try:
-                    seq, op, args = _wire.parse_signed(payload, Kind.REQUEST, self.secret,
-                                                       self._run_id_b, state.nonce)
-                except _wire.BadSignature:
-                    return self._refuse(state, AuthenticationError.code,
-                                        f"request not signed with the secret of run "
-                                        f"{self.run_id} (wrong secret or run id)")
-                except _wire.ProtocolError as e:
-                    return self._refuse(state, StoreError.code, f"malformed request: {e}")
-                if seq != state.next_seq:
-                    return self._refuse(state, AuthenticationError.code,
-                                        f"request sequence {seq}, expected {state.next_seq} "
-                                        f"(replayed or reordered request)")
-                state.next_seq += 1
-                if not state.authenticated and op != Op.AUTH:
-                    return self._refuse(state, AuthenticationError.code,
-                                        "the first request must authenticate")
-                try:
-                    status, result = _wire.OK, self._dispatch(state, op, args)
-                except SparkHvdError as e:
-                    status, result = e.code, [e.message.encode("utf-8", "replace")]
-                sock.sendall(_wire.signed_frame(Kind.RESPONSE, self.secret, self._run_id_b,
-                                                state.nonce, seq, status, result))
-                if op == Op.GOODBYE:
-                    return
-        except OSError as e:
-            logger.debug("rendezvous connection from %s ended: %s", state.peer, e)
-        finally:
-            self._connection_ended(state)
+            seq, op, args = _wire.parse_signed(payload, Kind.REQUEST, self.secret,
+                                               self._run_id_b, conn.nonce)
+        except _wire.BadSignature:
+            return self._refuse(conn, AuthenticationError.code, "bad signature",
+                                f"request not signed with the secret of run {self.run_id} "
+                                f"(wrong secret or run id)")
+        except _wire.ProtocolError as e:
+            return self._refuse(conn, StoreError.code, "malformed request",
+                                f"malformed request: {e}")
+        if seq != conn.next_seq:
+            return self._refuse(conn, AuthenticationError.code, "bad sequence",
+                                f"request sequence {seq}, expected {conn.next_seq} "
+                                f"(replayed or reordered request)")
+        conn.next_seq += 1
+        if conn.authenticated:
+            self._conns.to_worker(conn, lambda: self._run_request(conn, seq, op, args))
+        elif op != Op.AUTH or args:
+            self._refuse(conn, AuthenticationError.code, "no authentication",
+                         "the first request must authenticate (AUTH, without arguments)")
+        elif not self._conns.authenticate(conn):
+            n = self._limits["max_connections"]
+            self._refuse(conn, StoreError.code, "too many connections",
+                         f"it already serves {n} connections, its limit (RendezvousServer "
+                         f"max_connections={n}); a client may be leaking connections")
+        else:
+            self._conns.send_now(conn, self._response(conn, seq, _wire.OK, []))
+
+    def _response(self, conn: _ConnState, seq: int, status: int, args: List[bytes]) -> bytes:
+        return _wire.signed_frame(Kind.RESPONSE, self.secret, self._run_id_b, conn.nonce, seq,
+                                  status, args)
 
     def _connection_ended(self, state: _ConnState) -> None:
-        try:
-            state.sock.close()
-        except OSError:
-            pass
         with self._lock:
-            self._conns.pop(threading.current_thread(), None)
             rank = state.rank
             if rank is None or state.goodbye or self._stopping \
                     or self._rank_owner.get(rank) is not state:
@@ -273,12 +259,27 @@ class RendezvousServer:
             del self._rank_owner[rank]
             self._lost.add(rank)
         logger.info("rendezvous: rank %d (%s) lost its connection without a goodbye",
-                       rank, state.peer)
+                    rank, state.peer)
         try:
             self.store.set(f"{LOST_KEY_PREFIX}{rank}",
                            f"connection from {state.peer} dropped".encode())
         except StoreError:
             pass
+
+    # -- requests, in worker threads -------------------------------------------------
+
+    def _run_request(self, conn: _ConnState, seq: int, op: int, args: List[bytes]) -> None:
+        try:
+            status, result = _wire.OK, self._dispatch(conn, op, args)
+        except SparkHvdError as e:
+            status, result = e.code, [e.message.encode("utf-8", "replace")]
+        try:
+            conn.sock.sendall(self._response(conn, seq, status, result))
+        except OSError as e:
+            logger.debug("rendezvous connection from %s ended: %s", conn.peer, e)
+            conn.done = True
+        if op == Op.GOODBYE:
+            conn.done = True
 
     def _dispatch(self, state: _ConnState, op: int, args: List[bytes]) -> List[bytes]:
         def need(n: int) -> None:
@@ -298,9 +299,8 @@ class RendezvousServer:
                 raise InvalidArgumentError(f"not an integer: {b[:32]!r}") from None
 
         store = self.store
-        if op == Op.AUTH:
+        if op == Op.AUTH:  # again: already authenticated
             need(0)
-            state.authenticated = True
             return []
         if op == Op.SET:
             need(2)

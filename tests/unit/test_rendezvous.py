@@ -406,3 +406,193 @@ class TestEnv:
         del environ[env.SECRET_ENV_VAR]
         with pytest.raises(InvalidArgumentError, match=env.SECRET_ENV_VAR):
             env.client_from_env(environ)
+
+
+def until(condition, timeout_s=WAIT_S):
+    """Wait for ``condition()`` to hold (polling); fails the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"still not true after {timeout_s} s"
+        threading.Event().wait(0.005)
+
+
+def authenticated_raw(server):
+    """A plain socket that has authenticated, and its nonce."""
+    sock, nonce = raw_connect(server)
+    sock.sendall(_wire.signed_frame(_wire.Kind.REQUEST, server.secret, server.run_id.encode(),
+                                    nonce, 1, _wire.Op.AUTH, []))
+    _wire.read_frame(sock, 1 << 16)
+    return sock, nonce
+
+
+def closed_by_server(sock):
+    sock.settimeout(WAIT_S)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def warnings_about(caplog, text):
+    return [r for r in caplog.records
+            if r.levelname == "WARNING" and text in r.getMessage()]
+
+
+class TestHostileConnections:
+    @pytest.mark.parametrize("sent", [b"", b"\x00\x00", struct.pack(">I", 100) + b"\x02" * 10],
+                             ids=["silent", "half-a-header", "half-a-frame"])
+    def test_unauthenticated_connections_are_closed_after_the_deadline(self, sent, caplog):
+        with RendezvousServer(host="127.0.0.1", handshake_timeout_s=0.3) as server:
+            idle, nonce = authenticated_raw(server)
+            slow, _ = raw_connect(server)
+            with idle, slow:
+                slow.sendall(sent)
+                start = time.monotonic()
+                assert closed_by_server(slow)
+                assert time.monotonic() - start < WAIT_S
+                # an authenticated connection may stay idle past the deadline
+                idle.sendall(_wire.signed_frame(_wire.Kind.REQUEST, server.secret,
+                                                server.run_id.encode(), nonce, 2, _wire.Op.SET,
+                                                [b"k", b"v"]))
+                _wire.read_frame(idle, 1 << 16)
+            assert server.get("k", 1.0) == b"v"
+        assert warnings_about(caplog, "did not authenticate within 0.3 s")
+
+    def test_a_frame_stalled_after_authenticating_is_dropped(self, caplog):
+        with RendezvousServer(host="127.0.0.1", frame_timeout_s=0.3) as server:
+            sock, _ = authenticated_raw(server)
+            with sock:
+                sock.sendall(struct.pack(">I", 100) + b"\x02" * 10)
+                assert closed_by_server(sock)
+        assert warnings_about(caplog, "then nothing for 0.3 s")
+
+    def test_pending_connections_are_capped_and_clients_get_through(self):
+        with RendezvousServer(host="127.0.0.1", max_pending=8) as server:
+            flood = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(200)]
+            try:
+                threads = threading.active_count()
+                c = connect(server)  # the oldest pending connections make room
+                c.set("through", b"1")
+                assert c.get("through", 1.0) == b"1"
+                authenticated, pending = server.connection_counts()
+                assert authenticated == 1 and pending <= 8
+                assert threading.active_count() <= threads + 2  # a worker for the requests
+                c.close()
+            finally:
+                for s in flood:
+                    s.close()
+
+    def test_authenticated_connections_are_capped(self, caplog):
+        with RendezvousServer(host="127.0.0.1", max_connections=3) as server:
+            clients = [connect(server) for _ in range(3)]
+            with pytest.raises(StoreError, match="max_connections=3"):
+                connect(server)
+            clients.pop().close()
+            until(lambda: server.connection_counts()[0] < 3)
+            clients.append(connect(server))
+            clients[-1].set("k", b"v")
+            for c in clients:
+                c.close()
+        assert len(warnings_about(caplog, "max_connections=3")) == 1
+
+    def test_refusals_are_logged_at_a_bounded_rate(self, server, client, caplog):
+        for _ in range(20):
+            with pytest.raises(AuthenticationError):
+                RendezvousClient("127.0.0.1", server.port, b"not the secret", server.run_id)
+        assert len(warnings_about(caplog, "wrong secret or run id")) == 1
+        client.set("still", b"serving")
+
+    def test_rate_limited_log_counts_what_it_held_back(self, caplog):
+        import logging
+
+        from spark_hvd.runner._ratelimit import RateLimitedLog
+
+        now = [0.0]
+        log = RateLimitedLog(logging.getLogger("test.ratelimit"), 10.0, clock=lambda: now[0])
+        for t in (0.0, 1.0, 2.0, 3.0, 5.0, 12.0):
+            now[0] = t
+            log.warning("a", "event at %g", t)
+            log.warning("b", "other at %g", t)
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages == ["event at 0", "other at 0",
+                            "event at 12 (and 4 more like it in the last 12 s)",
+                            "other at 12 (and 4 more like it in the last 12 s)"]
+
+
+SERVE = """
+import json, resource, sys
+from spark_hvd.runner.rendezvous import RendezvousServer
+nofile = int(sys.argv[1])
+if nofile:
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+with RendezvousServer(host="127.0.0.1", max_pending=int(sys.argv[2])) as s:
+    print(json.dumps([s.port, s.secret.hex(), s.run_id]), flush=True)
+    sys.stdin.read()  # until the test closes stdin
+"""
+FLOOD = 3000
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+@pytest.mark.parametrize("nofile, max_pending", [
+    pytest.param(0, 128, id="no-limit"),
+    pytest.param(256, 128, id="256-fds"),
+    pytest.param(64, 1000, id="out-of-fds-first"),  # descriptors run out before the budget
+])
+def test_a_flood_of_idle_connections(nofile, max_pending, tmp_path):
+    """The server (another process) holds a bounded number of descriptors and threads while
+    thousands of connections sit idle, and legitimate clients connect during and after."""
+    import json
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < FLOOD + 500:
+        pytest.skip("the open-files limit of this process is below the flood")
+    with open(tmp_path / "stderr", "w+") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", SERVE, str(nofile), str(max_pending)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                env=dict(os.environ, PYTHONPATH=ROOT))
+        flood = []
+        try:
+            port, secret, run_id = json.loads(proc.stdout.readline())
+
+            def usage():
+                return (len(os.listdir(f"/proc/{proc.pid}/fd")),
+                        len(os.listdir(f"/proc/{proc.pid}/task")))
+
+            def legitimate(key):
+                c = RendezvousClient("127.0.0.1", port, bytes.fromhex(secret), run_id)
+                c.set(key, b"v")
+                assert c.get(key, WAIT_S) == b"v"
+                c.close()
+
+            fds0, threads0 = usage()
+            flooder = threading.Thread(target=lambda: flood.extend(
+                socket.create_connection(("127.0.0.1", port)) for _ in range(FLOOD)))
+            flooder.start()
+            peak, rounds = (fds0, threads0), 0
+            while flooder.is_alive() or rounds == 0:
+                legitimate(f"during/{rounds}")
+                peak = tuple(map(max, peak, usage()))
+                rounds += 1
+            flooder.join()
+            assert len(flood) == FLOOD
+            legitimate("all-open")  # every flood connection still open on this side
+            peak = tuple(map(max, peak, usage()))
+            for s in flood:
+                s.close()
+            legitimate("after")
+            fds, threads = peak
+            assert fds <= fds0 + max_pending + 8, (fds0, fds)  # the pending budget, a client
+            assert not nofile or fds <= nofile
+            assert threads <= threads0 + 4, (threads0, threads)
+        finally:
+            for s in flood:
+                s.close()
+            proc.stdin.close()
+            proc.wait(WAIT_S)
+        stderr.seek(0)
+        lines = stderr.read().splitlines()
+    assert proc.returncode == 0, lines
+    assert len(lines) < 20, lines  # thousands of connections closed, a few warnings
+    if 0 < nofile < max_pending:
+        assert any("out of file descriptors" in line for line in lines), lines
