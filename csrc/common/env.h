@@ -52,7 +52,7 @@ inline double TimeoutS() {
 }
 
 // How the Gloo backend moves tensors: "tcp" (spark_hvd's own connections, see
-// backends/gloo/tcp_mesh.h) or "gloo" (Gloo's pairs and algorithms: halving-doubling
+// backends/tcp/mesh.h) or "gloo" (Gloo's pairs and algorithms: halving-doubling
 // allreduce, its allgatherv, broadcast, alltoallv and barrier). The control plane
 // always uses the own connections. Must be equal on every rank.
 inline const std::string& GlooDataPlane() {
