@@ -19,7 +19,7 @@
 #include <cstring>
 #include <utility>
 
-#include "backends/gloo/tcp_mesh.h"
+#include "backends/tcp/mesh.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/reduce.h"

@@ -2,6 +2,11 @@
 // used by the Gloo communicator for its control plane (the per-cycle allgather)
 // and, unless SPARK_HVD_GLOO_DATA_PLANE=gloo, for every collective.
 //
+// Files: mesh_connect.cc (set-up: listen, publish, connect, accept, hello),
+// mesh_io.cc (non-blocking socket I/O and the errors it reports),
+// mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and
+// mesh_allreduce.cc (direct and ring allreduce); socket.h (socket helpers).
+//
 // Why not Gloo's pairs: every Gloo receive is completed by Gloo's event-loop
 // thread and handed to the caller through a condition variable (two thread
 // switches per message), and its allreduce algorithms receive a whole piece before
@@ -13,6 +18,11 @@
 // byte streams need no framing: each call reads exactly what the peers' matching
 // call wrote. After any error the mesh is broken and every later call fails with
 // that first error (the streams are no longer in step).
+//
+// Blocking behaviour: Connect blocks until every peer is connected, up to
+// connect_timeout_s. Each collective blocks until this rank's part is done (its
+// sends written to the kernel, its receives complete); a peer that moves no byte
+// for timeout_s makes it fail with kTimeout, a closed connection with kPeerLost.
 #pragma once
 
 #include <sys/types.h>
@@ -98,6 +108,10 @@ class TcpMesh {
   Status AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
                          const char* what);
   std::vector<size_t> Offsets(const std::vector<int64_t>& bytes) const;
+
+  // One send() or recv() moves at most this much, so reducing and forwarding keep
+  // pace with the wire instead of waiting for a whole chunk.
+  static constexpr size_t kMaxIo = 1 << 20;
 
   Status Fail(Status s);
   Status PeerError(int peer, const char* what, int err);

@@ -1,0 +1,273 @@
+// TcpMesh allreduce: direct (one round trip) for small buffers, a pipelined ring
+// for larger ones, both over the tensors' own memory (no fusion buffer).
+#include <poll.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/socket.h"
+#include "common/reduce.h"
+
+namespace spark_hvd {
+namespace {
+
+using tcp::Clock;
+
+// Allreduces of at most this many bytes go direct (one round trip, every rank
+// receives everything); larger ones take the ring (2 (n - 1) steps, each moving
+// 1/n of the buffer).
+constexpr size_t kDirectBytes = 64 * 1024;
+// The reduce-scatter receives into a scratch ring of this size and reduces slices
+// of at least kReduceSlice bytes (or what is left of a step) as they arrive.
+constexpr size_t kScratchBytes = 4 << 20;
+constexpr size_t kReduceSlice = 64 << 10;
+
+}  // namespace
+
+// The bytes of an allreduce as one logical buffer over several memory segments
+// (tensors reduced in place, without a fusion buffer).
+class TcpMesh::Layout {
+ public:
+  Layout(const std::vector<Segment>& segments, size_t elem) {
+    for (const auto& seg : segments) {
+      if (seg.count <= 0) continue;
+      ptrs_.push_back(static_cast<char*>(seg.data));
+      starts_.push_back(bytes_);
+      bytes_ += static_cast<size_t>(seg.count) * elem;
+    }
+  }
+  size_t bytes() const { return bytes_; }
+
+  // fn(pointer, length) for each contiguous piece of [off, off + len).
+  template <typename F>
+  void Pieces(size_t off, size_t len, F&& fn) const {
+    size_t i = Find(off);
+    while (len > 0) {
+      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : bytes_;
+      const size_t n = std::min(len, end - off);
+      fn(ptrs_[i] + (off - starts_[i]), n);
+      off += n;
+      len -= n;
+      ++i;
+    }
+  }
+
+  // Describes [off, off + len) as at most kMaxIov entries of iov; returns how many.
+  int Iov(size_t off, size_t len, iovec* iov) const {
+    int k = 0;
+    size_t i = Find(off);
+    while (len > 0 && k < kMaxIov) {
+      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : bytes_;
+      const size_t n = std::min(len, end - off);
+      iov[k].iov_base = ptrs_[i] + (off - starts_[i]);
+      iov[k].iov_len = n;
+      ++k;
+      off += n;
+      len -= n;
+      ++i;
+    }
+    return k;
+  }
+
+  // All the bytes, packed into / unpacked from a contiguous buffer.
+  void CopyOut(char* to) const {
+    Pieces(0, bytes_, [&](char* p, size_t len) {
+      std::memcpy(to, p, len);
+      to += len;
+    });
+  }
+  void CopyIn(const char* from) const {
+    Pieces(0, bytes_, [&](char* p, size_t len) {
+      std::memcpy(p, from, len);
+      from += len;
+    });
+  }
+
+  static constexpr int kMaxIov = 64;
+
+ private:
+  size_t Find(size_t off) const {
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), off);
+    return static_cast<size_t>(it - starts_.begin()) - 1;
+  }
+  std::vector<char*> ptrs_;
+  std::vector<size_t> starts_;
+  size_t bytes_ = 0;
+};
+
+Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
+                          double scale) {
+  if (!broken_.ok()) return broken_;
+  const size_t elem = DataTypeSize(dtype);
+  Layout buf(segments, elem);
+  if (buf.bytes() == 0) return Status::OK();
+  const size_t count = buf.bytes() / elem;
+  if (buf.bytes() <= kDirectBytes || count < static_cast<size_t>(size_)) {
+    return DirectAllreduce(buf, dtype, op, scale);
+  }
+  return RingAllreduce(buf, dtype, op, scale);
+}
+
+Status TcpMesh::DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale) {
+  const size_t n = buf.bytes();
+  const size_t elem = DataTypeSize(dtype);
+  // Slots 0..size-1: each rank's contribution (this rank's packed here); slot size:
+  // the result, reduced in rank order on every rank: ((x0 op x1) op x2) ...
+  scratch_.resize(std::max(scratch_.size(), n * static_cast<size_t>(size_ + 1)));
+  char* slots = scratch_.data();
+  char* mine = slots + n * rank_;
+  buf.CopyOut(mine);
+  Status s = AllgatherBlocks(mine, slots, Offsets(std::vector<int64_t>(size_, n)), "allreduce");
+  if (!s.ok()) return s;
+  ReduceFn fn = GetReduceFn(dtype, op);
+  char* acc = slots + n * size_;
+  std::memcpy(acc, slots, n);
+  for (int p = 1; p < size_; ++p) fn(acc, slots + n * p, n / elem);
+  if (scale != 1.0) ScaleBuffer(acc, n / elem, dtype, scale);
+  buf.CopyIn(acc);
+  return Status::OK();
+}
+
+// Ring allreduce as one pipelined stream per direction. Chunk c of the buffer is
+// elements [c * count / n, (c + 1) * count / n). Step k (0 <= k < 2n - 2) sends
+// chunk S(k) to the next rank and receives chunk R(k) from the previous one:
+//   reduce-scatter (k < n - 1):  S(k) = rank - k,        R(k) = rank - k - 1 (reduced in)
+//   allgather (k = n - 1 + j):   S(k) = rank + 1 - j,    R(k) = rank - j     (copied in)
+// S(k + 1) == R(k): what a step receives is what the next step forwards, so a byte
+// of step k + 1 may go out as soon as that byte of step k is received (and reduced).
+// The reduce-scatter lands in a scratch ring and is reduced into buf slice by slice;
+// the last reduce-scatter step also applies `scale` (this rank's chunk is final then).
+// Each chunk is reduced along the ring in one order, then copied to every rank,
+// so all ranks hold the same bits. Sends and allgather receives go straight from
+// and into the segments (sendmsg/recvmsg over iovecs).
+Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale) {
+  const int n = size_;
+  const size_t elem = DataTypeSize(dtype);
+  const size_t count = buf.bytes() / elem;
+  auto chunk_begin = [&](int c) {
+    c = ((c % n) + n) % n;
+    return count * static_cast<size_t>(c) / static_cast<size_t>(n) * elem;
+  };
+  auto chunk_bytes = [&](int c) {
+    c = ((c % n) + n) % n;
+    return (count * static_cast<size_t>(c + 1) / static_cast<size_t>(n) -
+            count * static_cast<size_t>(c) / static_cast<size_t>(n)) * elem;
+  };
+  const int steps = 2 * n - 2;
+  auto send_chunk = [&](int k) { return k < n - 1 ? rank_ - k : rank_ + 1 - (k - (n - 1)); };
+  auto recv_chunk = [&](int k) { return k < n - 1 ? rank_ - k - 1 : rank_ - (k - (n - 1)); };
+
+  size_t largest = 0;
+  for (int c = 0; c < n; ++c) largest = std::max(largest, chunk_bytes(c));
+  const size_t ring = std::min(kScratchBytes, (largest + elem - 1) / elem * elem);
+  scratch_.resize(std::max(scratch_.size(), ring));
+  char* scratch = scratch_.data();
+  ReduceFn fn = GetReduceFn(dtype, op);
+
+  const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
+  Status error;
+  int sk = 0, rk = 0;      // current send / receive step
+  size_t sent = 0;         // bytes of step sk sent
+  size_t got = 0;          // bytes of step rk received
+  size_t done = 0;         // bytes of step rk reduced (reduce-scatter) or received (allgather)
+  auto last_progress = Clock::now();
+  iovec iov[Layout::kMaxIov];
+
+  // Reduces received scratch bytes of step rk into buf, whole elements only.
+  auto reduce_ready = [&](bool force) {
+    size_t avail = (got - done) / elem * elem;
+    if (avail == 0 || (!force && avail < kReduceSlice && got < chunk_bytes(recv_chunk(rk)))) {
+      return;
+    }
+    const size_t base = chunk_begin(recv_chunk(rk));
+    const bool last = rk == n - 2;
+    while (avail > 0) {
+      const size_t at = done % ring;
+      const size_t len = std::min(avail, ring - at);
+      const char* from = scratch + at;
+      buf.Pieces(base + done, len, [&](char* p, size_t m) {
+        fn(p, from, m / elem);
+        if (last && scale != 1.0) ScaleBuffer(p, m / elem, dtype, scale);
+        from += m;
+      });
+      done += len;
+      avail -= len;
+    }
+  };
+  // Bytes of send step sk that may go now.
+  auto send_ready = [&]() -> size_t {
+    if (sk == 0 || sk - 1 < rk) return chunk_bytes(send_chunk(sk));
+    return sk - 1 == rk ? done : 0;
+  };
+
+  while (sk < steps || rk < steps) {
+    bool progress = false;
+    // Receive what has arrived for step rk.
+    while (rk < steps) {
+      const size_t total = chunk_bytes(recv_chunk(rk));
+      if (got == total) {
+        if (rk < n - 1) reduce_ready(true);
+        ++rk;
+        got = done = 0;
+        progress = true;
+        continue;
+      }
+      ssize_t r;
+      if (rk < n - 1) {
+        const size_t at = got % ring;
+        // Never overrun bytes not reduced yet.
+        const size_t room = std::min({ring - at, ring - (got - done), total - got});
+        if (room == 0) {
+          reduce_ready(true);
+          continue;
+        }
+        r = Move(prev, false, scratch + at, room, "allreduce", &error);
+      } else {
+        const int k = buf.Iov(chunk_begin(recv_chunk(rk)) + got, std::min(total - got, kMaxIo), iov);
+        r = Move(prev, false, iov, k, "allreduce", &error);
+      }
+      if (r < 0) return error;
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+      if (rk < n - 1) {
+        reduce_ready(false);
+      } else {
+        done = got;
+      }
+      progress = true;
+    }
+    // Send what may go: step 0 all of it, step sk > 0 what step sk - 1 has finished.
+    while (sk < steps) {
+      const size_t total = chunk_bytes(send_chunk(sk));
+      if (sent == total) {
+        ++sk;
+        sent = 0;
+        continue;
+      }
+      const size_t ready = send_ready();
+      if (ready <= sent) break;
+      const int k = buf.Iov(chunk_begin(send_chunk(sk)) + sent, std::min(ready - sent, kMaxIo), iov);
+      ssize_t w = Move(next, true, iov, k, "allreduce", &error);
+      if (w < 0) return error;
+      if (w == 0) break;
+      sent += static_cast<size_t>(w);
+      progress = true;
+    }
+    if (sk >= steps && rk >= steps) break;
+    if (progress) {
+      last_progress = Clock::now();
+      continue;
+    }
+    // Nothing moved: wait for the wire.
+    std::vector<std::pair<int, short>> waits;
+    if (rk < steps) waits.emplace_back(prev, POLLIN);
+    if (sk < steps && send_ready() > sent) waits.emplace_back(next, POLLOUT);
+    Status s = Wait(waits, last_progress, "allreduce");
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+}  // namespace spark_hvd

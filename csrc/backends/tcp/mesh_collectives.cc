@@ -1,0 +1,137 @@
+// TcpMesh collectives other than allreduce: allgather (fixed and variable blocks),
+// broadcast (direct or a chain), alltoall, barrier.
+#include <poll.h>
+
+#include <cstring>
+
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/socket.h"
+
+namespace spark_hvd {
+namespace {
+
+using tcp::Clock;
+
+// Broadcasts of at least this many bytes among more than two ranks use a chain.
+constexpr int64_t kChainBytes = 1 << 20;
+
+}  // namespace
+
+// Where each rank's block starts in a concatenation of blocks of these sizes
+// (size + 1 entries, the last one the total).
+std::vector<size_t> TcpMesh::Offsets(const std::vector<int64_t>& bytes) const {
+  std::vector<size_t> offset(static_cast<size_t>(size_) + 1, 0);
+  for (int p = 0; p < size_; ++p) offset[p + 1] = offset[p] + static_cast<size_t>(bytes[p]);
+  return offset;
+}
+
+Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
+  return AllgatherBlocks(in, out, Offsets(std::vector<int64_t>(size_, bytes)), "control allgather");
+}
+
+Status TcpMesh::Allgatherv(const void* in, void* out,
+                           const std::vector<int64_t>& bytes_per_rank) {
+  return AllgatherBlocks(in, out, Offsets(bytes_per_rank), "allgather");
+}
+
+Status TcpMesh::AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
+                                const char* what) {
+  if (!broken_.ok()) return broken_;
+  char* o = static_cast<char*>(out);
+  char* mine = o + offset[rank_];
+  const size_t n = offset[rank_ + 1] - offset[rank_];
+  if (n > 0 && mine != in) std::memmove(mine, in, n);
+  std::vector<Transfer> xs;
+  for (int k = 1; k < size_; ++k) {
+    if (n > 0) xs.push_back({(rank_ + k) % size_, mine, n, true});
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + size_ - k) % size_;
+    const size_t theirs = offset[p + 1] - offset[p];
+    if (theirs > 0) xs.push_back({p, o + offset[p], theirs, false});
+  }
+  return Exchange(xs, what);
+}
+
+// Large broadcasts among more than two ranks go down a chain (root, root + 1, ...),
+// each rank forwarding what it has received while the rest arrives: the root
+// sends the payload once instead of size - 1 times.
+Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
+  if (!broken_.ok()) return broken_;
+  if (bytes == 0) return Status::OK();
+  char* b = static_cast<char*>(buf);
+  if (size_ > 2 && bytes >= kChainBytes) {
+    const size_t total = static_cast<size_t>(bytes);
+    const int pos = (rank_ - root + size_) % size_;
+    const int prev = (rank_ + size_ - 1) % size_, next = (rank_ + 1) % size_;
+    const bool forward = pos < size_ - 1;
+    size_t got = pos == 0 ? total : 0, sent = 0;
+    auto last_progress = Clock::now();
+    Status error;
+    while (got < total || (forward && sent < total)) {
+      bool progress = false;
+      while (got < total) {
+        ssize_t r = Move(prev, false, b + got, total - got, "broadcast", &error);
+        if (r < 0) return error;
+        if (r == 0) break;
+        got += static_cast<size_t>(r);
+        progress = true;
+      }
+      while (forward && sent < got) {
+        ssize_t w = Move(next, true, b + sent, got - sent, "broadcast", &error);
+        if (w < 0) return error;
+        if (w == 0) break;
+        sent += static_cast<size_t>(w);
+        progress = true;
+      }
+      if (progress) {
+        last_progress = Clock::now();
+        continue;
+      }
+      std::vector<std::pair<int, short>> waits;
+      if (got < total) waits.emplace_back(prev, POLLIN);
+      if (forward && sent < got) waits.emplace_back(next, POLLOUT);
+      Status s = Wait(waits, last_progress, "broadcast");
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  }
+  std::vector<Transfer> xs;
+  if (rank_ == root) {
+    for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, b, static_cast<size_t>(bytes), true});
+  } else {
+    xs.push_back({root, b, static_cast<size_t>(bytes), false});
+  }
+  return Exchange(xs, "broadcast");
+}
+
+Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                          const std::vector<int64_t>& recv_bytes) {
+  if (!broken_.ok()) return broken_;
+  const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
+  const char* i = static_cast<const char*>(in);
+  char* o = static_cast<char*>(out);
+  if (send_bytes[rank_] > 0) {
+    std::memcpy(o + roff[rank_], i + soff[rank_], static_cast<size_t>(send_bytes[rank_]));
+  }
+  std::vector<Transfer> xs;
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + k) % size_;
+    if (send_bytes[p] > 0) {
+      xs.push_back({p, const_cast<char*>(i + soff[p]), static_cast<size_t>(send_bytes[p]), true});
+    }
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = (rank_ + size_ - k) % size_;
+    if (recv_bytes[p] > 0) xs.push_back({p, o + roff[p], static_cast<size_t>(recv_bytes[p]), false});
+  }
+  return Exchange(xs, "alltoall");
+}
+
+Status TcpMesh::Barrier() {
+  char mine = 1;
+  std::vector<char> all(static_cast<size_t>(size_));
+  return AllgatherBlocks(&mine, all.data(), Offsets(std::vector<int64_t>(size_, 1)), "barrier");
+}
+
+}  // namespace spark_hvd

@@ -1,0 +1,149 @@
+// TcpMesh socket I/O: one non-blocking send or receive (Move), waiting for the
+// wire (Wait), whole buffers with several peers at once (Exchange), and the errors
+// they report (after which the mesh is broken).
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <sstream>
+
+#include "backends/tcp/mesh.h"
+#include "backends/tcp/socket.h"
+#include "common/logging.h"
+
+namespace spark_hvd {
+
+using tcp::Clock;
+using tcp::Errno;
+using tcp::SecondsSince;
+
+TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s)
+    : rank_(rank), size_(size), fds_(std::move(fds)), timeout_s_(timeout_s) {}
+
+TcpMesh::~TcpMesh() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+Status TcpMesh::Fail(Status s) {
+  if (broken_.ok()) broken_ = s;
+  return s;
+}
+
+Status TcpMesh::PeerError(int peer, const char* what, int err) {
+  if (err == ECONNRESET || err == EPIPE) return PeerClosed(peer, what);
+  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
+                               " lost rank " + std::to_string(peer) + ": " + Errno(err)));
+}
+
+Status TcpMesh::PeerClosed(int peer, const char* what) {
+  // A rank that lost a peer stops and closes its connections too, so the first
+  // closed connection seen here may be a bystander's: name every peer whose
+  // connection is closed by now (a killed process's are closed by its kernel).
+  std::vector<pollfd> pfds;
+  std::vector<int> peers;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || p == peer) continue;
+    pfds.push_back(pollfd{fds_[p], POLLRDHUP, 0});
+    peers.push_back(p);
+  }
+  std::vector<int> closed{peer};
+  if (!pfds.empty() && ::poll(pfds.data(), pfds.size(), 0) > 0) {
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) closed.push_back(peers[i]);
+    }
+  }
+  std::sort(closed.begin(), closed.end());
+  std::string who;
+  for (int p : closed) who += (who.empty() ? "" : ",") + std::to_string(p);
+  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
+                               " lost rank" + (closed.size() > 1 ? "s " : " ") + who +
+                               ": connection closed (the process exited or was killed, or "
+                               "stopped after losing another rank)"));
+}
+
+Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {
+  std::string who;
+  for (int p : peers) who += (who.empty() ? "" : ", ") + std::to_string(p);
+  std::ostringstream os;
+  os << what << " on rank " << rank_ << " heard nothing from rank(s) " << who << " for "
+     << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S)";
+  return Fail(Status::Timeout(os.str()));
+}
+
+ssize_t TcpMesh::Move(int peer, bool send, iovec* iov, int iovcnt, const char* what,
+                      Status* error) {
+  msghdr msg{};
+  msg.msg_iov = iov;
+  msg.msg_iovlen = static_cast<size_t>(iovcnt);
+  while (true) {
+    ssize_t r = send ? ::sendmsg(fds_[peer], &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+                     : ::recvmsg(fds_[peer], &msg, MSG_DONTWAIT);
+    if (r > 0) return r;
+    if (r == 0 && !send) {
+      *error = PeerClosed(peer, what);
+      return -1;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    *error = PeerError(peer, what, r < 0 ? errno : EPIPE);
+    return -1;
+  }
+}
+
+ssize_t TcpMesh::Move(int peer, bool send, char* data, size_t len, const char* what,
+                      Status* error) {
+  iovec iov{data, std::min(len, kMaxIo)};
+  return Move(peer, send, &iov, 1, what, error);
+}
+
+Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
+                     Clock::time_point last_progress, const char* what) {
+  std::vector<pollfd> pfds;
+  std::vector<int> peers;
+  for (const auto& w : waits) {
+    auto it = std::find(peers.begin(), peers.end(), w.first);
+    if (it != peers.end()) {
+      pfds[static_cast<size_t>(it - peers.begin())].events |= w.second;
+      continue;
+    }
+    pfds.push_back(pollfd{fds_[w.first], w.second, 0});
+    peers.push_back(w.first);
+  }
+  SHVD_CHECK(!pfds.empty());
+  const double left = timeout_s_ - SecondsSince(last_progress);
+  if (left <= 0) return Timeout(peers, what);
+  int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(left * 1000) + 1);
+  if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+  return Status::OK();
+}
+
+Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
+  auto last_progress = Clock::now();
+  std::vector<std::pair<int, short>> waits;
+  Status error;
+  while (true) {
+    bool progress = false;
+    waits.clear();
+    for (auto& x : xs) {
+      while (x.left > 0) {
+        ssize_t r = Move(x.peer, x.send, x.data, x.left, what, &error);
+        if (r < 0) return error;
+        if (r == 0) break;
+        x.data += r;
+        x.left -= static_cast<size_t>(r);
+        progress = true;
+      }
+      if (x.left > 0) waits.emplace_back(x.peer, x.send ? POLLOUT : POLLIN);
+    }
+    if (waits.empty()) return Status::OK();
+    if (progress) last_progress = Clock::now();
+    Status s = Wait(waits, last_progress, what);
+    if (!s.ok()) return s;
+  }
+}
+
+}  // namespace spark_hvd
