@@ -5,15 +5,13 @@
 #include <algorithm>
 #include <chrono>
 
-#include "common/config.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/executor.h"
-#if SPARK_HVD_HAVE_MPI
-#include "backends/mpi/communicator.h"
-#endif
 
 namespace spark_hvd {
+
+Engine::Engine() { RegisterBuiltinBackends(&registry_); }
 
 Engine::~Engine() { Shutdown(); }
 
@@ -22,17 +20,7 @@ void Engine::Init(const EngineOptions& options) {
   if (thread_.joinable()) thread_.join();
   options_ = options;
   controller_name_ = options.controller;
-  if (controller_name_ != "gloo" && controller_name_ != "mpi") {
-    throw StatusError(Status::InvalidArgument("unknown controller '" + controller_name_ +
-                                              "': SPARK_HVD_CONTROLLER must be gloo or mpi"));
-  }
-#if !SPARK_HVD_HAVE_MPI
-  if (controller_name_ == "mpi") {
-    throw StatusError(Status::InvalidArgument(
-        "this spark_hvd was built without MPI (spark_hvd.mpi_built() is False); install an MPI "
-        "(apt-get install libopenmpi-dev) and reinstall, or launch without --mpi"));
-  }
-#endif
+  registry_.AddPlugins(env::BackendPlugins());
   rank_ = options.rank;
   size_ = options.size;
   shutdown_requested_ = false;
@@ -58,55 +46,40 @@ std::unique_ptr<ProcessSet> Engine::MakeProcessSet(int32_t id, std::vector<int32
   auto set = std::make_unique<ProcessSet>();
   set->id = id;
   set->ranks = std::move(ranks);
-  const int32_t me = set->SetRank(rank_);
-#if SPARK_HVD_HAVE_MPI
-  if (controller_name_ == "mpi") {
-    // Collective over the world communicator: every rank calls it, members get one.
-    auto* world = static_cast<MpiCommunicator*>(sets_.Get(0)->comms[0].get());
-    std::vector<int> rs(set->ranks.begin(), set->ranks.end());
-    auto sub = world->Subset(rs);
-    if (sub) set->comms.push_back(std::move(sub));
-    return set;
-  }
-#endif
-  if (me >= 0) {
-    GlooOptions gopts = options_.gloo;
-    gopts.timeout_s = env::TimeoutS();
-    std::shared_ptr<Store> store;
-    if (options_.store) {
-      store = std::make_shared<PrefixStore>(
-          options_.store_prefix + "/gloo/set" + std::to_string(id), options_.store);
-    }
-    set->comms.push_back(GlooCommunicator::Connect(me, static_cast<int>(set->ranks.size()),
-                                                   store, gopts));
+  // Each backend splits its own global communicator (collective over the job;
+  // ranks outside the set get no communicator).
+  for (const auto& link : sets_.Get(0)->comms) {
+    auto sub = link.comm->Split(set->ranks, id);
+    if (sub) set->comms.push_back({link.backend, std::move(sub)});
   }
   return set;
 }
 
 void Engine::Connect() {
-  if (controller_name_ == "gloo" && size_ > 1 && !options_.store) {
-    throw StatusError(Status::InvalidArgument(
-        "size > 1 needs a rendezvous store: launch with spark-hvdrun or spark_hvd.spark.run "
-        "(SPARK_HVD_RENDEZVOUS_ADDR/PORT are not set)"));
+  BackendOptions bo;
+  bo.rank = rank_;
+  bo.size = size_;
+  bo.controller = controller_name_;
+  bo.cpu_operations = CpuOperationsSetting();
+  bo.store = options_.store;
+  bo.store_prefix = options_.store_prefix;
+  bo.bind_host = options_.bind_host;
+  bo.timeout_s = env::TimeoutS();
+  bo.connect_timeout_s = options_.connect_timeout_s;
+  backends_ = registry_.Select(bo);
+  // The control plane connects first: it may define the ranks (MPI's world).
+  Backend* control = *std::find_if(backends_.begin(), backends_.end(),
+                                   [](Backend* b) { return b->ControlPlane(); });
+  std::unique_ptr<Communicator> control_comm = control->Connect(bo);
+  rank_ = bo.rank = control_comm->rank();
+  size_ = bo.size = control_comm->size();
+  SetLogRank(rank_);
+  auto global = std::make_unique<ProcessSet>();
+  for (int32_t r = 0; r < size_; ++r) global->ranks.push_back(r);
+  for (Backend* b : backends_) {
+    global->comms.push_back({b, b == control ? std::move(control_comm) : b->Connect(bo)});
+    if (b == control) control_ = global->comms.back().comm.get();
   }
-  std::unique_ptr<ProcessSet> global;
-#if SPARK_HVD_HAVE_MPI
-  if (controller_name_ == "mpi") {
-    auto world = MpiCommunicator::World();  // MPI_Init happens on this (background) thread
-    rank_ = world->rank();
-    size_ = world->size();
-    SetLogRank(rank_);
-    global = std::make_unique<ProcessSet>();
-    for (int32_t r = 0; r < size_; ++r) global->ranks.push_back(r);
-    global->comms.push_back(std::move(world));
-  }
-#endif
-  if (!global) {
-    std::vector<int32_t> all;
-    for (int32_t r = 0; r < size_; ++r) all.push_back(r);
-    global = MakeProcessSet(0, all);
-  }
-  control_ = global->comms.at(0).get();
   sets_.Add(std::move(global));
 }
 
@@ -115,10 +88,12 @@ void Engine::Loop(std::promise<Status>* ready) {
     Connect();
   } catch (const StatusError& e) {
     sets_.Clear();
+    FinalizeBackends();
     ready->set_value(e.status());
     return;
   } catch (const std::exception& e) {
     sets_.Clear();
+    FinalizeBackends();
     ready->set_value(Status::Internal(std::string("engine start failed: ") + e.what()));
     return;
   }
@@ -208,10 +183,13 @@ void Engine::Loop(std::promise<Status>* ready) {
   queue_.FailAll(&completions_, failure_);
   control_ = nullptr;
   sets_.Clear();
-#if SPARK_HVD_HAVE_MPI
-  if (controller_name_ == "mpi") MpiCommunicator::Finalize();
-#endif
+  FinalizeBackends();
   timeline_.Stop();
+}
+
+void Engine::FinalizeBackends() {
+  for (Backend* b : backends_) b->Finalize();
+  backends_.clear();
 }
 
 void Engine::ChangeProcessSets(const Response& r) {

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/gloo/communicator.h"
+#include "backends/registry.h"
 #include "engine/controller.h"
 #include "engine/op_state.h"
 #include "engine/tensor_queue.h"
@@ -26,16 +26,17 @@ namespace spark_hvd {
 struct EngineOptions {
   int32_t rank = 0;
   int32_t size = 1;
-  std::string controller = "gloo";  // "gloo" or "mpi"
-  std::shared_ptr<Store> store;     // gloo bootstrap (required for gloo with size > 1)
+  std::string controller = "gloo";  // "gloo" (rendezvous store) or "mpi" (mpirun)
+  std::shared_ptr<Store> store;     // the rendezvous store (needed by "gloo" with size > 1)
   std::string store_prefix = "spark_hvd";
-  GlooOptions gloo;
+  std::string bind_host = "127.0.0.1";  // the address peers reach this rank at
+  double connect_timeout_s = 60.0;
   std::string timeline_path;
 };
 
 class Engine {
  public:
-  Engine() = default;
+  Engine();  // registers the built-in backends
   ~Engine();
 
   // Connects and starts the background thread; returns once connected or throws.
@@ -58,6 +59,9 @@ class Engine {
   std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
   std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
 
+  // Backends, in priority order; a test or plugin may add one before Init.
+  BackendRegistry& registry() { return registry_; }
+
   bool StartTimeline(const std::string& path);
   void StopTimeline();
 
@@ -66,6 +70,7 @@ class Engine {
   void Connect();
   std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
   void ChangeProcessSets(const Response& r);
+  void FinalizeBackends();  // after every communicator is gone
   void Validate(const Request& req) const;
   Status Stopped() const;
 
@@ -81,9 +86,12 @@ class Engine {
 
   Completions completions_;
   TensorQueue queue_;
+  BackendRegistry registry_;
+  std::vector<Backend*> backends_;  // the ones this job uses, in priority order
   ProcessSetTable sets_;
   Timeline timeline_;
-  Communicator* control_ = nullptr;  // the global set's first communicator
+  Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
+                                     // backend that can carry it
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

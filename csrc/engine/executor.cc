@@ -10,8 +10,6 @@
 namespace spark_hvd {
 namespace {
 
-constexpr int64_t kInPlaceBytes = 1 << 20;
-
 std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
   return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
 }
@@ -22,14 +20,6 @@ std::string Upper(std::string s) {
 }
 
 }  // namespace
-
-uint8_t* Executor::FusionBuffer(int64_t bytes) {
-  if (static_cast<int64_t>(fusion_.size()) < bytes) {
-    // Allocate once at the threshold so the address stays put across steps.
-    fusion_.resize(static_cast<size_t>(std::max(bytes, env::FusionThresholdBytes())));
-  }
-  return fusion_.data();
-}
 
 void Executor::Phase(const Entries& es, const char* phase, int64_t start_us) {
   if (!timeline_->active()) return;
@@ -68,7 +58,7 @@ Status Executor::Execute(const Response& r) {
   }
   ProcessSet* set = sets_->Get(r.process_set);
   if (set == nullptr || !set->Contains(rank_)) return Status::OK();
-  Communicator* comm = set->For(r.device);
+  Communicator* comm = set->For(r.device, r.op);
   if (comm == nullptr) {
     fail_all(Status::InvalidArgument(
         "no backend of this build executes ops on device " + std::to_string(r.device) +
@@ -109,55 +99,54 @@ Status Executor::Execute(const Response& r) {
 }
 
 Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
-  const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
-  const int64_t total = r.TotalElements();
-  const int64_t threshold = env::FusionThresholdBytes();
-  // Backends that address several buffers reduce every output in place, unless
-  // tensors share memory (packing keeps such ops as they were: all inputs are read
-  // before any output is written).
-  if (comm->SegmentedAllreduce() && Disjoint(r, es)) return AllreduceSegments(r, es, comm);
-  // A lone tensor of at least kInPlaceBytes reduces in its own output buffer:
-  // packing would only add two copies. Smaller ones go through the fusion buffer,
-  // whose fixed address lets the backend reuse its set-up-once algorithms.
-  if (r.tensors.size() == 1 &&
-      (threshold <= 0 || total * dsize > threshold || total * dsize >= kInPlaceBytes)) {
-    return AllreduceOne(r, es[0].get(), r.tensors[0], comm);
-  }
-  // Fused: pack, reduce once, unpack.
-  int64_t t0 = NowMicros();
-  const int64_t padded = std::max(total, comm->StableAllreduceCount(total));
-  uint8_t* buf = FusionBuffer(padded * dsize);
-  int64_t offset = 0;
+  // Tensors that share memory (in-place views of one buffer) are packed: all inputs
+  // are read before any output is written, so each element is reduced once.
+  if (!Disjoint(r, es)) return AllreducePacked(r, es, comm);
+  std::vector<Segment> segments;
+  std::vector<std::vector<uint8_t>> neutral(r.tensors.size());
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
+    segments.push_back(Segment{InPlaceInput(r, es[i].get(), n, &neutral[i]), n});
+  }
+  const double scale = BackendScale(r);
+  const int64_t t1 = NowMicros();
+  Status s = comm->Allreduce(segments, r.dtype, r.reduce_op, scale);
+  if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
+  if (scale == 1.0) {
+    for (const auto& seg : segments) Finish(r, seg.data, seg.count);
+  }
+  return Status::OK();
+}
+
+Status Executor::AllreducePacked(const Response& r, Entries& es, Communicator* comm) {
+  const int64_t t0 = NowMicros();
+  const size_t dsize = DataTypeSize(r.dtype);
+  std::vector<uint8_t> packed(static_cast<size_t>(r.TotalElements()) * dsize);
+  size_t offset = 0;
+  for (size_t i = 0; i < r.tensors.size(); ++i) {
+    const size_t n = static_cast<size_t>(NumElements(r.tensors[i].shape));
     if (es[i]) {
-      std::memcpy(buf + offset, es[i]->input, static_cast<size_t>(n * dsize));
-      ScaleBuffer(buf + offset, static_cast<size_t>(n), r.dtype, r.prescale);
+      std::memcpy(packed.data() + offset, es[i]->input, n * dsize);
+      ScaleBuffer(packed.data() + offset, n, r.dtype, r.prescale);
     } else {
-      FillNeutral(buf + offset, static_cast<size_t>(n), r.dtype, r.reduce_op);
+      FillNeutral(packed.data() + offset, n, r.dtype, r.reduce_op);
     }
     offset += n * dsize;
   }
-  // Padding up to the backend's size class: zeros on every rank (its result is
-  // never read, but zeros keep every op's arithmetic well defined).
-  if (padded > total) std::memset(buf + offset, 0, static_cast<size_t>((padded - total) * dsize));
   Phase(es, "MEMCPY_IN_FUSION_BUFFER", t0);
-  int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(buf, padded, r.dtype, r.reduce_op, /*stable_buffer=*/true);
+  const int64_t t1 = NowMicros();
+  const int64_t total = r.TotalElements();
+  const double scale = BackendScale(r);
+  Status s = comm->Allreduce({Segment{packed.data(), total}}, r.dtype, r.reduce_op, scale);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
-  int64_t t2 = NowMicros();
-  // Average of floats without a postscale: divide while copying out (one pass).
-  const double inv = BackendScale(r);
-  if (inv == 1.0) Finish(r, buf, total);
+  const int64_t t2 = NowMicros();
+  if (scale == 1.0) Finish(r, packed.data(), total);
   offset = 0;
   for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const int64_t n = NumElements(r.tensors[i].shape);
-    if (es[i] && inv != 1.0) {
-      ScaleCopy(es[i]->output, buf + offset, static_cast<size_t>(n), r.dtype, inv);
-    } else if (es[i]) {
-      std::memcpy(es[i]->output, buf + offset, static_cast<size_t>(n * dsize));
-    }
+    const size_t n = static_cast<size_t>(NumElements(r.tensors[i].shape));
+    if (es[i]) std::memcpy(es[i]->output, packed.data() + offset, n * dsize);
     offset += n * dsize;
   }
   Phase(es, "MEMCPY_OUT_FUSION_BUFFER", t2);
@@ -212,42 +201,6 @@ void* Executor::InPlaceInput(const Response& r, TensorEntry* e, int64_t n,
   if (e->input != e->output) std::memmove(e->output, e->input, count * DataTypeSize(r.dtype));
   ScaleBuffer(e->output, count, r.dtype, r.prescale);
   return e->output;
-}
-
-// The tensors reduced in place in their outputs as one allreduce (no fusion buffer:
-// the backend addresses every output itself). Ranks that joined contribute neutral
-// values from a temporary.
-Status Executor::AllreduceSegments(const Response& r, Entries& es, Communicator* comm) {
-  std::vector<Segment> segments;
-  std::vector<std::vector<uint8_t>> neutral(r.tensors.size());
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const int64_t n = NumElements(r.tensors[i].shape);
-    segments.push_back(Segment{InPlaceInput(r, es[i].get(), n, &neutral[i]), n});
-  }
-  const double scale = BackendScale(r);
-  const int64_t t1 = NowMicros();
-  Status s = comm->AllreduceSegments(segments, r.dtype, r.reduce_op, scale);
-  if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
-  if (scale == 1.0) {
-    for (const auto& seg : segments) Finish(r, seg.data, seg.count);
-  }
-  return Status::OK();
-}
-
-Status Executor::AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t,
-                              Communicator* comm) {
-  const int64_t n = NumElements(t.shape);
-  std::vector<uint8_t> neutral;
-  void* buf = InPlaceInput(r, e, n, &neutral);
-  int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(buf, n, r.dtype, r.reduce_op, /*stable_buffer=*/false);
-  if (!s.ok()) return s;
-  if (e && timeline_->active()) {
-    timeline_->Event(e->req.name, Upper(comm->name()) + "_ALLREDUCE", t1, NowMicros());
-  }
-  Finish(r, buf, n);
-  return Status::OK();
 }
 
 Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
@@ -334,7 +287,7 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   if (n) std::memcpy(full.data(), e->input, full.size());
   ScaleBuffer(full.data(), static_cast<size_t>(n), r.dtype, r.prescale);
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(full.data(), n, r.dtype, r.reduce_op, /*stable_buffer=*/false);
+  Status s = comm->Allreduce({Segment{full.data(), n}}, r.dtype, r.reduce_op, 1.0);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
   Finish(r, full.data(), n);

@@ -1,7 +1,7 @@
 // Executor: carries out the responses the controller agreed on, on the first
-// communicator of the process set that accepts the tensors' device; packs fused
-// allreduces through one persistent fusion buffer (stable address, so the
-// backends' set-up-once algorithms are reused every step).
+// communicator of the process set whose backend accepts the tensors' device and
+// op. Allreduces (fused or not) go to the backend as segments reduced in place
+// in the outputs; only tensors that share memory are packed here first.
 #pragma once
 
 #include <memory>
@@ -27,8 +27,7 @@ class Executor {
  private:
   using Entries = std::vector<std::unique_ptr<TensorEntry>>;
   Status Allreduce(const Response& r, Entries& es, Communicator* comm);
-  Status AllreduceOne(const Response& r, TensorEntry* e, const ResponseTensor& t, Communicator* comm);
-  Status AllreduceSegments(const Response& r, Entries& es, Communicator* comm);
+  Status AllreducePacked(const Response& r, Entries& es, Communicator* comm);
   void* InPlaceInput(const Response& r, TensorEntry* e, int64_t n,
                      std::vector<uint8_t>* neutral) const;
   // No two tensors' inputs/outputs share memory (then they may be reduced in place).
@@ -42,14 +41,12 @@ class Executor {
   // Average and postscale after a reduction of n elements.
   void Finish(const Response& r, void* buf, int64_t n) const;
   void Phase(const Entries& es, const char* phase, int64_t start_us);
-  uint8_t* FusionBuffer(int64_t bytes);
 
   int32_t rank_;
   ProcessSetTable* sets_;
   TensorQueue* queue_;
   Completions* completions_;
   Timeline* timeline_;
-  std::vector<uint8_t> fusion_;
 };
 
 }  // namespace spark_hvd

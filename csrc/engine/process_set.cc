@@ -12,9 +12,9 @@ int32_t ProcessSet::SetRank(int32_t global_rank) const {
   return static_cast<int32_t>(it - ranks.begin());
 }
 
-Communicator* ProcessSet::For(int32_t device) const {
-  for (const auto& c : comms) {
-    if (c->Accepts(device)) return c.get();
+Communicator* ProcessSet::For(int32_t device, OpType op) const {
+  for (const auto& link : comms) {
+    if (link.backend->Accepts(device, op)) return link.comm.get();
   }
   return nullptr;
 }

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/backend.h"
 #include "backends/communicator.h"
 
 namespace spark_hvd {
@@ -15,12 +16,17 @@ namespace spark_hvd {
 struct ProcessSet {
   int32_t id = 0;
   std::vector<int32_t> ranks;  // global ranks, sorted
-  // Ordered registry: the first communicator that Accepts(device) executes the op.
-  std::vector<std::unique_ptr<Communicator>> comms;
+  // One communicator per backend of the job, in the registry's priority order.
+  struct Link {
+    Backend* backend;
+    std::unique_ptr<Communicator> comm;
+  };
+  std::vector<Link> comms;
 
   bool Contains(int32_t global_rank) const;
   int32_t SetRank(int32_t global_rank) const;  // -1 when not a member
-  Communicator* For(int32_t device) const;
+  // The first communicator whose backend executes `op` on `device`; null if none.
+  Communicator* For(int32_t device, OpType op) const;
 };
 
 // Owned by the engine. The background thread mutates it; API threads read

@@ -135,8 +135,8 @@ PYBIND11_MODULE(_core, m) {
         o.controller = controller;
         if (!store.is_none()) o.store = std::make_shared<PyStore>(store);
         o.store_prefix = store_prefix;
-        o.gloo.bind_host = bind_host;
-        o.gloo.connect_timeout_s = connect_timeout_s;
+        o.bind_host = bind_host;
+        o.connect_timeout_s = connect_timeout_s;
         o.timeline_path = timeline_path;
         Native([&] { TheEngine().Init(o); });
       },

@@ -1,4 +1,4 @@
-"""The Gloo backend's own TCP connections (csrc/backends/gloo/tcp_mesh.*): a rank's
+"""The Gloo backend's own TCP connections (csrc/backends/tcp/): a rank's
 listener accepts only peers that present its token from the rendezvous store."""
 
 import os
@@ -27,7 +27,7 @@ def test_listener_drops_connections_without_the_token_and_the_job_still_connects
     job = DirectJob(2, [PYTHON, "-c", WORKER, str(go)])
     try:
         # Rank 0 publishes "host port token" and waits for rank 1, which waits for us.
-        key = f"{job.server.run_id}/init1/gloo/set0/tcp/0"
+        key = f"{job.server.run_id}/init1/tcp/set0/tcp/0"
         host, port, token = job.server.get(key, 60).decode().split()
         assert len(token) == 32
         wrong = "0" * 32 if token != "0" * 32 else "1" * 32

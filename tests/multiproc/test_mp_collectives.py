@@ -1,5 +1,5 @@
 """The op matrix (cases_collectives.py) on 1, 2 and 3 ranks, under ``--mpi`` on 2, and on
-Gloo's pairs and algorithms (SPARK_HVD_GLOO_DATA_PLANE=gloo) on 3.
+Gloo's pairs and algorithms (SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
 
 One job per rank count runs every case; each case is its own test item here.
 """
@@ -30,5 +30,5 @@ def test_case_mpi(case_runs, case):
 
 @pytest.mark.parametrize("case", MPI_NAMES)
 def test_case_gloo_data_plane(case_runs, case):
-    case_runs.get("cases_collectives", 3, env={"SPARK_HVD_GLOO_DATA_PLANE": "gloo"},
+    case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "gloo"},
                   pattern=MPI_PATTERN).check(case)

@@ -416,6 +416,27 @@ def test_size_without_rendezvous_is_a_clear_error():
     assert "spark-hvdrun" in init_error({"SPARK_HVD_RANK": "0", "SPARK_HVD_SIZE": "2"})
 
 
-def test_unknown_gloo_data_plane_is_a_clear_error():
-    out = init_error({"SPARK_HVD_GLOO_DATA_PLANE": "udp"})
-    assert "SPARK_HVD_GLOO_DATA_PLANE='udp'" in out and "'tcp'" in out and "'gloo'" in out
+@pytest.mark.parametrize("var", ["SPARK_HVD_CPU_OPERATIONS", "SPARK_HVD_GLOO_DATA_PLANE"])
+def test_unknown_cpu_backend_is_a_clear_error(var):
+    out = init_error({var: "udp"})
+    assert var in out and "'udp' is not a backend" in out, out
+    assert "use one of: mpi, gloo, tcp" in out, out
+
+
+@pytest.mark.parametrize("backend", ["mpi"])
+def test_cpu_backend_that_needs_mpirun_is_a_clear_error(backend):
+    out = init_error({"SPARK_HVD_CPU_OPERATIONS": backend})
+    assert "mpirun" in out and "--mpi" in out, out
+
+
+def test_cpu_operations_gloo_runs_a_one_rank_job():
+    code = textwrap.dedent("""
+        import numpy as np, spark_hvd as hvd
+        hvd.init()
+        print(hvd.allreduce(np.arange(4.0), name="x").tolist())
+        hvd.shutdown()
+    """)
+    env = dict(os.environ, SPARK_HVD_CPU_OPERATIONS="gloo", PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[0.0, 1.0, 2.0, 3.0]", proc.stderr

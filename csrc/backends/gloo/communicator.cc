@@ -8,18 +8,19 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/hash_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <pthread.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <chrono>
 #include <cstring>
 #include <utility>
 
-#include "backends/tcp/mesh.h"
+#include "backends/members.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/reduce.h"
@@ -27,8 +28,7 @@
 namespace spark_hvd {
 namespace {
 
-// With SPARK_HVD_GLOO_DATA_PLANE=gloo, allreduce is Gloo's halving-doubling at
-// every size: measured with bench/allreduce.py on
+// Allreduce is Gloo's halving-doubling at every size: measured with bench/allreduce.py on
 // this Debian gloo (2022), both its chunked ring and the options-API ring take a
 // ~90 ms stall per call from 256 KiB to 1 MiB on loopback, while halving-doubling
 // matches or beats torch's gloo up to 16 MiB.
@@ -40,6 +40,10 @@ constexpr int64_t kMinCachedScratchBytes = 64 << 20;
 // Stable-buffer counts round up to a multiple of a quarter of their power of two
 // (at most 25% padding; four size classes per octave), at least this many elements.
 constexpr int64_t kMinCountGranule = 1024;
+// A lone tensor of at least this size is reduced in its own memory (packing would
+// only add two copies); smaller ones go through the fusion buffer, whose fixed
+// address keeps the set-up-once algorithms reused.
+constexpr int64_t kDirectMinBytes = 1 << 20;
 
 // Adapts our Store to the interface gloo's rendezvous expects.
 class GlooStoreAdapter : public gloo::rendezvous::Store {
@@ -146,86 +150,71 @@ Status Guard(const char* what, int rank, F&& fn) {
 
 }  // namespace
 
-GlooCommunicator::GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context,
-                                   std::unique_ptr<TcpMesh> mesh)
-    : rank_(rank),
-      size_(size),
-      context_(std::move(context)),
-      mesh_(std::move(mesh)),
-      gloo_plane_(env::GlooDataPlane() == "gloo") {}
+GlooCommunicator::GlooCommunicator(const BackendOptions& options, std::vector<int32_t> members,
+                                   int rank, std::shared_ptr<gloo::Context> context)
+    : options_(options), members_(std::move(members)), rank_(rank), context_(std::move(context)) {}
 
 GlooCommunicator::~GlooCommunicator() {
   algos_.clear();
-  mesh_.reset();
   context_.reset();
 }
 
-std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
-                                                            std::shared_ptr<Store> store,
-                                                            const GlooOptions& options) {
-  gloo::transport::tcp::attr attr;
-  attr.hostname = options.bind_host;
-  const std::string& plane = env::GlooDataPlane();
-  if (plane != "tcp" && plane != "gloo") {
-    throw StatusError(Status::InvalidArgument(
-        "SPARK_HVD_GLOO_DATA_PLANE='" + plane +
-        "' is not a data plane: use 'tcp' (the default: spark_hvd's own connections) or 'gloo' "
-        "(Gloo's pairs and algorithms)"));
-  }
-  SHVD_CHECK(store != nullptr || size == 1);  // a one-rank job needs no rendezvous
+std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(const BackendOptions& options,
+                                                            std::vector<int32_t> members,
+                                                            int32_t set_id) {
+  const int rank = MemberRank(members, options.rank);
+  const int size = static_cast<int>(members.size());
   std::shared_ptr<gloo::Context> result;
-  std::unique_ptr<TcpMesh> mesh;
-  Status s = Guard("connect", rank, [&] {
-    if (size > 1) {
-      mesh = TcpMesh::Connect(rank, size, store.get(), options.bind_host, options.timeout_s,
-                              options.connect_timeout_s);
-    }
-    if (plane != "gloo") return;
-    // Gloo's event-loop thread starts here and inherits this thread's name: name it
-    // for top -H / perf, then take our own name back (also when this throws).
-    struct LoopThreadName {
-      char own[16] = {0};
-      LoopThreadName() {
+  if (size > 1) {
+    SHVD_CHECK(options.store != nullptr);
+    Status s = Guard("connect", rank, [&] {
+      // Gloo's event-loop thread starts here and inherits this thread's name: name it
+      // for top -H / perf, then take our own name back (also when this throws).
+      struct LoopThreadName {
+        char own[16] = {0};
+        LoopThreadName() {
 #ifdef __linux__
-        pthread_getname_np(pthread_self(), own, sizeof(own));
-        pthread_setname_np(pthread_self(), "shvd_gloo_io");
+          pthread_getname_np(pthread_self(), own, sizeof(own));
+          pthread_setname_np(pthread_self(), "shvd_gloo_io");
 #endif
-      }
-      ~LoopThreadName() {
+        }
+        ~LoopThreadName() {
 #ifdef __linux__
-        pthread_setname_np(pthread_self(), own);
+          pthread_setname_np(pthread_self(), own);
 #endif
+        }
+      };
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options.bind_host;
+      std::shared_ptr<gloo::transport::Device> device;
+      {
+        LoopThreadName naming;
+        device = gloo::transport::tcp::CreateDevice(attr);
       }
-    };
-    std::shared_ptr<gloo::transport::Device> device;
-    {
-      LoopThreadName naming;
-      device = gloo::transport::tcp::CreateDevice(attr);
-    }
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-    ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
-    if (store) {
-      GlooStoreAdapter adapter(store, options.connect_timeout_s);
+      auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      ctx->setTimeout(std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000)));
+      auto prefixed = std::make_shared<PrefixStore>(
+          options.store_prefix + "/gloo/set" + std::to_string(set_id), options.store);
+      GlooStoreAdapter adapter(prefixed, options.connect_timeout_s);
       ctx->connectFullMesh(adapter, device);
-    } else {
-      gloo::rendezvous::HashStore local;
-      ctx->connectFullMesh(local, device);
-    }
-    result = ctx;
-  });
-  if (!s.ok()) throw StatusError(s);
-  SHVD_LOG(kDebug, "gloo") << "connected rank " << rank << " of " << size << " on "
-                           << options.bind_host;
+      result = ctx;
+    });
+    if (!s.ok()) throw StatusError(s);
+  }
+  SHVD_LOG(kDebug, "gloo") << "connected rank " << rank << " of " << size << " (set " << set_id
+                           << ") on " << options.bind_host;
   return std::unique_ptr<GlooCommunicator>(
-      new GlooCommunicator(rank, size, result, std::move(mesh)));
+      new GlooCommunicator(options, std::move(members), rank, std::move(result)));
+}
+
+std::unique_ptr<Communicator> GlooCommunicator::Split(const std::vector<int32_t>& ranks,
+                                                      int32_t set_id) {
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
+  return Connect(options_, SplitMembers(members_, ranks), set_id);
 }
 
 Status GlooCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes) {
-  if (size_ == 1) {
-    std::memcpy(out, in, bytes);
-    return Status::OK();
-  }
-  return mesh_->AllgatherFixed(in, out, bytes);
+  return Allgatherv(in, out, std::vector<int64_t>(members_.size(), bytes));
 }
 
 std::unique_ptr<gloo::Algorithm> GlooCommunicator::NewAllreduce(void* buf, int64_t count,
@@ -263,20 +252,18 @@ gloo::Algorithm* GlooCommunicator::CachedAllreduce(void* buf, int64_t count, Dat
   return algos_.front().algo.get();
 }
 
-int64_t GlooCommunicator::StableAllreduceCount(int64_t count) const {
-  // The ring sets nothing up per size; halving-doubling allocates per size.
-  if (!gloo_plane_ || count <= kMinCountGranule) return count;
+int64_t GlooCommunicator::SizeClass(int64_t count) {
+  if (count <= kMinCountGranule) return count;
   int64_t pow2 = 1;
   while (pow2 * 2 <= count) pow2 *= 2;
   const int64_t granule = std::max(kMinCountGranule, pow2 / 4);
   return (count + granule - 1) / granule * granule;
 }
 
-Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                   bool stable_buffer) {
-  if (size_ == 1 || count == 0) return Status::OK();
-  if (!gloo_plane_) return mesh_->Allreduce({Segment{buf, count}}, dtype, op, 1.0);
-  const int64_t elem = DataTypeSize(dtype);
+Status GlooCommunicator::ReduceContiguous(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                          bool stable) {
+  if (!context_ || count == 0) return Status::OK();
+  const int64_t elem = static_cast<int64_t>(DataTypeSize(dtype));
   const int64_t chunk = std::max<int64_t>(1, env::GlooChunkBytes() / elem);
   return Guard("allreduce", rank_, [&] {
     // Large tensors go as consecutive pieces: one halving-doubling over 64 MiB
@@ -284,7 +271,7 @@ Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, Red
     for (int64_t off = 0; off < count; off += chunk) {
       const int64_t n = std::min(chunk, count - off);
       void* piece = static_cast<char*>(buf) + off * elem;
-      if (stable_buffer) {
+      if (stable) {
         CachedAllreduce(piece, n, dtype, op)->run();
       } else {
         // A caller's buffer: its address may repeat on one rank and not on another
@@ -295,21 +282,24 @@ Status GlooCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, Red
   });
 }
 
-Status GlooCommunicator::AllreduceSegments(const std::vector<Segment>& segments, DataType dtype,
-                                           ReduceOp op, double scale) {
-  return mesh_->Allreduce(segments, dtype, op, scale);
+Status GlooCommunicator::Allreduce(const std::vector<Segment>& segments, DataType dtype,
+                                   ReduceOp op, double scale) {
+  return fusion_.Allreduce(
+      segments, dtype, scale, kDirectMinBytes, context_ ? &SizeClass : nullptr,
+      [&](void* buf, int64_t count, bool stable) {
+        return ReduceContiguous(buf, count, dtype, op, stable);
+      });
 }
 
 Status GlooCommunicator::Allgatherv(const void* in, void* out,
                                     const std::vector<int64_t>& bytes_per_rank) {
   int64_t total = 0;
   for (auto b : bytes_per_rank) total += b;
-  if (size_ == 1) {
-    if (total > 0) std::memcpy(out, in, total);
+  if (!context_) {
+    if (total > 0) std::memcpy(out, in, static_cast<size_t>(total));
     return Status::OK();
   }
   if (total == 0) return Status::OK();
-  if (!gloo_plane_) return mesh_->Allgatherv(in, out, bytes_per_rank);
   return Guard("allgather", rank_, [&] {
     gloo::AllgathervOptions opts(context_);
     std::vector<size_t> elems(bytes_per_rank.begin(), bytes_per_rank.end());
@@ -321,8 +311,7 @@ Status GlooCommunicator::Allgatherv(const void* in, void* out,
 }
 
 Status GlooCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
-  if (size_ == 1 || bytes == 0) return Status::OK();
-  if (!gloo_plane_) return mesh_->Broadcast(buf, bytes, root);
+  if (!context_ || bytes == 0) return Status::OK();
   return Guard("broadcast", rank_, [&] {
     gloo::BroadcastOptions opts(context_);
     if (rank_ == root) opts.setInput(static_cast<char*>(buf), bytes);
@@ -338,11 +327,10 @@ Status GlooCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& s
   int64_t total_send = 0, total_recv = 0;
   for (auto b : send_bytes) total_send += b;
   for (auto b : recv_bytes) total_recv += b;
-  if (size_ == 1) {
-    if (total_send > 0) std::memcpy(out, in, total_send);
+  if (!context_) {
+    if (total_send > 0) std::memcpy(out, in, static_cast<size_t>(total_send));
     return Status::OK();
   }
-  if (!gloo_plane_) return mesh_->Alltoallv(in, send_bytes, out, recv_bytes);
   return Guard("alltoall", rank_, [&] {
     // gloo rejects null pointers even for empty buffers.
     char dummy_in = 0, dummy_out = 0;
@@ -356,8 +344,7 @@ Status GlooCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& s
 }
 
 Status GlooCommunicator::Barrier() {
-  if (size_ == 1) return Status::OK();
-  if (!gloo_plane_) return mesh_->Barrier();
+  if (!context_) return Status::OK();
   return Guard("barrier", rank_, [&] {
     gloo::BarrierOptions opts(context_);
     opts.setTag(tag_++);

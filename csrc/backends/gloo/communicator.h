@@ -1,18 +1,19 @@
-// The CPU communicator (backend name "gloo"), also the default control plane. Its
-// control plane and, by default, every collective run on spark_hvd's own TCP
-// connections (TcpMesh); SPARK_HVD_GLOO_DATA_PLANE=gloo runs the collectives on
-// Gloo's pairs and algorithms instead.
+// The CPU communicator of backend "gloo": Gloo's pairs and algorithms
+// (halving-doubling allreduce in SPARK_HVD_GLOO_CHUNK_BYTES pieces, its allgatherv,
+// broadcast, alltoallv and barrier), over a Gloo context connected through the
+// rendezvous store. Chosen with SPARK_HVD_CPU_OPERATIONS=gloo; the control plane
+// then stays on backend "tcp".
 #pragma once
 
 #include <list>
-#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "backends/backend.h"
 #include "backends/communicator.h"
-#include "rendezvous/store.h"
+#include "backends/contiguous.h"
 
 namespace gloo {
 class Context;
@@ -21,56 +22,50 @@ class Algorithm;
 
 namespace spark_hvd {
 
-class TcpMesh;
-
-struct GlooOptions {
-  std::string bind_host = "127.0.0.1";  // address peers reach this rank on
-  double timeout_s = 30.0;               // transport timeout (silent peer)
-  double connect_timeout_s = 60.0;       // rendezvous timeout
-};
-
 class GlooCommunicator : public Communicator {
  public:
-  // Connects a full mesh among `size` ranks through `store` (keys under its prefix).
-  static std::unique_ptr<GlooCommunicator> Connect(int rank, int size, std::shared_ptr<Store> store,
-                                                   const GlooOptions& options);
+  // Connects `members` (job ranks, sorted, this rank among them) through the store,
+  // under "<store_prefix>/gloo/set<set_id>". Collective over the members.
+  static std::unique_ptr<GlooCommunicator> Connect(const BackendOptions& options,
+                                                   std::vector<int32_t> members, int32_t set_id);
   ~GlooCommunicator() override;
 
   const char* name() const override { return "gloo"; }
   int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  bool Accepts(int32_t device) const override { return device == kCpuDevice; }
+  int size() const override { return static_cast<int>(members_.size()); }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
-  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                   bool stable_buffer) override;
-  int64_t StableAllreduceCount(int64_t count) const override;
-  bool SegmentedAllreduce() const override { return !gloo_plane_ && mesh_ != nullptr; }
-  Status AllreduceSegments(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
-                           double scale) override;
+  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
+                   double scale) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                    const std::vector<int64_t>& recv_bytes) override;
   Status Barrier() override;
+  std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
 
  private:
-  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context,
-                   std::unique_ptr<TcpMesh> mesh);
+  GlooCommunicator(const BackendOptions& options, std::vector<int32_t> members, int rank,
+                   std::shared_ptr<gloo::Context> context);
+
+  // One contiguous buffer, in SPARK_HVD_GLOO_CHUNK_BYTES pieces; `stable`: the
+  // fusion buffer, whose algorithm objects are cached.
+  Status ReduceContiguous(void* buf, int64_t count, DataType dtype, ReduceOp op, bool stable);
+  // Stable-buffer counts round up to a few size classes (halving-doubling sets up per size).
+  static int64_t SizeClass(int64_t count);
 
   // Set-up-once algorithm objects, reused while (pointer, count, dtype, op) repeat:
-  // the engine's fusion buffer keeps its address, so training steps hit this cache.
+  // the fusion buffer keeps its address, so training steps hit this cache.
   using AlgoKey = std::tuple<void*, int64_t, int, int>;
   gloo::Algorithm* CachedAllreduce(void* buf, int64_t count, DataType dtype, ReduceOp op);
   std::unique_ptr<gloo::Algorithm> NewAllreduce(void* buf, int64_t count, DataType dtype,
                                                 ReduceOp op);
 
+  BackendOptions options_;
+  std::vector<int32_t> members_;  // job ranks
   int rank_;
-  int size_;
-  std::shared_ptr<gloo::Context> context_;  // only with the "gloo" data plane
-  // Our own connections (null in a one-rank job).
-  std::unique_ptr<TcpMesh> mesh_;
-  bool gloo_plane_;  // collectives on Gloo's context (else on mesh_)
+  std::shared_ptr<gloo::Context> context_;  // null with one rank
+  FusionBuffer fusion_;
   struct CachedAlgo {
     AlgoKey key;
     int64_t scratch_bytes;  // what the algorithm holds besides the caller's buffer

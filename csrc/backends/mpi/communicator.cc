@@ -127,10 +127,12 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::World() {
   return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(std::move(impl)));
 }
 
-std::unique_ptr<MpiCommunicator> MpiCommunicator::Subset(const std::vector<int>& ranks) {
+std::unique_ptr<Communicator> MpiCommunicator::Split(const std::vector<int32_t>& ranks,
+                                                     int32_t /*set_id*/) {
+  std::vector<int> members(ranks.begin(), ranks.end());
   MPI_Group world_group, group;
   MPI_Comm_group(impl_->comm, &world_group);
-  MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Group_incl(world_group, static_cast<int>(members.size()), members.data(), &group);
   auto impl = std::make_unique<Impl>();
   MPI_Comm_create(impl_->comm, group, &impl->comm);
   MPI_Group_free(&group);
@@ -154,14 +156,18 @@ Status MpiCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
   return Check(MPI_Allgather(in, n, MPI_BYTE, out, n, MPI_BYTE, impl_->comm), "control allgather");
 }
 
-Status MpiCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                  bool /*stable_buffer*/) {
-  if (size_ == 1 || count == 0) return Status::OK();
-  int n;
-  Status s = ToCount(count, &n, "allreduce");
-  if (!s.ok()) return s;
-  return Check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MpiType(dtype), MpiOp(op), impl_->comm),
-               "allreduce");
+Status MpiCommunicator::Allreduce(const std::vector<Segment>& segments, DataType dtype,
+                                  ReduceOp op, double scale) {
+  return fusion_.Allreduce(segments, dtype, scale, /*direct_min_bytes=*/0, nullptr,
+                           [&](void* buf, int64_t count, bool /*stable*/) {
+                             if (size_ == 1 || count == 0) return Status::OK();
+                             int n;
+                             Status s = ToCount(count, &n, "allreduce");
+                             if (!s.ok()) return s;
+                             return Check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MpiType(dtype),
+                                                        MpiOp(op), impl_->comm),
+                                          "allreduce");
+                           });
 }
 
 Status MpiCommunicator::Allgatherv(const void* in, void* out,

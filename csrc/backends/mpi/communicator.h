@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "backends/contiguous.h"
 
 namespace spark_hvd {
 
@@ -14,9 +15,6 @@ class MpiCommunicator : public Communicator {
   // Initialises MPI once per process (MPI_THREAD_SERIALIZED; all calls come from
   // the engine's background thread). Returns the world communicator.
   static std::unique_ptr<MpiCommunicator> World();
-  // A communicator over `ranks` (world ranks, sorted); collective over the world:
-  // every world rank must call it with the same list. Null for non-members.
-  std::unique_ptr<MpiCommunicator> Subset(const std::vector<int>& ranks);
   // Finalises MPI if we initialised it. Call after every communicator is gone.
   static void Finalize();
 
@@ -25,21 +23,23 @@ class MpiCommunicator : public Communicator {
   const char* name() const override { return "mpi"; }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  bool Accepts(int32_t device) const override { return device == kCpuDevice; }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
-  Status Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                   bool stable_buffer) override;
+  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
+                   double scale) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                    const std::vector<int64_t>& recv_bytes) override;
   Status Barrier() override;
+  // MPI_Comm_create over this communicator: collective over all of its ranks.
+  std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
 
  private:
   struct Impl;
   explicit MpiCommunicator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  FusionBuffer fusion_;
   int rank_ = 0;
   int size_ = 1;
 };

@@ -1,0 +1,124 @@
+#include "backends/registry.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/config.h"
+#include "common/env.h"
+
+namespace spark_hvd {
+
+void RegisterTcpBackend(BackendRegistry* registry);
+void RegisterGlooBackend(BackendRegistry* registry);
+void RegisterMpiBackend(BackendRegistry* registry);
+
+namespace {
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+#if !SPARK_HVD_HAVE_MPI
+// Stands in for the MPI backend in a build without MPI: asked for, it says why not.
+class MissingMpiBackend : public Backend {
+ public:
+  const char* name() const override { return "mpi"; }
+  bool Enabled(const BackendOptions& o) const override {
+    if (o.controller == "mpi" || o.cpu_operations == "mpi") {
+      throw StatusError(Status::InvalidArgument(
+          "this spark_hvd was built without MPI (spark_hvd.mpi_built() is False); install an "
+          "MPI (apt-get install libopenmpi-dev) and reinstall, or launch without --mpi"));
+    }
+    return false;
+  }
+  bool Accepts(int32_t, OpType) const override { return false; }
+  std::unique_ptr<Communicator> Connect(const BackendOptions&) override { return nullptr; }
+};
+#endif
+
+}  // namespace
+
+void RegisterBuiltinBackends(BackendRegistry* registry) {
+#if SPARK_HVD_HAVE_MPI
+  RegisterMpiBackend(registry);
+#else
+  registry->Add(std::make_unique<MissingMpiBackend>());
+#endif
+  RegisterGlooBackend(registry);
+  RegisterTcpBackend(registry);
+}
+
+void BackendRegistry::Add(std::unique_ptr<Backend> backend) {
+  backends_.push_back(std::move(backend));
+}
+
+void BackendRegistry::AddPlugin(const std::string& path) {
+  // Never closed: the backend's code must outlive every object it made.
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    throw StatusError(Status::InvalidArgument("cannot load backend plugin '" + path +
+                                              "' (SPARK_HVD_BACKEND_PLUGINS): " + dlerror()));
+  }
+  using Make = Backend* (*)();
+  auto make = reinterpret_cast<Make>(dlsym(lib, "spark_hvd_make_backend"));
+  if (make == nullptr) {
+    throw StatusError(Status::InvalidArgument(
+        "backend plugin '" + path + "' does not export spark_hvd_make_backend()"));
+  }
+  Add(std::unique_ptr<Backend>(make()));
+}
+
+void BackendRegistry::AddPlugins(const std::string& paths) {
+  std::istringstream in(paths);
+  std::string path;
+  while (std::getline(in, path, ':')) {
+    if (path.empty() || std::count(plugins_.begin(), plugins_.end(), path)) continue;
+    AddPlugin(path);
+    plugins_.push_back(path);
+  }
+}
+
+std::string CpuOperationsSetting() {
+  return env::CpuOperations().empty() ? env::GlooDataPlane() : env::CpuOperations();
+}
+
+std::vector<std::string> BackendRegistry::Names() const {
+  std::vector<std::string> names;
+  for (const auto& b : backends_) names.push_back(b->name());
+  return names;
+}
+
+std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) const {
+  std::vector<Backend*> enabled;
+  bool cpu_named = options.cpu_operations.empty();
+  for (const auto& b : backends_) {
+    const bool on = b->Enabled(options);
+    if (b->name() == options.cpu_operations) {
+      cpu_named = true;
+      if (!on || !b->Accepts(kCpuDevice, OpType::kAllreduce)) {
+        throw StatusError(Status::InvalidArgument(
+            "SPARK_HVD_CPU_OPERATIONS=" + options.cpu_operations +
+            ": that backend cannot run CPU operations in this job (launched with controller '" +
+            options.controller + "')"));
+      }
+    }
+    if (on) enabled.push_back(b.get());
+  }
+  if (!cpu_named) {
+    throw StatusError(Status::InvalidArgument(
+        "SPARK_HVD_CPU_OPERATIONS (or its older name SPARK_HVD_GLOO_DATA_PLANE)='" +
+        options.cpu_operations + "' is not a backend; use one of: " + Join(Names())));
+  }
+  for (Backend* b : enabled) {
+    if (b->ControlPlane()) return enabled;
+  }
+  throw StatusError(Status::InvalidArgument(
+      "no backend can run controller '" + options.controller +
+      "' (SPARK_HVD_CONTROLLER): use gloo (the rendezvous store) or mpi (under mpirun)"));
+}
+
+}  // namespace spark_hvd
