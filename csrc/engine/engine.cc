@@ -76,6 +76,15 @@ std::unique_ptr<ProcessSet> Engine::MakeProcessSet(int32_t id, std::vector<int32
     if (options_.store) {
       store = std::make_shared<PrefixStore>(
           options_.store_prefix + "/gloo/set" + std::to_string(id), options_.store);
+      // The rendezvous service names lost ranks of the job; the mesh wants its own.
+      gopts.lost_peers = [job = options_.store, members = set->ranks]() {
+        std::vector<int> lost;
+        for (int r : job->LostRanks()) {
+          auto it = std::find(members.begin(), members.end(), r);
+          if (it != members.end()) lost.push_back(static_cast<int>(it - members.begin()));
+        }
+        return lost;
+      };
     }
     set->comms.push_back(GlooCommunicator::Connect(me, static_cast<int>(set->ranks.size()),
                                                    store, gopts));

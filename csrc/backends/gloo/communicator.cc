@@ -178,7 +178,7 @@ std::unique_ptr<GlooCommunicator> GlooCommunicator::Connect(int rank, int size,
   Status s = Guard("connect", rank, [&] {
     if (size > 1) {
       mesh = TcpMesh::Connect(rank, size, store.get(), options.bind_host, options.timeout_s,
-                              options.connect_timeout_s);
+                              options.connect_timeout_s, options.lost_peers);
     }
     if (plane != "gloo") return;
     // Gloo's event-loop thread starts here and inherits this thread's name: name it

@@ -4,6 +4,7 @@
 // Gloo's pairs and algorithms instead.
 #pragma once
 
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -27,6 +28,8 @@ struct GlooOptions {
   std::string bind_host = "127.0.0.1";  // address peers reach this rank on
   double timeout_s = 30.0;               // transport timeout (silent peer)
   double connect_timeout_s = 60.0;       // rendezvous timeout
+  // Ranks of this communicator the job has lost; asked while connecting (may be empty).
+  std::function<std::vector<int>()> lost_peers;
 };
 
 class GlooCommunicator : public Communicator {
