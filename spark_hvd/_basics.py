@@ -180,18 +180,24 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
         _RUNTIME.init_count += 1
         _RUNTIME.name_counters = {}
         _RUNTIME.store_prefix = f"{run_id}/init{_RUNTIME.init_count}"
+        _RUNTIME.client = client
         try:
+            if client is not None:
+                # Before connecting: if this process dies during init, the rendezvous
+                # service reports it lost, and the peers waiting for it stop waiting.
+                client.register_rank(rank_)
             _core.init(rank=rank_, size=size_, controller=controller, store=client,
                        store_prefix=_RUNTIME.store_prefix, bind_host=bind_host,
                        connect_timeout_s=_config.start_timeout_s(),
                        timeline_path=timeline_path(_config.timeline(), rank_, size_))
-        except BaseException:
+        except BaseException as exc:
+            failure = explain_failure(exc) if isinstance(exc, PeerLostError) else exc
+            _RUNTIME.client = None
             if client is not None:
                 client.close()
-            raise
-        _RUNTIME.client = client
-        if client is not None:
-            client.register_rank(_core.rank())
+            if failure is exc:
+                raise
+            raise failure from None
         if not _RUNTIME.atexit_registered:
             atexit.register(shutdown)
             _RUNTIME.atexit_registered = True
@@ -332,6 +338,8 @@ def explain_failure(exc: SparkHvdError) -> SparkHvdError:
                              "(called shutdown() or exited); every rank must run the same "
                              "collectives", ranks=exited)
     lost = _RUNTIME.lost_ranks(_config.lost_rank_wait_s())
+    if lost and "the rendezvous service lost" in exc.message:
+        return PeerLostError(exc.message, ranks=lost)  # the core already said so
     if lost:
         return PeerLostError(f"{exc.message} -- lost {format_ranks(lost)} (the process "
                              "exited or its host is unreachable)", ranks=lost)

@@ -66,6 +66,9 @@ void Engine::Connect() {
   bo.bind_host = options_.bind_host;
   bo.timeout_s = env::TimeoutS();
   bo.connect_timeout_s = options_.connect_timeout_s;
+  if (options_.store) {
+    bo.lost_ranks = [store = options_.store] { return store->LostRanks(); };
+  }
   backends_ = registry_.Select(bo);
   // The control plane connects first: it may define the ranks (MPI's world).
   Backend* control = *std::find_if(backends_.begin(), backends_.end(),

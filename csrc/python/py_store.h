@@ -1,11 +1,12 @@
 // PyStore: the rendezvous Store implemented by a Python object (the job's
 // rendezvous client, spark_hvd/runner/rendezvous.py) with methods
 //   set(key: str, value: bytes), get(key: str, timeout_s: float) -> bytes,
-//   wait(keys: list[str], timeout_s: float)
+//   wait(keys: list[str], timeout_s: float), and optionally lost_ranks() -> list[int]
 // Called from the engine's background thread: takes the GIL for each call.
 #pragma once
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "common/status.h"
 #include "rendezvous/store.h"
@@ -34,6 +35,15 @@ class PyStore : public Store {
   }
   void Wait(const std::vector<std::string>& keys, double timeout_s) override {
     Call([&] { client_.attr("wait")(keys, timeout_s); });
+  }
+  std::vector<int> LostRanks() override {
+    std::vector<int> out;
+    Call([&] {
+      if (pybind11::hasattr(client_, "lost_ranks")) {
+        out = client_.attr("lost_ranks")().cast<std::vector<int>>();
+      }
+    });
+    return out;
   }
 
  private:

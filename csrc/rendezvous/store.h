@@ -6,6 +6,7 @@
 //   Set   returns once the value is stored; never blocks on other ranks.
 //   Get   blocks until the key exists, up to timeout_s; then throws StatusError(kTimeout).
 //   Wait  blocks until all keys exist, same timeout rule.
+//   LostRanks  one request, never waits.
 // Failures of the store itself throw StatusError(kStoreError).
 #pragma once
 
@@ -21,6 +22,10 @@ class Store {
   virtual void Set(const std::string& key, const std::string& value) = 0;
   virtual std::string Get(const std::string& key, double timeout_s) = 0;
   virtual void Wait(const std::vector<std::string>& keys, double timeout_s) = 0;
+  // Ranks of the job the rendezvous service has seen vanish (a registered rank's
+  // connection dropped without a goodbye: its process exited or its host became
+  // unreachable). Empty where the store does not watch ranks.
+  virtual std::vector<int> LostRanks() { return {}; }
 };
 
 // Namespaces every key with "<prefix>/", so several contexts can share one store.
@@ -40,6 +45,7 @@ class PrefixStore : public Store {
     for (const auto& k : keys) full.push_back(Key(k));
     inner_->Wait(full, timeout_s);
   }
+  std::vector<int> LostRanks() override { return inner_->LostRanks(); }  // job-wide
 
  private:
   std::string Key(const std::string& key) const { return prefix_ + "/" + key; }

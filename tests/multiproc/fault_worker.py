@@ -134,7 +134,40 @@ def stall_shutdown() -> None:
     save(f"result{me}", **out)
 
 
+def kill_in_init(stage: str) -> None:
+    """Rank VICTIM[stage] SIGKILLs itself inside hvd.init(): "before_connect" once it is
+    registered with the rendezvous service, before its mesh connects; "after_publish"
+    right after publishing its mesh address. The others report what init raised."""
+    import spark_hvd._core as core
+    from spark_hvd.runner._client import RendezvousClient
+
+    me = int(os.environ["SPARK_HVD_RANK"])
+    save(f"pid{me}", pid=os.getpid())
+
+    def die() -> None:
+        save("killed_at", at=time.time())
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    if me == KILL_IN_INIT_VICTIM[stage] and stage == "before_connect":
+        core.init = lambda *args, **kwargs: die()
+    elif me == KILL_IN_INIT_VICTIM[stage]:
+        set_key = RendezvousClient.set
+
+        def set_then_die(self, key, value):
+            set_key(self, key, value)
+            if "/tcp/" in key:
+                die()
+        RendezvousClient.set = set_then_die
+    save(f"result{me}", **attempt(hvd.init))
+
+
+KILL_IN_INIT_VICTIM = {"before_connect": 2, "after_publish": 1}
+
+
 if __name__ == "__main__":
+    if sys.argv[1].startswith("kill_in_init:"):
+        kill_in_init(sys.argv[1].split(":", 1)[1])
+        sys.exit(0)
     hvd.init()
     save(f"pid{hvd.rank()}", pid=os.getpid())
     {"kill": kill, "kill_mid_transfer": kill_mid_transfer, "freeze": freeze, "shutdown_early": shutdown_early,

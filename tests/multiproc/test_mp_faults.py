@@ -65,6 +65,33 @@ def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
         job.close()
 
 
+@pytest.mark.parametrize("stage", ["before_connect", "after_publish"])
+def test_rank_killed_during_init_survivors_raise_peer_lost_naming_it(tmp_path, stage):
+    """A rank that dies inside init (rank 2 before its mesh connects, or rank 1 right
+    after publishing its address): the others' init must raise PeerLostError naming
+    it within seconds, not wait for the start deadline (30 s here)."""
+    victim = {"before_connect": 2, "after_publish": 1}[stage]
+    job = DirectJob(3, [PYTHON, WORKER, f"kill_in_init:{stage}", str(tmp_path)])
+    try:
+        codes = job.wait(DEADLINE_S + 40)
+        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(3))
+        killed = load(tmp_path, "killed_at")
+        assert killed is not None, logs
+        assert codes[victim] == -signal.SIGKILL, (codes, logs)
+        for r in sorted({0, 1, 2} - {victim}):
+            res = load(tmp_path, f"result{r}")
+            assert res is not None, f"rank {r} did not report (exit {codes[r]})\n{logs}"
+            detect = res["at"] - killed["at"]
+            print(f"rank {r}: {res['error']} {detect:.2f} s after the kill: {res['message']}")
+            assert res["error"] == "PeerLostError", (res, logs)
+            assert res["ranks"] == [victim], res
+            assert names_rank(res, victim), f"rank {r}'s error does not name rank {victim}: {res}"
+            assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s to notice"
+            assert codes[r] == 0, f"rank {r} did not exit cleanly after the error: {codes}\n{logs}"
+    finally:
+        job.close()
+
+
 def test_killed_rank_under_the_launcher_fails_the_job_and_leaves_nothing_running(tmp_path):
     proc = hvdrun(3, [PYTHON, WORKER, "kill", str(tmp_path)], timeout=60)
     ranks = pids(tmp_path, 3)

@@ -29,8 +29,20 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Connect(const BackendOptions& 
           "spark_hvd.spark.run (SPARK_HVD_RENDEZVOUS_ADDR/PORT are not set)"));
     }
     PrefixStore store(options.store_prefix + "/tcp/set" + std::to_string(set_id), options.store);
+    // The rendezvous service names lost ranks of the job; the mesh wants its own.
+    TcpMesh::LostPeers lost_peers;
+    if (options.lost_ranks) {
+      lost_peers = [&options, &members] {
+        std::vector<int> lost;
+        for (int32_t r : options.lost_ranks()) {
+          auto it = std::lower_bound(members.begin(), members.end(), r);
+          if (it != members.end() && *it == r) lost.push_back(static_cast<int>(it - members.begin()));
+        }
+        return lost;
+      };
+    }
     mesh = TcpMesh::Connect(rank, size, &store, options.bind_host, options.timeout_s,
-                            options.connect_timeout_s);
+                            options.connect_timeout_s, lost_peers);
   }
   SHVD_LOG(kDebug, "tcp") << "connected rank " << rank << " of " << size << " (set " << set_id
                           << ") on " << options.bind_host;

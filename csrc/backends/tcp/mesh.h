@@ -2,8 +2,8 @@
 // used by the Gloo communicator for its control plane (the per-cycle allgather)
 // and, unless SPARK_HVD_GLOO_DATA_PLANE=gloo, for every collective.
 //
-// Files: mesh_connect.cc (set-up: listen, publish, connect, accept, hello),
-// mesh_io.cc (non-blocking socket I/O and the errors it reports),
+// Files: mesh_connect.cc (set-up: listen, publish, connect, exchange hellos) with
+// hello.{h,cc} (the accepting side), mesh_io.cc (non-blocking socket I/O and the errors it reports),
 // mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and
 // mesh_allreduce.cc (direct and ring allreduce); socket.h (socket helpers).
 //
@@ -30,6 +30,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,13 +45,23 @@ namespace spark_hvd {
 
 class TcpMesh {
  public:
+  // Returns the ranks of this mesh the job has lost (their process exited or host
+  // vanished), as far as the rendezvous service knows; may be empty.
+  using LostPeers = std::function<std::vector<int>()>;
+
   // Every rank listens on bind_host, publishes "address port token" under
   // "tcp/<rank>" in the store, connects to the lower ranks and accepts the higher
-  // ones. A connection is accepted only with the listener's token (which only a
-  // holder of the store's secret can read); anything else is closed and ignored.
+  // ones, all within connect_timeout_s (the protocol: mesh_connect.cc). Hellos are
+  // read concurrently, each with its own deadline: a stray, silent or trickling
+  // connection is dropped with a warning and delays no one. A connection is
+  // accepted only with the listener's token (which only a holder of the store's
+  // secret can read). While it waits, every half second Connect asks lost_peers
+  // (when set) and fails with kPeerLost naming a lost peer. Throws StatusError:
+  // kTimeout at the deadline, kPeerLost, kStoreError, kInvalidArgument (bind_host).
   static std::unique_ptr<TcpMesh> Connect(int rank, int size, Store* store,
                                           const std::string& bind_host, double timeout_s,
-                                          double connect_timeout_s);
+                                          double connect_timeout_s,
+                                          const LostPeers& lost_peers);
   ~TcpMesh();
   TcpMesh(const TcpMesh&) = delete;
   TcpMesh& operator=(const TcpMesh&) = delete;

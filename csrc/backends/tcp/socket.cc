@@ -1,7 +1,6 @@
 #include "backends/tcp/socket.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
 #include "common/status.h"
 
@@ -23,46 +21,29 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+Clock::time_point After(double seconds) {
+  return Clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
+}
+
 void SetNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-void SetNonBlocking(int fd, bool on) {
-  int flags = fcntl(fd, F_GETFL, 0);
-  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
-}
-
-void SetIoTimeout(int fd, double seconds) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(seconds);
-  tv.tv_usec = static_cast<suseconds_t>((seconds - static_cast<double>(tv.tv_sec)) * 1e6);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-}
-
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n > 0) {
-    ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
+std::string AddressString(const sockaddr* addr) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (addr->sa_family == AF_INET6) {
+    const auto* a6 = reinterpret_cast<const sockaddr_in6*>(addr);
+    inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a6->sin6_port));
   }
-  return true;
-}
-
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    ssize_t r = ::recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
+  if (addr->sa_family == AF_INET) {
+    const auto* a4 = reinterpret_cast<const sockaddr_in*>(addr);
+    inet_ntop(AF_INET, &a4->sin_addr, host, sizeof(host));
+    port = ntohs(a4->sin_port);
   }
-  return true;
+  return std::string(host) + ":" + std::to_string(port);
 }
 
 FdCloser::~FdCloser() {
@@ -86,7 +67,8 @@ int Listen(const std::string& host, int backlog, int* port) {
   }
   std::string last;
   for (addrinfo* a = res; a; a = a->ai_next) {
-    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                         a->ai_protocol));
     if (fd.get() < 0) {
       last = Errno(errno);
       continue;
@@ -107,34 +89,41 @@ int Listen(const std::string& host, int backlog, int* port) {
   Throw(Status::InvalidArgument("cannot listen on this rank's address '" + host + "': " + last));
 }
 
-int ConnectTo(const std::string& host, int port, Clock::time_point deadline, int peer) {
-  std::string last = "no address";
-  do {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_NUMERICSERV;
-    addrinfo* res = nullptr;
-    const std::string port_s = std::to_string(port);
-    int rc = getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
-    if (rc == 0) {
-      for (addrinfo* a = res; a; a = a->ai_next) {
-        FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-        if (fd.get() < 0) continue;
-        if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
-          freeaddrinfo(res);
-          return fd.release();
-        }
-        last = Errno(errno);
-      }
-      freeaddrinfo(res);
-    } else {
-      last = gai_strerror(rc);
+int StartConnect(const std::string& host, int port, std::string* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port_s = std::to_string(port);
+  int rc = getaddrinfo(host.c_str(), port_s.c_str(), &hints, &res);
+  if (rc != 0) {
+    *error = gai_strerror(rc);
+    return -1;
+  }
+  *error = "no address";
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                         a->ai_protocol));
+    if (fd.get() < 0) {
+      *error = Errno(errno);
+      continue;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  } while (Clock::now() < deadline);
-  Throw(Status::Timeout("could not connect to rank " + std::to_string(peer) + " at " + host +
-                        ":" + std::to_string(port) + ": " + last));
+    if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 || errno == EINPROGRESS) {
+      freeaddrinfo(res);
+      return fd.release();
+    }
+    *error = Errno(errno);
+  }
+  freeaddrinfo(res);
+  return -1;
+}
+
+int ConnectError(int fd) {
+  int err = 0;
+  socklen_t len = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  return err;
 }
 
 }  // namespace tcp

@@ -1,10 +1,10 @@
 // Socket helpers of the TCP mesh: listening, connecting, socket options, and an
 // owner for a file descriptor. Internal to csrc/backends/tcp/.
 //
-// Blocking behaviour: Listen never blocks; ConnectTo blocks until a connection is
-// made or the deadline passes (retrying every 20 ms while the peer does not listen
-// yet); WriteAll / ReadAll block on a blocking socket up to its SetIoTimeout.
+// Blocking behaviour: none of these block (sockets are created non-blocking).
 #pragma once
+
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstddef>
@@ -17,14 +17,11 @@ using Clock = std::chrono::steady_clock;
 
 std::string Errno(int err);
 double SecondsSince(Clock::time_point t);
+Clock::time_point After(double seconds);  // now + seconds
 
 void SetNoDelay(int fd);
-void SetNonBlocking(int fd, bool on);
-// Receive and send timeouts of a blocking socket (0: none).
-void SetIoTimeout(int fd, double seconds);
-// Whole buffers on a blocking socket; false on error, timeout or a closed peer.
-bool WriteAll(int fd, const void* p, size_t n);
-bool ReadAll(int fd, void* p, size_t n);
+// "1.2.3.4:5678" or "[::1]:5678".
+std::string AddressString(const sockaddr* addr);
 
 // Closes the descriptor it owns unless released.
 class FdCloser {
@@ -44,13 +41,15 @@ class FdCloser {
   int fd_;
 };
 
-// A listening socket on host, any port; returns its fd and sets *port. Throws
-// StatusError(kInvalidArgument) when host cannot be resolved or bound.
+// A non-blocking listening socket on host, any port; returns its fd and sets
+// *port. Throws StatusError(kInvalidArgument) when host cannot be resolved or bound.
 int Listen(const std::string& host, int backlog, int* port);
 
-// Connects to host:port, retrying until the deadline (the peer may not listen
-// yet); throws StatusError(kTimeout) naming `peer` then.
-int ConnectTo(const std::string& host, int port, Clock::time_point deadline, int peer);
+// Starts a non-blocking connection to host:port and returns its fd (connected or
+// in progress: poll it for POLLOUT, then ConnectError), or -1 with *error set.
+int StartConnect(const std::string& host, int port, std::string* error);
+// 0 once a started connection is established, else why it failed (an errno).
+int ConnectError(int fd);
 
 }  // namespace tcp
 }  // namespace spark_hvd
