@@ -191,8 +191,8 @@ void Engine::Loop(std::promise<Status>* ready) {
 }
 
 void Engine::FinalizeBackends() {
+  // backends_ itself stays until the next Init: Validate reads it without a lock.
   for (Backend* b : backends_) b->Finalize();
-  backends_.clear();
 }
 
 void Engine::ChangeProcessSets(const Response& r) {
@@ -226,6 +226,13 @@ void Engine::Validate(const Request& req) const {
   if (req.op == OpType::kJoin || req.op == kAddProcessSet || req.op == kRemoveProcessSet) return;
   for (int64_t d : req.shape) {
     if (d < 0) bad("negative dimension in shape " + ShapeString(req.shape));
+  }
+  if (std::none_of(backends_.begin(), backends_.end(),
+                   [&](Backend* b) { return b->Accepts(req.device, req.op); })) {
+    bad("no backend of this job runs it on device " + std::to_string(req.device) +
+        (req.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: "
+                           "spark_hvd.nccl_built())"
+                         : ""));
   }
   auto* self = const_cast<Engine*>(this);
   std::vector<int32_t> members = self->sets_.Ranks(req.process_set);
