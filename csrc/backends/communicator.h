@@ -20,10 +20,31 @@
 
 namespace spark_hvd {
 
-// One tensor's elements inside an allreduce.
+// One tensor's elements inside an allreduce, reduced in place.
 struct Segment {
   void* data;
   int64_t count;
+};
+
+// One tensor of an allreduce: `input` reduced into `output` (the same pointer for
+// in place). A rank that has joined holds no tensor: input and output are null
+// and it contributes the op's neutral value.
+struct ReduceTensor {
+  const void* input;
+  void* output;
+  int64_t count;
+};
+
+// An allreduce as the engine asks for it: every tensor is prescaled, reduced
+// with `op` (Average: summed, then divided by `ranks`, the ranks contributing
+// data), then postscaled. Tensors are in the memory of the communicator's device.
+struct ReduceArgs {
+  std::vector<ReduceTensor> tensors;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int64_t ranks = 1;
 };
 
 class Communicator {
@@ -37,13 +58,10 @@ class Communicator {
   // Control plane: every rank contributes `bytes` bytes; out receives size*bytes.
   virtual Status AllgatherFixed(const void* in, void* out, int64_t bytes) = 0;
 
-  // In-place allreduce of the concatenation of `segments` (each segment is reduced
-  // in its own memory; Average reduces as Sum). A `scale` other than 1 multiplies
-  // the result (the engine's float Average: 1 / ranks), applied once per element.
-  // A backend that needs one contiguous buffer packs through ContiguousAllreduce
-  // (backends/contiguous.h).
-  virtual Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
-                           double scale) = 0;
+  // The allreduce of args.tensors, as one collective. Host-memory backends do
+  // the arithmetic around the reduction through HostAllreduce (host_reduce.h); one
+  // that needs one contiguous buffer packs through FusionBuffer (contiguous.h).
+  virtual Status Allreduce(const ReduceArgs& args) = 0;
 
   // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
   virtual Status Allgatherv(const void* in, void* out,

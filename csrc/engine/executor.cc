@@ -5,7 +5,6 @@
 #include <string>
 
 #include "common/env.h"
-#include "common/reduce.h"
 
 namespace spark_hvd {
 namespace {
@@ -27,13 +26,6 @@ void Executor::Phase(const Entries& es, const char* phase, int64_t start_us) {
   for (const auto& e : es) {
     if (e) timeline_->Event(e->req.name, phase, start_us, now);
   }
-}
-
-void Executor::Finish(const Response& r, void* buf, int64_t n) const {
-  if (r.reduce_op == ReduceOp::kAverage) {
-    DivideBuffer(buf, static_cast<size_t>(n), r.dtype, static_cast<int64_t>(r.active.size()));
-  }
-  ScaleBuffer(buf, static_cast<size_t>(n), r.dtype, r.postscale);
 }
 
 Status Executor::Execute(const Response& r) {
@@ -99,108 +91,22 @@ Status Executor::Execute(const Response& r) {
 }
 
 Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
-  // Tensors that share memory (in-place views of one buffer) are packed: all inputs
-  // are read before any output is written, so each element is reduced once.
-  if (!Disjoint(r, es)) return AllreducePacked(r, es, comm);
-  std::vector<Segment> segments;
-  std::vector<std::vector<uint8_t>> neutral(r.tensors.size());
+  ReduceArgs args;
+  args.dtype = r.dtype;
+  args.op = r.reduce_op;
+  args.prescale = r.prescale;
+  args.postscale = r.postscale;
+  args.ranks = static_cast<int64_t>(r.active.size());
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
-    segments.push_back(Segment{InPlaceInput(r, es[i].get(), n, &neutral[i]), n});
+    args.tensors.push_back(es[i] ? ReduceTensor{es[i]->input, es[i]->output, n}
+                                 : ReduceTensor{nullptr, nullptr, n});
   }
-  const double scale = BackendScale(r);
   const int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(segments, r.dtype, r.reduce_op, scale);
+  Status s = comm->Allreduce(args);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
-  if (scale == 1.0) {
-    for (const auto& seg : segments) Finish(r, seg.data, seg.count);
-  }
   return Status::OK();
-}
-
-Status Executor::AllreducePacked(const Response& r, Entries& es, Communicator* comm) {
-  const int64_t t0 = NowMicros();
-  const size_t dsize = DataTypeSize(r.dtype);
-  std::vector<uint8_t> packed(static_cast<size_t>(r.TotalElements()) * dsize);
-  size_t offset = 0;
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const size_t n = static_cast<size_t>(NumElements(r.tensors[i].shape));
-    if (es[i]) {
-      std::memcpy(packed.data() + offset, es[i]->input, n * dsize);
-      ScaleBuffer(packed.data() + offset, n, r.dtype, r.prescale);
-    } else {
-      FillNeutral(packed.data() + offset, n, r.dtype, r.reduce_op);
-    }
-    offset += n * dsize;
-  }
-  Phase(es, "MEMCPY_IN_FUSION_BUFFER", t0);
-  const int64_t t1 = NowMicros();
-  const int64_t total = r.TotalElements();
-  const double scale = BackendScale(r);
-  Status s = comm->Allreduce({Segment{packed.data(), total}}, r.dtype, r.reduce_op, scale);
-  if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
-  const int64_t t2 = NowMicros();
-  if (scale == 1.0) Finish(r, packed.data(), total);
-  offset = 0;
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const size_t n = static_cast<size_t>(NumElements(r.tensors[i].shape));
-    if (es[i]) std::memcpy(es[i]->output, packed.data() + offset, n * dsize);
-    offset += n * dsize;
-  }
-  Phase(es, "MEMCPY_OUT_FUSION_BUFFER", t2);
-  return Status::OK();
-}
-
-// Float Average without a postscale: the backend multiplies by 1 / ranks as it
-// finishes each element (returns that factor); otherwise 1, and Finish() runs after.
-double Executor::BackendScale(const Response& r) const {
-  const bool float_average = r.reduce_op == ReduceOp::kAverage && r.postscale == 1.0 &&
-                             (r.dtype == DataType::kFloat32 || r.dtype == DataType::kFloat64);
-  return float_average ? 1.0 / static_cast<double>(std::max<size_t>(1, r.active.size())) : 1.0;
-}
-
-bool Executor::Disjoint(const Response& r, const Entries& es) const {
-  struct Span {
-    uintptr_t begin, end;
-    size_t tensor;
-  };
-  std::vector<Span> spans;
-  const size_t dsize = DataTypeSize(r.dtype);
-  for (size_t i = 0; i < r.tensors.size(); ++i) {
-    const size_t bytes = static_cast<size_t>(NumElements(r.tensors[i].shape)) * dsize;
-    if (!es[i] || bytes == 0) continue;
-    const auto out = reinterpret_cast<uintptr_t>(es[i]->output);
-    spans.push_back({out, out + bytes, i});
-    const auto in = reinterpret_cast<uintptr_t>(es[i]->input);
-    if (in != out) spans.push_back({in, in + bytes, i});
-  }
-  std::sort(spans.begin(), spans.end(),
-            [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  // Sweep keeping the span reaching furthest: any two spans of different tensors
-  // that overlap are caught when the later-starting one is visited.
-  const Span* reach = nullptr;
-  for (const auto& sp : spans) {
-    if (reach && sp.begin < reach->end && sp.tensor != reach->tensor) return false;
-    if (!reach || sp.end > reach->end) reach = &sp;
-  }
-  return true;
-}
-
-// Where a tensor is reduced in place: its output, holding its (prescaled) input;
-// for a rank that joined (no entry), `neutral` filled with the op's identity.
-void* Executor::InPlaceInput(const Response& r, TensorEntry* e, int64_t n,
-                             std::vector<uint8_t>* neutral) const {
-  const size_t count = static_cast<size_t>(n);
-  if (!e) {
-    neutral->resize(count * DataTypeSize(r.dtype));
-    FillNeutral(neutral->data(), count, r.dtype, r.reduce_op);
-    return neutral->data();
-  }
-  if (e->input != e->output) std::memmove(e->output, e->input, count * DataTypeSize(r.dtype));
-  ScaleBuffer(e->output, count, r.dtype, r.prescale);
-  return e->output;
 }
 
 Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
@@ -284,13 +190,17 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   // Reduce the whole tensor, keep this rank's rows: first dim split as evenly
   // as possible, the first (rows % size) ranks taking one extra row.
   std::vector<uint8_t> full(static_cast<size_t>(n * dsize));
-  if (n) std::memcpy(full.data(), e->input, full.size());
-  ScaleBuffer(full.data(), static_cast<size_t>(n), r.dtype, r.prescale);
+  ReduceArgs args;
+  args.tensors = {ReduceTensor{e->input, full.data(), n}};
+  args.dtype = r.dtype;
+  args.op = r.reduce_op;
+  args.prescale = r.prescale;
+  args.postscale = r.postscale;
+  args.ranks = static_cast<int64_t>(r.active.size());
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce({Segment{full.data(), n}}, r.dtype, r.reduce_op, 1.0);
+  Status s = comm->Allreduce(args);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
-  Finish(r, full.data(), n);
   const int64_t d0 = t.shape.empty() ? 1 : t.shape[0];
   const int64_t size = comm->size(), me = comm->rank();
   const int64_t base = d0 / size, rem = d0 % size;

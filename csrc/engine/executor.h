@@ -1,7 +1,7 @@
 // Executor: carries out the responses the controller agreed on, on the first
 // communicator of the process set whose backend accepts the tensors' device and
-// op. Allreduces (fused or not) go to the backend as segments reduced in place
-// in the outputs; only tensors that share memory are packed here first.
+// op. The executor never touches tensor memory itself: an allreduce (fused or
+// not) goes to the backend as ReduceArgs (inputs, outputs, scale factors).
 #pragma once
 
 #include <memory>
@@ -27,19 +27,10 @@ class Executor {
  private:
   using Entries = std::vector<std::unique_ptr<TensorEntry>>;
   Status Allreduce(const Response& r, Entries& es, Communicator* comm);
-  Status AllreducePacked(const Response& r, Entries& es, Communicator* comm);
-  void* InPlaceInput(const Response& r, TensorEntry* e, int64_t n,
-                     std::vector<uint8_t>* neutral) const;
-  // No two tensors' inputs/outputs share memory (then they may be reduced in place).
-  bool Disjoint(const Response& r, const Entries& es) const;
-  // The factor a backend (or the copy out) applies for a float Average; 1 otherwise.
-  double BackendScale(const Response& r) const;
   Status Allgather(const Response& r, Entries& es, Communicator* comm);
   Status Broadcast(const Response& r, Entries& es, Communicator* comm);
   Status Alltoall(const Response& r, Entries& es, Communicator* comm);
   Status Reducescatter(const Response& r, Entries& es, Communicator* comm);
-  // Average and postscale after a reduction of n elements.
-  void Finish(const Response& r, void* buf, int64_t n) const;
   void Phase(const Entries& es, const char* phase, int64_t start_us);
 
   int32_t rank_;

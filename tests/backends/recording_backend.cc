@@ -22,6 +22,15 @@ using namespace spark_hvd;
 
 constexpr int32_t kDevice = 77;
 
+float Neutral(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin: return 3.0e38f;
+    case ReduceOp::kMax: return -3.0e38f;
+    case ReduceOp::kProduct: return 1.0f;
+    default: return 0.0f;
+  }
+}
+
 class RecordingCommunicator : public Communicator {
  public:
   RecordingCommunicator(const BackendOptions& o, std::vector<int32_t> members, int32_t set_id)
@@ -36,14 +45,16 @@ class RecordingCommunicator : public Communicator {
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override {
     return Allgatherv(in, out, std::vector<int64_t>(members_.size(), bytes));
   }
-  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
-                   double scale) override {
-    if (dtype != DataType::kFloat32) return Status::InvalidArgument("recording: float32 only");
+  Status Allreduce(const ReduceArgs& a) override {
+    if (a.dtype != DataType::kFloat32) return Status::InvalidArgument("recording: float32 only");
     std::string mine;
     int64_t count = 0;
-    for (const auto& s : segments) {
-      mine.append(static_cast<const char*>(s.data), static_cast<size_t>(s.count) * 4);
-      count += s.count;
+    for (const auto& t : a.tensors) {
+      std::vector<float> x(static_cast<size_t>(t.count), Neutral(a.op));
+      if (t.input) std::memcpy(x.data(), t.input, x.size() * 4);
+      for (float& v : x) v = static_cast<float>(v * a.prescale);
+      mine.append(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+      count += t.count;
     }
     std::vector<std::string> all = Exchange(mine);
     std::vector<float> acc(static_cast<size_t>(count));
@@ -51,7 +62,7 @@ class RecordingCommunicator : public Communicator {
     for (size_t r = 1; r < all.size(); ++r) {
       const float* x = reinterpret_cast<const float*>(all[r].data());
       for (size_t i = 0; i < acc.size(); ++i) {
-        switch (op) {
+        switch (a.op) {
           case ReduceOp::kMin: acc[i] = std::min(acc[i], x[i]); break;
           case ReduceOp::kMax: acc[i] = std::max(acc[i], x[i]); break;
           case ReduceOp::kProduct: acc[i] *= x[i]; break;
@@ -59,13 +70,14 @@ class RecordingCommunicator : public Communicator {
         }
       }
     }
+    const double post = a.postscale / (a.op == ReduceOp::kAverage ? a.ranks : 1);
     size_t offset = 0;
-    for (const auto& s : segments) {
-      float* out = static_cast<float*>(s.data);
-      for (int64_t i = 0; i < s.count; ++i) out[i] = static_cast<float>(acc[offset + i] * scale);
-      offset += static_cast<size_t>(s.count);
+    for (const auto& t : a.tensors) {
+      float* out = static_cast<float*>(t.output);
+      for (int64_t i = 0; out && i < t.count; ++i) out[i] = static_cast<float>(acc[offset + i] * post);
+      offset += static_cast<size_t>(t.count);
     }
-    Record("allreduce segments=" + std::to_string(segments.size()) +
+    Record("allreduce tensors=" + std::to_string(a.tensors.size()) +
            " count=" + std::to_string(count));
     return Status::OK();
   }

@@ -96,11 +96,11 @@ def test_a_plugin_backend_gets_its_devices_ops(plugin, tmp_path):
     lines = log.read_text().splitlines()
     for rank in (0, 1):
         mine = [ln.split(" ", 4)[4] for ln in lines if ln.startswith(f"rank {rank} set 0 ")]
-        # the grouped pair arrives fused: one allreduce of two segments
-        assert mine == ["allreduce segments=1 count=6", "allreduce segments=2 count=6",
+        # the grouped pair arrives fused: one allreduce of two tensors
+        assert mine == ["allreduce tensors=1 count=6", "allreduce tensors=2 count=6",
                         "allgather bytes=24", "broadcast bytes=16 root=1", "barrier"], lines
-    assert [ln for ln in lines if " set 1 " in ln] == ["rank 1 set 1 allreduce segments=1 count=6"]
-    assert not any("count=3" in ln and "segments=1" in ln for ln in lines), \
+    assert [ln for ln in lines if " set 1 " in ln] == ["rank 1 set 1 allreduce tensors=1 count=6"]
+    assert not any("count=3" in ln and "tensors=1" in ln for ln in lines), \
         "the CPU allreduce must not reach the plugin"
 
 

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <utility>
 
+#include "backends/host_reduce.h"
 #include "backends/members.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -282,13 +283,14 @@ Status GlooCommunicator::ReduceContiguous(void* buf, int64_t count, DataType dty
   });
 }
 
-Status GlooCommunicator::Allreduce(const std::vector<Segment>& segments, DataType dtype,
-                                   ReduceOp op, double scale) {
-  return fusion_.Allreduce(
-      segments, dtype, scale, kDirectMinBytes, context_ ? &SizeClass : nullptr,
-      [&](void* buf, int64_t count, bool stable) {
-        return ReduceContiguous(buf, count, dtype, op, stable);
-      });
+Status GlooCommunicator::Allreduce(const ReduceArgs& args) {
+  return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
+    return fusion_.Allreduce(segments, args.dtype, scale, kDirectMinBytes,
+                             context_ ? &SizeClass : nullptr,
+                             [&](void* buf, int64_t count, bool stable) {
+                               return ReduceContiguous(buf, count, args.dtype, args.op, stable);
+                             });
+  });
 }
 
 Status GlooCommunicator::Allgatherv(const void* in, void* out,

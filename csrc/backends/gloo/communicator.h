@@ -35,8 +35,7 @@ class GlooCommunicator : public Communicator {
   int size() const override { return static_cast<int>(members_.size()); }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
-  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
-                   double scale) override;
+  Status Allreduce(const ReduceArgs& args) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,

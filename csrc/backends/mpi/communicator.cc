@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "backends/host_reduce.h"
 #include "common/logging.h"
 #include "common/reduce.h"
 
@@ -156,18 +157,20 @@ Status MpiCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
   return Check(MPI_Allgather(in, n, MPI_BYTE, out, n, MPI_BYTE, impl_->comm), "control allgather");
 }
 
-Status MpiCommunicator::Allreduce(const std::vector<Segment>& segments, DataType dtype,
-                                  ReduceOp op, double scale) {
-  return fusion_.Allreduce(segments, dtype, scale, /*direct_min_bytes=*/0, nullptr,
-                           [&](void* buf, int64_t count, bool /*stable*/) {
-                             if (size_ == 1 || count == 0) return Status::OK();
-                             int n;
-                             Status s = ToCount(count, &n, "allreduce");
-                             if (!s.ok()) return s;
-                             return Check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MpiType(dtype),
-                                                        MpiOp(op), impl_->comm),
-                                          "allreduce");
-                           });
+Status MpiCommunicator::Allreduce(const ReduceArgs& args) {
+  return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
+    return fusion_.Allreduce(
+        segments, args.dtype, scale, /*direct_min_bytes=*/0, nullptr,
+        [&](void* buf, int64_t count, bool /*stable*/) {
+          if (size_ == 1 || count == 0) return Status::OK();
+          int n;
+          Status s = ToCount(count, &n, "allreduce");
+          if (!s.ok()) return s;
+          return Check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MpiType(args.dtype), MpiOp(args.op),
+                                     impl_->comm),
+                       "allreduce");
+        });
+  });
 }
 
 Status MpiCommunicator::Allgatherv(const void* in, void* out,

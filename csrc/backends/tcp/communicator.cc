@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/host_reduce.h"
 #include "backends/members.h"
 #include "backends/tcp/mesh.h"
 #include "common/logging.h"
@@ -64,13 +65,16 @@ Status TcpCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
   return mesh_->AllgatherFixed(in, out, bytes);
 }
 
-Status TcpCommunicator::Allreduce(const std::vector<Segment>& segments, DataType dtype,
-                                  ReduceOp op, double scale) {
-  if (mesh_) return mesh_->Allreduce(segments, dtype, op, scale);
-  if (scale != 1.0) {
-    for (const auto& s : segments) ScaleBuffer(s.data, static_cast<size_t>(s.count), dtype, scale);
-  }
-  return Status::OK();
+Status TcpCommunicator::Allreduce(const ReduceArgs& args) {
+  return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
+    if (mesh_) return mesh_->Allreduce(segments, args.dtype, args.op, scale);
+    if (scale != 1.0) {
+      for (const auto& s : segments) {
+        ScaleBuffer(s.data, static_cast<size_t>(s.count), args.dtype, scale);
+      }
+    }
+    return Status::OK();
+  });
 }
 
 Status TcpCommunicator::Allgatherv(const void* in, void* out,

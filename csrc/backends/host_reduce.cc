@@ -1,0 +1,118 @@
+#include "backends/host_reduce.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/reduce.h"
+
+namespace spark_hvd {
+namespace {
+
+// Do any two tensors' inputs/outputs share memory?
+bool Overlap(const ReduceArgs& a) {
+  struct Span {
+    uintptr_t begin, end;
+    size_t tensor;
+  };
+  std::vector<Span> spans;
+  const size_t dsize = DataTypeSize(a.dtype);
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const ReduceTensor& t = a.tensors[i];
+    const size_t bytes = static_cast<size_t>(t.count) * dsize;
+    if (t.output == nullptr || bytes == 0) continue;
+    const auto out = reinterpret_cast<uintptr_t>(t.output);
+    spans.push_back({out, out + bytes, i});
+    const auto in = reinterpret_cast<uintptr_t>(t.input);
+    if (in != out) spans.push_back({in, in + bytes, i});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& x, const Span& y) { return x.begin < y.begin; });
+  // Sweep keeping the span reaching furthest: any two spans of different tensors
+  // that overlap are caught when the later-starting one is visited.
+  const Span* reach = nullptr;
+  for (const auto& sp : spans) {
+    if (reach && sp.begin < reach->end && sp.tensor != reach->tensor) return true;
+    if (!reach || sp.end > reach->end) reach = &sp;
+  }
+  return false;
+}
+
+// Float Average without a postscale: the backend multiplies by 1 / ranks as it
+// finishes each element; otherwise 1, and Finish() runs after.
+double BackendScale(const ReduceArgs& a) {
+  const bool float_average = a.op == ReduceOp::kAverage && a.postscale == 1.0 &&
+                             (a.dtype == DataType::kFloat32 || a.dtype == DataType::kFloat64);
+  return float_average ? 1.0 / static_cast<double>(std::max<int64_t>(1, a.ranks)) : 1.0;
+}
+
+void Finish(const ReduceArgs& a, void* buf, int64_t n) {
+  if (a.op == ReduceOp::kAverage) DivideBuffer(buf, static_cast<size_t>(n), a.dtype, a.ranks);
+  ScaleBuffer(buf, static_cast<size_t>(n), a.dtype, a.postscale);
+}
+
+// Reduces prepared segments (inputs prescaled, neutral values in place), then
+// applies what the backend did not (integer Average, postscale).
+Status ReducePrepared(const ReduceArgs& a, const std::vector<Segment>& segments,
+                      const SegmentReduce& reduce) {
+  const double scale = BackendScale(a);
+  Status s = reduce(segments, scale);
+  if (!s.ok()) return s;
+  if (scale == 1.0) {
+    for (const auto& seg : segments) Finish(a, seg.data, seg.count);
+  }
+  return Status::OK();
+}
+
+// Puts tensor t's contribution at dst: its input prescaled, or the neutral value.
+void Prepare(const ReduceArgs& a, const ReduceTensor& t, void* dst) {
+  const size_t n = static_cast<size_t>(t.count);
+  if (t.input == nullptr) {
+    FillNeutral(dst, n, a.dtype, a.op);
+    return;
+  }
+  if (t.input != dst) std::memmove(dst, t.input, n * DataTypeSize(a.dtype));
+  ScaleBuffer(dst, n, a.dtype, a.prescale);
+}
+
+// The overlapping case: every input read into one packed buffer, reduced, copied out.
+Status Packed(const ReduceArgs& a, const SegmentReduce& reduce) {
+  const size_t dsize = DataTypeSize(a.dtype);
+  int64_t total = 0;
+  for (const auto& t : a.tensors) total += t.count;
+  std::vector<uint8_t> packed(static_cast<size_t>(total) * dsize);
+  size_t offset = 0;
+  for (const auto& t : a.tensors) {
+    Prepare(a, t, packed.data() + offset);
+    offset += static_cast<size_t>(t.count) * dsize;
+  }
+  Status s = ReducePrepared(a, {Segment{packed.data(), total}}, reduce);
+  if (!s.ok()) return s;
+  offset = 0;
+  for (const auto& t : a.tensors) {
+    const size_t bytes = static_cast<size_t>(t.count) * dsize;
+    if (t.output) std::memcpy(t.output, packed.data() + offset, bytes);
+    offset += bytes;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status HostAllreduce(const ReduceArgs& a, const SegmentReduce& reduce) {
+  if (Overlap(a)) return Packed(a, reduce);
+  std::vector<Segment> segments;
+  std::vector<std::vector<uint8_t>> scratch(a.tensors.size());  // joined: neutral values
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const ReduceTensor& t = a.tensors[i];
+    void* dst = t.output;
+    if (dst == nullptr) {
+      scratch[i].resize(static_cast<size_t>(t.count) * DataTypeSize(a.dtype));
+      dst = scratch[i].data();
+    }
+    Prepare(a, t, dst);
+    segments.push_back(Segment{dst, t.count});
+  }
+  return ReducePrepared(a, segments, reduce);
+}
+
+}  // namespace spark_hvd
