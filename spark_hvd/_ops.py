@@ -88,13 +88,14 @@ def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, ou
            owner: Any, finish: Callable, *, reduce_op: int = 0, prescale: float = 1.0,
            postscale: float = 1.0, root: int = 0, process_set: ProcessSet = global_process_set,
            device: int = -1, splits: Sequence[int] = (), group: str = "",
-           group_size: int = 0) -> Handle:
+           group_size: int = 0, stream: int = 0) -> Handle:
     """Queues one op on the core (or on the enclosing ``submit_together`` block);
-    raises at once for invalid input. ``owner`` keeps in_ptr/out_ptr valid."""
+    raises at once for invalid input. ``owner`` keeps in_ptr/out_ptr valid; a device
+    tensor gives the CUDA ``stream`` that produced it (0: the default stream)."""
     spec = (int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr), int(out_ptr),
             int(reduce_op), float(prescale), float(postscale), int(root),
             process_set._require(), int(device), [int(s) for s in splits], group,
-            int(group_size), owner)
+            int(group_size), owner, int(stream))
     handle = Handle(None, finish)
     pending = getattr(_batch, "pending", None)
     if pending is not None:

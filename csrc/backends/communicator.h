@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,18 @@ struct ReduceArgs {
   int64_t ranks = 1;
 };
 
+// Work a device backend queued on its stream and has not finished.
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  // Never blocks: true once the work has finished (*status: how) or failed (a
+  // peer's error reported by the library).
+  virtual bool Poll(Status* status) = 0;
+  // Gives up on the work: aborts the communicator it runs on (which is unusable
+  // afterwards); Poll then returns true.
+  virtual void Abort() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -75,11 +88,25 @@ class Communicator {
 
   virtual Status Barrier() = 0;
 
+  // Device backends: the streams the coming op's inputs were produced on; its work
+  // is ordered after whatever is queued there. Host backends ignore it.
+  virtual void OrderAfter(const std::vector<void*>& streams) { (void)streams; }
+  // Copies bytes between two tensors in this communicator's memory.
+  virtual Status Copy(void* dst, const void* src, int64_t bytes);
+  // The work the last call queued without finishing it (device backends; the
+  // caller must keep the op's buffers alive until it is done); null: finished.
+  virtual std::unique_ptr<PendingWork> TakePending() { return nullptr; }
+
   // A communicator among `ranks` (ranks of this communicator, sorted), for process
   // set `set_id`. Collective: every rank of this communicator calls it with the
   // same arguments, in the same order; ranks outside `ranks` get null.
   virtual std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks,
                                               int32_t set_id) = 0;
 };
+
+inline Status Communicator::Copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  return Status::OK();
+}
 
 }  // namespace spark_hvd

@@ -101,7 +101,8 @@ void Engine::Loop(std::promise<Status>* ready) {
     return;
   }
   controller_ = std::make_unique<Controller>(rank_, size_, &sets_);
-  Executor executor(rank_, &sets_, &queue_, &completions_, &timeline_);
+  InFlight in_flight(&completions_);
+  Executor executor(rank_, &sets_, &queue_, &completions_, &in_flight, &timeline_);
   running_ = true;
   ready->set_value(Status::OK());  // `ready` dies with Init's frame: no use after this
 
@@ -154,6 +155,8 @@ void Engine::Loop(std::promise<Status>* ready) {
       }
     }
     if (!stop.ok()) break;
+    stop = in_flight.failure();  // a device op failed: its communicator is gone
+    if (!stop.ok()) break;
     // Sleep out the cycle unless work arrives: a rank that enqueues while the
     // engine idles starts the next exchange at once (peers join it on their own
     // cycle), so a blocking op does not pay up to a whole cycle of latency.
@@ -184,6 +187,12 @@ void Engine::Loop(std::promise<Status>* ready) {
   }
   // No enqueue gets past the running_ check from here on.
   queue_.FailAll(&completions_, failure_);
+  // Device work in flight uses the communicators: finish or abort it first.
+  if (stop.ok()) {
+    in_flight.Drain(env::TimeoutS());
+  } else {
+    in_flight.AbortAll(failure_);
+  }
   control_ = nullptr;
   sets_.Clear();
   FinalizeBackends();

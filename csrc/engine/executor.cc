@@ -65,6 +65,13 @@ Status Executor::Execute(const Response& r) {
                        e->enqueue_us, start);
     }
   }
+  std::vector<void*> streams;
+  for (const auto& e : es) {
+    if (e && e->stream && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
+      streams.push_back(e->stream);
+    }
+  }
+  comm->OrderAfter(streams);
   Status s;
   switch (r.op) {
     case OpType::kAllreduce: s = Allreduce(r, es, comm); break;
@@ -83,6 +90,12 @@ Status Executor::Execute(const Response& r) {
   if (!s.ok()) {
     fail_all(s);
     return s;
+  }
+  if (auto pending = comm->TakePending()) {
+    // Device work still queued: the ops complete (and their buffers are released)
+    // when it finishes.
+    in_flight_->Add(std::move(pending), std::move(es));
+    return Status::OK();
   }
   for (auto& e : es) {
     if (e) completions_->Complete(*e->state, Status::OK());
@@ -142,7 +155,8 @@ Status Executor::Broadcast(const Response& r, Entries& es, Communicator* comm) {
   if (e) {
     buf = e->output;
     if (comm->rank() == r.root && e->input != e->output) {
-      std::memcpy(buf, e->input, static_cast<size_t>(bytes));
+      Status s = comm->Copy(buf, e->input, bytes);
+      if (!s.ok()) return s;
     }
   } else {
     scratch.resize(static_cast<size_t>(bytes));

@@ -9,6 +9,7 @@
 
 #include "engine/message.h"
 #include "engine/process_set.h"
+#include "engine/in_flight.h"
 #include "engine/tensor_queue.h"
 #include "engine/timeline.h"
 
@@ -17,8 +18,13 @@ namespace spark_hvd {
 class Executor {
  public:
   Executor(int32_t rank, ProcessSetTable* sets, TensorQueue* queue, Completions* completions,
-           Timeline* timeline)
-      : rank_(rank), sets_(sets), queue_(queue), completions_(completions), timeline_(timeline) {}
+           InFlight* in_flight, Timeline* timeline)
+      : rank_(rank),
+        sets_(sets),
+        queue_(queue),
+        completions_(completions),
+        in_flight_(in_flight),
+        timeline_(timeline) {}
 
   // Executes one response. A non-OK return means a communicator failed: the
   // engine must stop (the response's own ops have already been failed).
@@ -37,6 +43,7 @@ class Executor {
   ProcessSetTable* sets_;
   TensorQueue* queue_;
   Completions* completions_;
+  InFlight* in_flight_;
   Timeline* timeline_;
 };
 

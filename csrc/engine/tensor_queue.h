@@ -27,6 +27,7 @@ struct TensorEntry {
   // Whatever keeps input and output alive (the caller's tensors): held until the
   // engine has finished with this entry, whatever happens to the caller's handle.
   std::shared_ptr<void> owner;
+  void* stream = nullptr;  // device tensors: the stream that produced the input
   int64_t enqueue_us = 0;
 };
 

@@ -74,7 +74,7 @@ std::shared_ptr<void> OwnerOf(py::object obj) {
 }
 
 TensorEntry ParseSpec(const py::tuple& t) {
-  if (t.size() != 16) Raise(Status::InvalidArgument("an op spec has 16 fields, got " + std::to_string(t.size())));
+  if (t.size() != 17) Raise(Status::InvalidArgument("an op spec has 17 fields, got " + std::to_string(t.size())));
   const int dtype = t[2].cast<int>();
   if (!IsValidDataType(dtype)) Raise(Status::InvalidArgument("unknown dtype code " + std::to_string(dtype)));
   TensorEntry e;
@@ -95,6 +95,7 @@ TensorEntry ParseSpec(const py::tuple& t) {
   r.group = t[13].cast<std::string>();
   r.group_size = t[14].cast<int>();
   e.owner = OwnerOf(t[15]);
+  e.stream = reinterpret_cast<void*>(t[16].cast<uintptr_t>());
   return e;
 }
 
@@ -156,7 +157,8 @@ PYBIND11_MODULE(_core, m) {
   // One or more ops, queued together or not at all (a group is never half
   // submitted). Each spec is a tuple (op, name, dtype, shape, input, output,
   // reduce_op, prescale, postscale, root, process_set, device, splits, group,
-  // group_size, owner): input/output are addresses, and owner is the Python object
+  // group_size, owner, stream): input/output are addresses (stream: the CUDA stream
+  // that produced a device input, or 0), and owner is the Python object
   // that keeps them valid; the core holds it until the op is finished with, even
   // when the returned Work is dropped first.
   m.def("enqueue", [](const py::list& specs) {

@@ -1,0 +1,113 @@
+#include "engine/in_flight.h"
+
+#include <pthread.h>
+
+#include <chrono>
+
+#include "common/env.h"
+#include "common/logging.h"
+
+namespace spark_hvd {
+namespace {
+
+double NowS() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+InFlight::InFlight(Completions* completions) : completions_(completions) {
+  thread_ = std::thread([this] {
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "shvd_inflight");
+#endif
+    Loop();
+  });
+}
+
+InFlight::~InFlight() {
+  AbortAll(Status::NotInitialized("spark_hvd was shut down"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void InFlight::Add(std::unique_ptr<PendingWork> work,
+                   std::vector<std::unique_ptr<TensorEntry>> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    items_.push_back(Item{std::move(work), std::move(entries), NowS()});
+  }
+  cv_.notify_all();
+}
+
+Status InFlight::failure() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void InFlight::Finish(Item& item, const Status& status) {
+  for (auto& e : item.entries) {
+    if (e) completions_->Complete(*e->state, status);
+  }
+  item.entries.clear();  // the buffers may go now
+}
+
+void InFlight::Loop() {
+  // Poll the oldest item (Poll never blocks, so the lock is held throughout and
+  // AbortAll cannot race with it); sleep a little between polls while work is
+  // queued (a device op takes microseconds to seconds), block while there is none.
+  auto pause = std::chrono::microseconds(20);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !items_.empty(); });
+    if (items_.empty()) return;  // stop_
+    Item& item = items_.front();
+    Status status;
+    bool done = item.work->Poll(&status);
+    if (!done && NowS() - item.started_s > env::TimeoutS()) {
+      done = true;
+      status = Status::Timeout("a GPU collective did not finish within SPARK_HVD_TIMEOUT_S=" +
+                               std::to_string(env::TimeoutS()) +
+                               " s; its communicator was aborted (a peer may be stuck or gone)");
+    }
+    if (!done) {
+      cv_.wait_for(lock, pause, [this] { return stop_; });
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      continue;
+    }
+    if (!status.ok()) {
+      item.work->Abort();
+      SHVD_LOG(kWarning, "inflight") << status.message();
+      if (failure_.ok()) failure_ = status;
+    }
+    Finish(item, status);
+    items_.pop_front();
+    pause = std::chrono::microseconds(20);
+    cv_.notify_all();  // Drain
+  }
+}
+
+void InFlight::Drain(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool drained = cv_.wait_for(lock, std::chrono::duration<double>(timeout_s),
+                                    [this] { return items_.empty(); });
+  lock.unlock();
+  if (!drained) AbortAll(Status::Timeout("GPU work still running at shutdown"));
+}
+
+void InFlight::AbortAll(const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& item : items_) {
+    item.work->Abort();
+    Finish(item, why);
+  }
+  items_.clear();
+  cv_.notify_all();
+}
+
+}  // namespace spark_hvd
