@@ -139,7 +139,7 @@ def kill_in_init(stage: str) -> None:
     registered with the rendezvous service, before its mesh connects; "after_publish"
     right after publishing its mesh address. The others report what init raised."""
     import spark_hvd._core as core
-    from spark_hvd.runner._client import RendezvousClient
+    from spark_hvd._job.client import RendezvousClient
 
     me = int(os.environ["SPARK_HVD_RANK"])
     save(f"pid{me}", pid=os.getpid())
