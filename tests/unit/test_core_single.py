@@ -337,6 +337,25 @@ def test_invalid_arguments(call):
         call()
 
 
+def test_the_codes_are_the_cores_enums():
+    import enum
+    import pickle
+
+    from spark_hvd import _core, _types
+
+    for name in ("DataType", "ReduceOp", "OpType", "StatusCode"):
+        cls = getattr(_types, name)
+        assert cls is getattr(_core, name) and issubclass(cls, enum.IntEnum)
+    assert hvd.ReduceOp is _core.ReduceOp and hvd.Sum is hvd.ReduceOp.SUM
+    assert hvd.Sum == 0 and hvd.Average == 1 and hvd.Adasum == 5
+    assert {0: "sum"}[hvd.Sum] == "sum" and hash(hvd.Max) == hash(3)
+    assert hvd.ReduceOp(2) is hvd.Min and hvd.ReduceOp["PRODUCT"] is hvd.Product
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(hvd.Average, protocol=protocol)) is hvd.Average
+    assert _types.OpType.ADD_PROCESS_SET == 100 and _types.OpType.REMOVE_PROCESS_SET == 101
+    assert _types.numpy_code(np.float32) is _types.DataType.FLOAT32
+
+
 def test_native_errors_are_the_picklable_taxonomy():
     import pickle
 
