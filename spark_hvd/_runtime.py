@@ -74,24 +74,21 @@ RUNTIME = _Runtime()
 
 
 def explain_failure(exc: SparkHvdError) -> SparkHvdError:
-    """Adds what the rendezvous service knows to a PeerLostError: which peers had
-    already shut down cleanly, or else which ones vanished."""
+    """Adds what the rendezvous service knows to a PeerLostError the core could not
+    name the lost ranks of: which peers had already shut down cleanly, or else which
+    ones vanished."""
     if not isinstance(exc, PeerLostError) or exc.ranks:
         return exc
     me = _core.rank() if _core.is_initialized() else -1
     exited = [r for r in RUNTIME.exited_ranks() if r != me]
-    if exited and "shut down (called shutdown() or exited)" in exc.message:
-        return PeerLostError(exc.message, ranks=exited)  # the core already said so
     if exited:
         return PeerLostError(f"{exc.message} -- {format_ranks(exited)} had already shut down "
                              "(called shutdown() or exited); every rank must run the same "
-                             "collectives", ranks=exited)
+                             "collectives", ranks=exited, tensor=exc.tensor)
     lost = RUNTIME.lost_ranks(_config.lost_rank_wait_s())
-    if lost and "the rendezvous service lost" in exc.message:
-        return PeerLostError(exc.message, ranks=lost)  # the core already said so
     if lost:
         return PeerLostError(f"{exc.message} -- lost {format_ranks(lost)} (the process "
-                             "exited or its host is unreachable)", ranks=lost)
+                             "exited or its host is unreachable)", ranks=lost, tensor=exc.tensor)
     return exc
 
 

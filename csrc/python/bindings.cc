@@ -28,9 +28,11 @@ Engine& TheEngine() {
   return *engine;
 }
 
+// The exception carries the status's evidence as fields (exc.ranks, exc.tensor).
 [[noreturn]] void Raise(const Status& s) {
   py::object exc = py::module_::import("spark_hvd.exceptions")
-                       .attr("from_code")(s.code(), s.message());
+                       .attr("from_code")(s.code(), s.message(), py::arg("ranks") = s.ranks(),
+                                          py::arg("tensor") = s.tensor());
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
 }

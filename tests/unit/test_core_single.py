@@ -337,6 +337,21 @@ def test_invalid_arguments(call):
         call()
 
 
+def test_an_op_the_engine_refuses_names_its_tensor():
+    """The failure's evidence arrives as fields: here the engine refuses an op on a
+    device no backend of this job serves."""
+    from spark_hvd import _ops
+    from spark_hvd._types import DataType, OpType
+
+    if hvd.nccl_built():
+        pytest.skip("this build has a GPU backend")
+    x = np.ones(3, np.float32)
+    with pytest.raises(hvd.InvalidArgumentError, match="device 0") as info:
+        _ops.submit(OpType.ALLREDUCE, "single.gpu", DataType.FLOAT32, x.shape, x.ctypes.data,
+                    x.ctypes.data, (x,), lambda r: x, device=0)
+    assert info.value.tensor == "single.gpu" and info.value.ranks == []
+
+
 def test_the_codes_are_the_cores_enums():
     import enum
     import pickle
