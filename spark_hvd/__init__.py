@@ -11,7 +11,6 @@ so drivers that only launch jobs or prepare data never need it.
 
 import importlib
 
-from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, InvalidArgumentError,
                                   NotInitializedError, PeerLostError, SparkHvdError,
                                   TensorMismatchError)
@@ -31,7 +30,8 @@ _OPS = (
     "broadcast_object", "allgather_object", "poll", "synchronize", "Handle",
     "Sum", "Average", "Min", "Max", "Product", "Adasum",
 )
-_LAZY = {**{n: "spark_hvd._basics" for n in _BASICS}, **{n: "spark_hvd._ops" for n in _OPS}}
+_LAZY = {**{n: "spark_hvd._basics" for n in _BASICS}, **{n: "spark_hvd._ops" for n in _OPS},
+         "ReduceOp": "spark_hvd._types"}
 
 __all__ = list(_BASICS) + list(_OPS) + [
     "ReduceOp", "SparkHvdError", "InvalidArgumentError", "TensorMismatchError",

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from spark_hvd import _core
-from spark_hvd._basics import _RUNTIME, ProcessSet, explain_failure, global_process_set
+from spark_hvd._runtime import RUNTIME, ProcessSet, explain_failure, global_process_set
 from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 
@@ -156,7 +156,7 @@ def synchronize(handle: Handle):
 
 
 def _name(name: Optional[str], op: str, process_set: ProcessSet = global_process_set) -> str:
-    return name if name else _RUNTIME.auto_name(op, process_set.process_set_id)
+    return name if name else RUNTIME.auto_name(op, process_set.process_set_id)
 
 
 def _reduce_op(op, average, default=Average) -> ReduceOp:
@@ -314,7 +314,7 @@ def reducescatter(tensor, name: Optional[str] = None, op=Average,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Returns once every rank of the set has called barrier."""
-    synchronize(submit(OpType.BARRIER, _RUNTIME.auto_name("barrier", process_set.process_set_id),
+    synchronize(submit(OpType.BARRIER, RUNTIME.auto_name("barrier", process_set.process_set_id),
                        DataType.UINT8, (), 0, 0,
                        None, lambda r: None, process_set=process_set))
 
@@ -327,8 +327,10 @@ def join(device: int = -1) -> int:
                               lambda r: int(r[3])))
 
 
-def _run_control(op: int, name: str, values: Sequence[int]) -> int:
-    return synchronize(submit(op, _RUNTIME.auto_name(name), DataType.UINT8, (), 0, 0, None,
+def run_control(op: int, name: str, values: Sequence[int]) -> int:
+    """Runs one of the core's control ops (OpType.ADD_PROCESS_SET, ...) with its
+    integer arguments; returns the op's value."""
+    return synchronize(submit(op, RUNTIME.auto_name(name), DataType.UINT8, (), 0, 0, None,
                               lambda r: int(r[3]), splits=values))
 
 

@@ -1,47 +1,19 @@
-"""Codes shared with the native core (csrc/common/types.h) and numpy dtype mapping."""
+"""The core's enums (``spark_hvd._core``) and the numpy dtype mapping.
+
+DataType, ReduceOp, OpType and StatusCode are the native core's own enums
+(csrc/common/types.h, status.h), bound as ``enum.IntEnum`` subclasses: there is no
+Python copy of their values to drift. Importing this module loads the core.
+"""
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 
+from spark_hvd._core import DataType, OpType, ReduceOp, StatusCode
+from spark_hvd.exceptions import InvalidArgumentError
 
-class DataType(enum.IntEnum):
-    UINT8 = 0
-    INT8 = 1
-    INT16 = 2
-    INT32 = 3
-    INT64 = 4
-    FLOAT16 = 5
-    BFLOAT16 = 6
-    FLOAT32 = 7
-    FLOAT64 = 8
-    BOOL = 9
-
-
-class ReduceOp(enum.IntEnum):
-    """Reduction operations; ``spark_hvd.Sum`` etc. are these members."""
-
-    SUM = 0
-    AVERAGE = 1
-    MIN = 2
-    MAX = 3
-    PRODUCT = 4
-    ADASUM = 5
-
-
-class OpType(enum.IntEnum):
-    ALLREDUCE = 0
-    ALLGATHER = 1
-    BROADCAST = 2
-    ALLTOALL = 3
-    REDUCESCATTER = 4
-    BARRIER = 5
-    JOIN = 6
-    ADD_PROCESS_SET = 100
-    REMOVE_PROCESS_SET = 101
-
+__all__ = ["DataType", "OpType", "ReduceOp", "StatusCode", "BFLOAT16_NUMPY", "numpy_code",
+           "numpy_dtype"]
 
 _NUMPY = {
     np.dtype(np.uint8): DataType.UINT8,
@@ -72,7 +44,8 @@ def numpy_code(dtype) -> DataType:
         return _NUMPY[dt]
     except KeyError:
         supported = ", ".join(sorted(str(d) for d in _NUMPY))
-        raise _invalid(f"dtype {dt} is not supported; use one of: {supported}") from None
+        raise InvalidArgumentError(f"dtype {dt} is not supported; use one of: {supported}") \
+            from None
 
 
 def numpy_dtype(code: int) -> np.dtype:
@@ -81,8 +54,3 @@ def numpy_dtype(code: int) -> np.dtype:
         return np.dtype(np.uint16)
     return _FROM_CODE[DataType(code)]
 
-
-def _invalid(msg: str):
-    from spark_hvd.exceptions import InvalidArgumentError
-
-    return InvalidArgumentError(msg)

@@ -4,8 +4,19 @@ Every error that crosses a process boundary (a rank's child process, a Spark
 executor, the driver) is one of these, and each survives pickling with its
 fields, so what a rank raised is what the driver re-raises.
 
-The native core reports a failure as ``(code, message)``; :func:`from_code`
-turns it into the matching class.  The codes mirror ``csrc/common/status.h``.
+An error carries its evidence as fields as well as in its message:
+
+- ``ranks``: the ranks the failure is about, when known (PeerLostError: the lost
+  or departed ones; CollectiveTimeoutError from the stall check: the ranks that
+  never submitted the tensor; TensorMismatchError: the two that disagree);
+- ``tensor``: the name of the op that failed ("" when the failure is not one op's).
+
+The native core reports a failure as a Status (csrc/common/status.h) and the binding
+calls :func:`from_code` with its ``spark_hvd._core.StatusCode``, message and evidence.
+Each class's ``code`` is the value of that enum member (the rendezvous protocol
+sends the same values); this module does not import the core, so launchers can
+use it without loading the native library, and tests/unit/test_exceptions.py checks
+the mapping against the enum.
 """
 
 from __future__ import annotations
@@ -16,14 +27,19 @@ from typing import Iterable, Optional, Sequence
 class SparkHvdError(Exception):
     """Base class of every error raised by spark_hvd."""
 
-    code = 1
+    code = 1  # StatusCode.UNKNOWN
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", *, ranks: Optional[Sequence[int]] = None,
+                 tensor: str = "") -> None:
         super().__init__(message)
         self.message = message
+        self.ranks = list(ranks) if ranks else []
+        self.tensor = tensor
 
     def __reduce__(self):
-        return (type(self), (self.message,))
+        # The message rebuilds the exception (args, str); the state restores every
+        # field, those of subclasses included.
+        return (type(self), (self.message,), dict(self.__dict__))
 
     def __str__(self) -> str:
         return self.message
@@ -58,12 +74,9 @@ class PeerLostError(SparkHvdError, ConnectionError):
 
     code = 6
 
-    def __init__(self, message: str = "", ranks: Optional[Sequence[int]] = None) -> None:
-        super().__init__(message)
-        self.ranks = list(ranks) if ranks else []
-
-    def __reduce__(self):
-        return (type(self), (self.message, self.ranks))
+    def __init__(self, message: str = "", ranks: Optional[Sequence[int]] = None, *,
+                 tensor: str = "") -> None:
+        super().__init__(message, ranks=ranks, tensor=tensor)
 
 
 class StoreError(SparkHvdError):
@@ -90,14 +103,12 @@ class RankFailedError(SparkHvdError):
     ``failures`` maps rank -> tail of that rank's output (traceback included).
     """
 
-    code = 10
+    code = 10  # not a core status: raised by the launchers
 
-    def __init__(self, message: str = "", failures: Optional[dict] = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str = "", failures: Optional[dict] = None, *,
+                 ranks: Optional[Sequence[int]] = None, tensor: str = "") -> None:
+        super().__init__(message, ranks=ranks, tensor=tensor)
         self.failures = dict(failures or {})
-
-    def __reduce__(self):
-        return (type(self), (self.message, self.failures))
 
 
 _BY_CODE = {cls.code: cls for cls in (
@@ -106,9 +117,11 @@ _BY_CODE = {cls.code: cls for cls in (
     RankFailedError)}
 
 
-def from_code(code: int, message: str) -> SparkHvdError:
-    """The exception for a native status code (unknown codes give InternalError)."""
-    return _BY_CODE.get(code, InternalError)(message)
+def from_code(code: int, message: str, *, ranks: Optional[Sequence[int]] = None,
+              tensor: str = "") -> SparkHvdError:
+    """The exception for a status code (a ``_core.StatusCode`` member or its value),
+    with its evidence; unknown codes give InternalError."""
+    return _BY_CODE.get(int(code), InternalError)(message, ranks=ranks, tensor=tensor)
 
 
 def format_ranks(ranks: Iterable[int]) -> str:

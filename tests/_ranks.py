@@ -125,9 +125,9 @@ class DirectJob:
     test sees how the survivors of a failure behave when no launcher tears them down."""
 
     def __init__(self, np: int, argv: Sequence[str], env: Optional[dict] = None) -> None:
-        from spark_hvd.runner import env as renv
+        from spark_hvd._job import env as renv
         from spark_hvd.runner.rendezvous import RendezvousServer
-        from spark_hvd.runner.topology import assign
+        from spark_hvd._job.topology import assign
 
         self.server = RendezvousServer(host="127.0.0.1")
         self.server.start()

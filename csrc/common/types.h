@@ -8,7 +8,8 @@
 
 namespace spark_hvd {
 
-// Values are part of the Python ABI (spark_hvd/_types.py mirrors them).
+// Values are part of the Python ABI: bindings.cc binds these enums (and StatusCode)
+// as spark_hvd._core.DataType, ReduceOp, OpType; no Python copy exists.
 enum class DataType : int32_t {
   kUInt8 = 0,
   kInt8 = 1,

@@ -94,6 +94,7 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
   auto mismatch = [&](const std::string& field, const std::string& a, int32_t rb,
                       const std::string& b) {
     r.error = StatusCode::kMismatch;
+    r.error_ranks = {first.rank, rb};
     r.error_message = what + ": " + field + " differs between ranks: rank " +
                       std::to_string(first.rank) + " has " + a + ", rank " + std::to_string(rb) +
                       " has " + b + ". Every rank must submit the same " + field + " for a name.";

@@ -132,7 +132,8 @@ void Engine::Loop(std::promise<Status>* ready) {
       stop = Status::PeerLost("rank(s) " + who +
                               " shut down (called shutdown() or exited) while this operation "
                               "was pending on rank " + std::to_string(rank_) +
-                              "; every rank must run the same collectives");
+                              "; every rank must run the same collectives",
+                              cr.shutdown_ranks);
       break;
     }
     for (const Response& r : cr.responses) {
@@ -230,7 +231,7 @@ Status Engine::Stopped() const {
 void Engine::Validate(const Request& req) const {
   auto bad = [&](const std::string& m) {
     throw StatusError(Status::InvalidArgument(std::string(OpTypeName(req.op)) + " '" + req.name +
-                                              "': " + m));
+                                              "': " + m).WithTensor(req.name));
   };
   if (req.op == OpType::kJoin || req.op == kAddProcessSet || req.op == kRemoveProcessSet) return;
   for (int64_t d : req.shape) {

@@ -39,13 +39,13 @@ Status Executor::Execute(const Response& r) {
   }
   Entries es;
   for (const auto& t : r.tensors) es.push_back(queue_->Take(r.process_set, t.name));
-  auto fail_all = [&](const Status& s) {
+  auto fail_all = [&](const Status& s) {  // each entry's error names its own tensor
     for (auto& e : es) {
-      if (e) completions_->Complete(*e->state, s);
+      if (e) completions_->Complete(*e->state, s.WithTensor(e->req.name));
     }
   };
   if (r.error != StatusCode::kOk) {
-    fail_all(Status(r.error, r.error_message));
+    fail_all(Status(r.error, r.error_message, r.error_ranks));
     return Status::OK();
   }
   ProcessSet* set = sets_->Get(r.process_set);

@@ -58,6 +58,7 @@ struct Response {
   std::vector<int64_t> extra;           // process-set members; join: {last joined rank}
   StatusCode error = StatusCode::kOk;   // != kOk: every rank fails these tensors
   std::string error_message;
+  std::vector<int32_t> error_ranks;     // the evidence: stall: missing; mismatch: disagreeing
 
   int64_t TotalElements() const;
 };

@@ -47,6 +47,7 @@ void StallInspector::Report(const Request& first, int32_t process_set,
     r.process_set = process_set;
     r.tensors.push_back({first.name, first.shape, {}});
     r.error = StatusCode::kTimeout;
+    r.error_ranks = missing;
     r.error_message = text + " after SPARK_HVD_STALL_SHUTDOWN_TIME_S=" +
                       std::to_string(env::StallShutdownTimeS()) + " s";
     out->push_back(std::move(r));

@@ -73,7 +73,9 @@ void TensorQueue::FailAll(Completions* completions, const Status& status) {
     join = std::move(join_);
     new_.clear();
   }
-  for (auto& kv : entries) completions->Complete(*kv.second->state, status);
+  for (auto& kv : entries) {
+    completions->Complete(*kv.second->state, status.WithTensor(kv.second->req.name));
+  }
   if (join) completions->Complete(*join->state, status);
   // The entries (and the buffers their owners hold) are released here, outside the lock.
 }

@@ -1,6 +1,7 @@
 // spark_hvd._core: the only pybind11 translation unit. Every binding parses its
 // Python arguments with the GIL held, releases the GIL around native work, and
 // turns a failed Status into the matching spark_hvd.exceptions class (Raise).
+#include <pybind11/native_enum.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,6 +13,7 @@
 #include "common/env.h"
 #include "common/types.h"
 #include "engine/engine.h"
+#include "engine/message.h"
 #include "python/py_store.h"
 
 namespace py = pybind11;
@@ -26,9 +28,11 @@ Engine& TheEngine() {
   return *engine;
 }
 
+// The exception carries the status's evidence as fields (exc.ranks, exc.tensor).
 [[noreturn]] void Raise(const Status& s) {
   py::object exc = py::module_::import("spark_hvd.exceptions")
-                       .attr("from_code")(static_cast<int>(s.code()), s.message());
+                       .attr("from_code")(s.code(), s.message(), py::arg("ranks") = s.ranks(),
+                                          py::arg("tensor") = s.tensor());
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
   throw py::error_already_set();
 }
@@ -103,10 +107,63 @@ struct Work {
   std::shared_ptr<OpState> state;
 };
 
+// The core's codes as enum.IntEnum subclasses (spark_hvd._types re-exports them):
+// members compare, hash and pickle as the ints they are, so ReduceOp.SUM == 0
+// and an op spec may carry either.
+void BindEnums(py::module_& m) {
+  py::native_enum<DataType>(m, "DataType", "enum.IntEnum", "Element types of tensors.")
+      .value("UINT8", DataType::kUInt8)
+      .value("INT8", DataType::kInt8)
+      .value("INT16", DataType::kInt16)
+      .value("INT32", DataType::kInt32)
+      .value("INT64", DataType::kInt64)
+      .value("FLOAT16", DataType::kFloat16)
+      .value("BFLOAT16", DataType::kBFloat16)
+      .value("FLOAT32", DataType::kFloat32)
+      .value("FLOAT64", DataType::kFloat64)
+      .value("BOOL", DataType::kBool)
+      .finalize();
+  py::native_enum<ReduceOp>(m, "ReduceOp", "enum.IntEnum",
+                            "Reduction operations; spark_hvd.Sum etc. are these members.")
+      .value("SUM", ReduceOp::kSum)
+      .value("AVERAGE", ReduceOp::kAverage)
+      .value("MIN", ReduceOp::kMin)
+      .value("MAX", ReduceOp::kMax)
+      .value("PRODUCT", ReduceOp::kProduct)
+      .value("ADASUM", ReduceOp::kAdasum)
+      .finalize();
+  py::native_enum<OpType>(m, "OpType", "enum.IntEnum",
+                          "Kinds of op an enqueue spec asks for, the internal ones included.")
+      .value("ALLREDUCE", OpType::kAllreduce)
+      .value("ALLGATHER", OpType::kAllgather)
+      .value("BROADCAST", OpType::kBroadcast)
+      .value("ALLTOALL", OpType::kAlltoall)
+      .value("REDUCESCATTER", OpType::kReducescatter)
+      .value("BARRIER", OpType::kBarrier)
+      .value("JOIN", OpType::kJoin)
+      .value("ADD_PROCESS_SET", kAddProcessSet)
+      .value("REMOVE_PROCESS_SET", kRemoveProcessSet)
+      .finalize();
+  py::native_enum<StatusCode>(m, "StatusCode", "enum.IntEnum",
+                              "Failure kinds; spark_hvd.exceptions has one class per code.")
+      .value("OK", StatusCode::kOk)
+      .value("UNKNOWN", StatusCode::kUnknown)
+      .value("INVALID_ARGUMENT", StatusCode::kInvalidArgument)
+      .value("MISMATCH", StatusCode::kMismatch)
+      .value("NOT_INITIALIZED", StatusCode::kNotInitialized)
+      .value("TIMEOUT", StatusCode::kTimeout)
+      .value("PEER_LOST", StatusCode::kPeerLost)
+      .value("STORE_ERROR", StatusCode::kStoreError)
+      .value("AUTHENTICATION", StatusCode::kAuthentication)
+      .value("INTERNAL", StatusCode::kInternal)
+      .finalize();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "spark_hvd native core (negotiation engine, Gloo/MPI backends)";
+  BindEnums(m);
 
   m.def("gloo_built", [] { return SPARK_HVD_HAVE_GLOO == 1; });
   m.def("mpi_built", [] { return SPARK_HVD_HAVE_MPI == 1; });
@@ -176,8 +233,6 @@ PYBIND11_MODULE(_core, m) {
     for (auto& st : states) works.append(Work{std::move(st)});
     return works;
   });
-  m.def("add_process_set_op", [] { return static_cast<int>(kAddProcessSet); });
-  m.def("remove_process_set_op", [] { return static_cast<int>(kRemoveProcessSet); });
 
   // An enqueued op, as the caller holds it (c10d's Work): dropping it never
   // frees what the op is still using; a result nobody claims is freed with it.

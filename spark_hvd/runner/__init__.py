@@ -3,7 +3,7 @@
 ``spark-hvdrun`` (``python -m spark_hvd.runner``) is :func:`spark_hvd.runner.launch.main`.
 """
 
+from spark_hvd._job.topology import Topology, assign
 from spark_hvd.runner.rendezvous import RendezvousClient, RendezvousServer
-from spark_hvd.runner.topology import Topology, assign
 
 __all__ = ["RendezvousClient", "RendezvousServer", "Topology", "assign"]

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Dict, Optional, Set, Tuple
 
-from spark_hvd.runner import _wire
+from spark_hvd._job import wire as _wire
 from spark_hvd.runner._workers import Workers
 
 logger = logging.getLogger(__name__)

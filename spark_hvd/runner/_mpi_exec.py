@@ -13,7 +13,7 @@ if __name__ == "__main__":
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from spark_hvd import _config  # noqa: E402
-from spark_hvd.runner import env as _env  # noqa: E402
+from spark_hvd._job import env as _env  # noqa: E402
 
 PID_DIR_ENV_VAR = "_SPARK_HVD_MPI_PID_DIR"  # internal: where a rank leaves its pid
 

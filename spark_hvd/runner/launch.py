@@ -27,13 +27,14 @@ import tempfile
 from typing import BinaryIO, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from spark_hvd import _config
+from spark_hvd._job import env as _env
+from spark_hvd._job.topology import assign
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner import _hosts, _mpi_exec, _ssh, _supervise, env as _env
+from spark_hvd.runner import _hosts, _mpi_exec, _ssh, _supervise
 from spark_hvd.runner._hosts import Slot, parse_hosts  # noqa: F401  (parse_hosts: public here)
 from spark_hvd.runner._procs import (LineRouter, Prefixed, ProcessGroup, Sink,
                                      describe_exit, exit_code)
 from spark_hvd.runner.rendezvous import RendezvousServer
-from spark_hvd.runner.topology import assign
 
 PROG = "spark-hvdrun"
 DEFAULT_KILL_GRACE_S = 3.0

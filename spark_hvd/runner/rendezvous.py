@@ -6,7 +6,7 @@ their connection addresses through it, ranks register their hosts, and a
 rank whose registration connection drops without a goodbye is recorded as
 lost (``lost_ranks()`` and the key ``__lost__/<rank>``).
 
-The wire protocol is described in :mod:`spark_hvd.runner._wire`.  Every
+The wire protocol is described in :mod:`spark_hvd._job.wire`.  Every
 request is signed with HMAC-SHA256 under the job's secret, bound to the run id,
 a per-connection server nonce and a sequence number.
 
@@ -26,16 +26,16 @@ import socket
 import threading
 from typing import Dict, List, Optional, Set, Tuple
 
+from spark_hvd._job import wire as _wire
+from spark_hvd._job.client import (DEFAULT_CONNECT_TIMEOUT_S,  # noqa: F401 (re-exported)
+                                   DEFAULT_REQUEST_TIMEOUT_S, RendezvousClient)
+from spark_hvd._job.store import DEFAULT_TIMEOUT_S, InMemoryStore
+from spark_hvd._job.wire import Kind, Op
 from spark_hvd.exceptions import (AuthenticationError, InvalidArgumentError, SparkHvdError,
                                   StoreError)
-from spark_hvd.runner import _wire
-from spark_hvd.runner._client import (DEFAULT_CONNECT_TIMEOUT_S,  # noqa: F401 (re-exported)
-                                      DEFAULT_REQUEST_TIMEOUT_S, RendezvousClient)
 from spark_hvd.runner._connections import Connection, ConnectionLoop
 from spark_hvd.runner._ratelimit import DEFAULT_INTERVAL_S as DEFAULT_WARNING_INTERVAL_S
 from spark_hvd.runner._ratelimit import RateLimitedLog
-from spark_hvd.runner._wire import Kind, Op
-from spark_hvd.runner.store import DEFAULT_TIMEOUT_S, InMemoryStore
 
 __all__ = ["RendezvousServer", "RendezvousClient", "LOST_KEY_PREFIX", "HOST_KEY_PREFIX"]
 

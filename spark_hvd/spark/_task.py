@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from queue import Queue
 from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
+from spark_hvd._job import env as _env
+from spark_hvd._job.store import MAX_TIMEOUT_S
+from spark_hvd._job.topology import assign
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner import env as _env
 from spark_hvd.runner._procs import LineRouter, ProcessGroup, Sink
 from spark_hvd.runner.rendezvous import RendezvousClient
-from spark_hvd.runner.store import MAX_TIMEOUT_S
-from spark_hvd.runner.topology import assign
 from spark_hvd.spark import _child, _protocol as P
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"

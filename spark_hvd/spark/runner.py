@@ -35,10 +35,10 @@ from functools import partial
 from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from spark_hvd import _config
+from spark_hvd._job.store import MAX_TIMEOUT_S
 from spark_hvd.exceptions import (CollectiveTimeoutError, InvalidArgumentError, SparkHvdError,
                                   StoreError)
 from spark_hvd.runner.rendezvous import RendezvousServer
-from spark_hvd.runner.store import MAX_TIMEOUT_S
 from spark_hvd.spark import _checks, _failures, _protocol as P, _task
 
 logger = logging.getLogger(__name__)

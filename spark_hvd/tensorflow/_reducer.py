@@ -14,6 +14,7 @@ import tensorflow as tf
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import mpi_ops
+from spark_hvd.tensorflow._host import stable_name
 from spark_hvd.tensorflow.compression import Compression
 
 
@@ -68,7 +69,7 @@ class GradientReducer:
                 continue
             dense_idx.append(i)
             dense.append(tf.convert_to_tensor(g))
-        base = name or mpi_ops.stable_name(self.prefix, dense)
+        base = name or stable_name(self.prefix, dense)
         compressed = [self.compression.compress(g) for g in dense]
         reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in compressed], op, prescale,
                                                  postscale, base, self.process_set)

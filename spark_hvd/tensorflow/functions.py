@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from spark_hvd import _ops as _np
 from spark_hvd._basics import ProcessSet, global_process_set
-from spark_hvd.tensorflow.mpi_ops import _BITCAST, _check_dtype, collective_name, host_call
+from spark_hvd.tensorflow._host import _BITCAST, _check_dtype, collective_name, host_call
 
 
 def _np_broadcast_many(arrays: Sequence[np.ndarray], root_rank: int, name: str,

@@ -20,127 +20,22 @@ every retrace as long as the ranks run the same code.
 
 from __future__ import annotations
 
-import zlib
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from spark_hvd import _ops as _np
-from spark_hvd._basics import _RUNTIME, ProcessSet, global_process_set
+from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size
 from spark_hvd._types import OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
+                                        _first_dim_unknown, _not_autograph, _rest, _set_shape,
+                                        collective_name, host_call)
 from spark_hvd.tensorflow.compression import Compression
+from spark_hvd.tensorflow.functions import broadcast_variables
 
 from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - re-exported
-
-# Bit-exact ops (broadcast, allgather, alltoall) move these as same-width signed ints.
-_BITCAST = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
-            np.dtype(np.uint64): np.dtype(np.int64)}
-
-try:  # private, but the only way to see that a graph is being compiled by XLA
-    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
-except ImportError:  # pragma: no cover - depends on the TensorFlow version
-    def _in_xla(graph) -> bool:
-        return False
-
-
-# -- plumbing -------------------------------------------------------------------------
-
-# AutoGraph would otherwise rewrite these functions (their control flow is on Python
-# values only) every time a tf.function that calls them is traced.
-_not_autograph = tf.autograph.experimental.do_not_convert
-
-
-def _numpy_dtype(dtype: tf.DType) -> np.dtype:
-    return np.dtype(dtype.as_numpy_dtype)
-
-
-def _check_dtype(dtype: tf.DType, bitcast: bool = False) -> None:
-    np_dtype = _numpy_dtype(dtype)
-    if bitcast and np_dtype in _BITCAST:
-        return
-    try:
-        numpy_code(np_dtype)
-    except InvalidArgumentError:
-        raise InvalidArgumentError(
-            f"spark_hvd.tensorflow: dtype {dtype.name} is not supported; use one of uint8, int8, "
-            "int16, int32, int64, float16, bfloat16, float32, float64, bool") from None
-
-
-def _differentiable(dtype: tf.DType) -> bool:
-    return dtype.is_floating or dtype.is_complex
-
-
-def _to_numpy(value) -> np.ndarray:
-    if hasattr(value, "numpy"):
-        return np.asarray(value.numpy())
-    return np.asarray(value)
-
-
-def _check_not_xla(kind: str) -> None:
-    if _in_xla(tf.compat.v1.get_default_graph()):
-        raise InvalidArgumentError(
-            f"spark_hvd.tensorflow.{kind} cannot run inside an XLA-compiled function: spark_hvd "
-            "collectives run on the host through tf.numpy_function, which XLA cannot compile. "
-            "Use tf.function(jit_compile=False) for the function that calls it (Keras: "
-            "model.compile(..., jit_compile=False), which DistributedOptimizer does for fit)")
-
-
-def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dtypes: Sequence,
-              kind: str) -> List[tf.Tensor]:
-    """Runs ``fn`` (numpy arrays in, a list of numpy arrays out) now when eager, else as one
-    stateful ``tf.numpy_function`` node of the current graph."""
-    if tf.executing_eagerly():
-        outs = fn(*[_to_numpy(t) for t in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
-    _check_not_xla(kind)
-    outs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
-                             name=_op_name(kind))
-    return list(outs)
-
-
-def _op_name(kind: str) -> str:
-    return "SparkHvd" + "".join(p[:1].upper() + p[1:] for p in kind.split("_"))
-
-
-def collective_name(name: Optional[str], kind: str) -> str:
-    """``name`` if given, else a deterministic name (see the module docstring)."""
-    if name:
-        return name
-    if tf.executing_eagerly():
-        return _RUNTIME.auto_name(f"tf.{kind}")
-    graph = tf.compat.v1.get_default_graph()
-    unique = graph.unique_name(_op_name(kind), mark_as_used=True)
-    return f"{getattr(graph, 'name', 'graph')}/{unique}"
-
-
-def stable_name(prefix: str, tensors: Sequence) -> str:
-    """For the reduction issued once per training step: the tensors' dtypes and shapes
-    are part of the name, so each model's gradients keep their own entry in the core's
-    response cache. Eagerly the name is the same every step; in a graph it is also
-    unique within the function."""
-    signature = ";".join(f"{t.dtype.name}{t.shape}" for t in tensors)
-    suffix = f"{len(tensors)}.{zlib.crc32(signature.encode()):08x}"
-    if tf.executing_eagerly():
-        return f"{prefix}.{suffix}"
-    return f"{collective_name(None, prefix)}.{suffix}"
-
-
-def _set_shape(tensor: tf.Tensor, shape) -> tf.Tensor:
-    if not tf.executing_eagerly():
-        tensor.set_shape(shape)
-    return tensor
-
-
-def _rest(shape: tf.TensorShape) -> list:
-    return [] if shape.rank is None else shape.as_list()[1:]
-
-
-def _first_dim_unknown(shape: tf.TensorShape) -> tf.TensorShape:
-    if shape.rank is None:
-        return tf.TensorShape(None)
-    return tf.TensorShape([None] + _rest(shape))
 
 
 def _reduce_op(op, average) -> ReduceOp:
@@ -408,8 +303,6 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
 def broadcast_(variables, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set):
     """In-place broadcast: assigns root_rank's values to ``variables``; returns them."""
-    from spark_hvd.tensorflow.functions import broadcast_variables
-
     broadcast_variables(variables, root_rank, process_set=process_set, name=name)
     return variables
 
@@ -566,12 +459,8 @@ def rank_op(process_set: ProcessSet = global_process_set, name: Optional[str] = 
 
 
 def local_size_op(name: Optional[str] = None):
-    from spark_hvd._basics import local_size
-
     return tf.constant(local_size(), dtype=tf.int32, name=name)
 
 
 def local_rank_op(name: Optional[str] = None):
-    from spark_hvd._basics import local_rank
-
     return tf.constant(local_rank(), dtype=tf.int32, name=name)

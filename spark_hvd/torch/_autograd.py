@@ -24,7 +24,10 @@ import torch
 
 from spark_hvd import _ops
 from spark_hvd._types import ReduceOp
-from spark_hvd.torch import mpi_ops as ops
+from spark_hvd.torch._gather_ops import (allgather_async, alltoall_async, grouped_allgather_async,
+                                         grouped_reducescatter_async, reducescatter_async)
+from spark_hvd.torch._handles import synchronize
+from spark_hvd.torch._reduce_ops import allreduce_async, broadcast_async, grouped_allreduce_async
 from spark_hvd.torch._tensors import row_offsets
 
 
@@ -36,14 +39,14 @@ class AllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (name, op, prescale, postscale, process_set)
-        return ops.synchronize(ops.allreduce_async(tensor, None, name, op, prescale, postscale,
-                                                   process_set))
+        return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale,
+                                           process_set))
 
     @staticmethod
     def backward(ctx, grad):
         name, op, prescale, postscale, process_set = ctx.args
-        g = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, _grad_name(name), op,
-                                                prescale, postscale, process_set))
+        g = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name), op,
+                                        prescale, postscale, process_set))
         return g, None, None, None, None, None
 
 
@@ -51,13 +54,13 @@ class GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (name, op, prescale, postscale, process_set)
-        return tuple(ops.synchronize(ops.grouped_allreduce_async(
+        return tuple(synchronize(grouped_allreduce_async(
             tensors, None, name, op, prescale, postscale, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
         name, op, prescale, postscale, process_set = ctx.args
-        gs = ops.synchronize(ops.grouped_allreduce_async(
+        gs = synchronize(grouped_allreduce_async(
             [g.contiguous() for g in grads], None, _grad_name(name), op, prescale, postscale,
             process_set))
         return (None, None, None, None, None, *gs)
@@ -65,11 +68,11 @@ class GroupedAllreduceFn(torch.autograd.Function):
 
 def _allgather_backward(grad, rows, name, process_set):
     """This rank's rows of the summed gradient of an allgather output."""
-    sizes = ops.synchronize(ops.allgather_async(
+    sizes = synchronize(allgather_async(
         torch.tensor([rows], dtype=torch.int64), f"{name}.sizes" if name else None,
         process_set)).tolist()
-    summed = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, name, ReduceOp.SUM,
-                                                 process_set=process_set))
+    summed = synchronize(allreduce_async(grad.contiguous(), None, name, ReduceOp.SUM,
+                                         process_set=process_set))
     me = process_set.rank()
     start = row_offsets(sizes)[me]
     return summed.narrow(0, start, sizes[me])
@@ -80,7 +83,7 @@ class AllgatherFn(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.args = (name, process_set)
         ctx.shape = tensor.shape
-        return ops.synchronize(ops.allgather_async(tensor, name, process_set))
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
@@ -95,7 +98,7 @@ class GroupedAllgatherFn(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.args = (name, process_set)
         ctx.shapes = [t.shape for t in tensors]
-        return tuple(ops.synchronize(ops.grouped_allgather_async(tensors, name, process_set)))
+        return tuple(synchronize(grouped_allgather_async(tensors, name, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -112,13 +115,13 @@ class BroadcastFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.args = (root_rank, name, process_set)
-        return ops.synchronize(ops.broadcast_async(tensor, root_rank, name, process_set))
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
         root_rank, name, process_set = ctx.args
-        summed = ops.synchronize(ops.allreduce_async(grad.contiguous(), None, _grad_name(name),
-                                                     ReduceOp.SUM, process_set=process_set))
+        summed = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name),
+                                             ReduceOp.SUM, process_set=process_set))
         if process_set.rank() != root_rank:
             summed = torch.zeros_like(summed)
         return summed, None, None, None
@@ -128,7 +131,7 @@ class AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.args = (name, process_set)
-        out, received = ops.synchronize(ops.alltoall_async(tensor, splits, name, process_set))
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return out, received
@@ -136,8 +139,8 @@ class AlltoallFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_splits):
         name, process_set = ctx.args
-        g, _ = ops.synchronize(ops.alltoall_async(grad.contiguous(), ctx.received,
-                                                  _grad_name(name), process_set))
+        g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received, _grad_name(name),
+                                          process_set))
         return g, None, None, None
 
 
@@ -152,13 +155,13 @@ class ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.args = (name, process_set, _reducescatter_scale(op, process_set, prescale, postscale))
-        return ops.synchronize(ops.reducescatter_async(tensor, name, op, process_set, prescale,
-                                                       postscale))
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale,
+                                               postscale))
 
     @staticmethod
     def backward(ctx, grad):
         name, process_set, scale = ctx.args
-        g = ops.synchronize(ops.allgather_async(grad.contiguous(), _grad_name(name), process_set))
+        g = synchronize(allgather_async(grad.contiguous(), _grad_name(name), process_set))
         return (g * scale if scale != 1.0 else g), None, None, None, None, None
 
 
@@ -166,12 +169,12 @@ class GroupedReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.args = (name, process_set, _reducescatter_scale(op, process_set, prescale, postscale))
-        return tuple(ops.synchronize(ops.grouped_reducescatter_async(
+        return tuple(synchronize(grouped_reducescatter_async(
             tensors, name, op, process_set, prescale, postscale)))
 
     @staticmethod
     def backward(ctx, *grads):
         name, process_set, scale = ctx.args
-        gs = ops.synchronize(ops.grouped_allgather_async([g.contiguous() for g in grads],
-                                                         _grad_name(name), process_set))
+        gs = synchronize(grouped_allgather_async([g.contiguous() for g in grads],
+                                                 _grad_name(name), process_set))
         return (None, None, None, None, None, *[g * scale if scale != 1.0 else g for g in gs])

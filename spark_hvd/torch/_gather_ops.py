@@ -1,12 +1,14 @@
-"""allgather, alltoall and reducescatter (and grouped forms) on torch tensors.
+"""allgather, alltoall and reducescatter (and grouped forms) on torch tensors: the
+async forms, which record no gradient.
 
 Their outputs are allocated by the core (allgather, alltoall) and returned as
-tensors sharing that buffer. Re-exported by ``mpi_ops``.
+tensors sharing that buffer. The differentiable forms (``mpi_ops.allgather`` ...)
+run these inside the autograd functions of ``_autograd``. Re-exported by ``mpi_ops``.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
@@ -16,7 +18,6 @@ from spark_hvd._types import OpType, ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.torch._handles import GroupHandle, Handle, _name, _submit
 from spark_hvd.torch._tensors import check, contiguous, from_result, int_list
-from spark_hvd.torch.compression import Compression
 
 Average = ReduceOp.AVERAGE
 Adasum = ReduceOp.ADASUM
@@ -34,15 +35,6 @@ def allgather_async(tensor, name: Optional[str] = None,
                    lambda r, dt=t.dtype: from_result(r, dt), process_set=process_set)
 
 
-def allgather(tensor, name: Optional[str] = None,
-              process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Concatenates every rank's tensor along the first dimension (sizes may
-    differ). Differentiable: a rank's gradient is its rows of the summed gradient."""
-    from spark_hvd.torch._autograd import AllgatherFn
-
-    return AllgatherFn.apply(tensor, name, process_set)
-
-
 def grouped_allgather_async(tensors, name: Optional[str] = None,
                             process_set: ProcessSet = global_process_set) -> GroupHandle:
     tensors = list(tensors)
@@ -58,13 +50,6 @@ def grouped_allgather_async(tensors, name: Optional[str] = None,
                                    process_set=process_set, group=base,
                                    group_size=len(tensors)))
     return GroupHandle(handles, list)
-
-
-def grouped_allgather(tensors, name: Optional[str] = None,
-                      process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
-    from spark_hvd.torch._autograd import GroupedAllgatherFn
-
-    return list(GroupedAllgatherFn.apply(name, process_set, *tensors))
 
 
 # -- alltoall --------------------------------------------------------------------
@@ -93,20 +78,6 @@ def alltoall_async(tensor, splits=None, name: Optional[str] = None,
                    splits=split_list, process_set=process_set)
 
 
-def alltoall(tensor, splits=None, name: Optional[str] = None,
-             process_set: ProcessSet = global_process_set):
-    """Sends splits[i] rows of ``tensor`` to rank i (even splits when None).
-
-    Returns the received rows, in rank order; when ``splits`` was given, returns
-    ``(rows, received_splits)`` as Horovod does. Differentiable: the gradient
-    goes back through an alltoall with the received splits.
-    """
-    from spark_hvd.torch._autograd import AlltoallFn
-
-    out, received = AlltoallFn.apply(tensor, splits, name, process_set)
-    return out if splits is None else (out, received)
-
-
 # -- reducescatter ---------------------------------------------------------------
 
 def _reducescatter_async(tensor, name, op, process_set, prescale, postscale, what,
@@ -133,19 +104,6 @@ def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
                                 prescale_factor, postscale_factor, "reducescatter")
 
 
-def reducescatter(tensor, name: Optional[str] = None, compression=Compression.none, op=Average,
-                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
-                  postscale_factor: float = 1.0) -> torch.Tensor:
-    """Reduces across ranks (default Average) and returns this rank's block of
-    rows. Differentiable: the gradient is the allgather of the blocks' gradients."""
-    from spark_hvd.torch._autograd import ReducescatterFn
-
-    compressed, ctx = compression.compress(tensor)
-    out = ReducescatterFn.apply(compressed, name, _ops._reduce_op(op, None), process_set,
-                                prescale_factor, postscale_factor)
-    return compression.decompress(out, ctx)
-
-
 def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
                                 process_set: ProcessSet = global_process_set,
                                 prescale_factor: float = 1.0,
@@ -158,16 +116,3 @@ def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
                                         len(tensors))
                    for i, t in enumerate(tensors)]
     return GroupHandle(handles, list)
-
-
-def grouped_reducescatter(tensors, name: Optional[str] = None, compression=Compression.none,
-                          op=Average, process_set: ProcessSet = global_process_set,
-                          prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0) -> List[torch.Tensor]:
-    from spark_hvd.torch._autograd import GroupedReducescatterFn
-
-    pairs = [compression.compress(t) for t in tensors]
-    outs = GroupedReducescatterFn.apply(name, _ops._reduce_op(op, None), process_set,
-                                        prescale_factor, postscale_factor,
-                                        *[p[0] for p in pairs])
-    return [compression.decompress(o, p[1]) for o, p in zip(outs, pairs)]

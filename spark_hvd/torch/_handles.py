@@ -7,7 +7,7 @@ from typing import Callable, Optional
 import torch
 
 from spark_hvd import _ops
-from spark_hvd._basics import _RUNTIME
+from spark_hvd._runtime import RUNTIME
 from spark_hvd.torch._tensors import dtype_code, shape_of
 
 Handle = _ops.Handle
@@ -20,7 +20,7 @@ def _name(name: Optional[str], op: str, process_set=None) -> str:
     """The op's name, or a generated one counted per (op, process set)."""
     if name:
         return name
-    return _RUNTIME.auto_name(op, 0 if process_set is None else process_set.process_set_id)
+    return RUNTIME.auto_name(op, 0 if process_set is None else process_set.process_set_id)
 
 
 def _submit(op: int, name: str, tensor: torch.Tensor, out: Optional[torch.Tensor], owner,

@@ -33,7 +33,7 @@ from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.torch import mpi_ops
+from spark_hvd.torch import _reduce_ops, mpi_ops
 from spark_hvd.torch.compression import Compression
 
 Average = ReduceOp.AVERAGE
@@ -148,9 +148,9 @@ class _DistributedOptimizer:
                                                   self._hvd_process_set), None, None
         sent, ctx = self._hvd_compression.compress(grad)
         pre, post = self._hvd_scales()
-        handle = mpi_ops._allreduce_async(sent, name, self._hvd_op, pre, post,
-                                          self._hvd_process_set, True, sent,
-                                          "DistributedOptimizer", group, group_size)
+        handle = _reduce_ops._allreduce_async(sent, name, self._hvd_op, pre, post,
+                                              self._hvd_process_set, True, sent,
+                                              "DistributedOptimizer", group, group_size)
         return handle, ctx, sent
 
     def _hvd_submit_group(self, g: int) -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from spark_hvd._basics import _RUNTIME, ProcessSet, global_process_set
+from spark_hvd._runtime import RUNTIME, ProcessSet, global_process_set
 from spark_hvd._types import ReduceOp
 from spark_hvd.torch import mpi_ops
 
@@ -150,7 +150,7 @@ class SyncBatchNorm(_BatchNorm):
             return F.batch_norm(input, running_mean, running_var, self.weight, self.bias,
                                 use_batch_stats, factor, self.eps)
         if self._collective_name is None:
-            self._collective_name = _RUNTIME.auto_name("sync_batch_norm")
+            self._collective_name = RUNTIME.auto_name("sync_batch_norm")
         return _SyncBatchNormFn.apply(input, self.weight, self.bias, running_mean, running_var,
                                       self.eps, factor, self.process_set,
                                       self._collective_name)

@@ -211,6 +211,9 @@ def _mismatch_case(kind: str):
             f"expected TensorMismatchError on every rank, got {type(outcome).__name__}: {outcome}"
         msg = str(outcome)
         assert f"mm.{kind}" in msg, f"the message should name the tensor: {msg}"
+        assert outcome.tensor == f"mm.{kind}", f"exc.tensor is {outcome.tensor!r}: {msg}"
+        assert outcome.ranks == [0, ctx.size - 1], \
+            f"exc.ranks should be the two ranks that disagree, got {outcome.ranks}: {msg}"
         assert f"rank {ctx.size - 1}" in msg, f"the message should name rank {ctx.size - 1}: {msg}"
         for value in _mismatches(ctx.size, ctx.rank)[kind][1]:
             assert re.search(rf"(?<![\w.]){re.escape(value)}(?![\w])", msg, re.IGNORECASE), \

@@ -1,7 +1,7 @@
 """One rank of a fault scenario: ``python fault_worker.py SCENARIO OUTDIR``.
 
 Each rank writes OUTDIR/pid<r> at start and OUTDIR/result<r>.json with what it
-saw (error type, message, lost ranks, seconds). test_mp_faults.py asserts on them.
+saw (error type, message, its ranks and tensor fields, seconds). test_mp_faults.py asserts on them.
 """
 
 import json
@@ -37,7 +37,8 @@ def attempt(fn, *args, **kwargs) -> dict:
         value = fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the outcome under test
         return {"error": type(e).__name__, "message": str(e),
-                "ranks": list(getattr(e, "ranks", []) or []), "at": time.time(),
+                "ranks": list(getattr(e, "ranks", []) or []),
+                "tensor": getattr(e, "tensor", None), "at": time.time(),
                 "seconds": time.monotonic() - t0}
     return {"error": None, "value": np.asarray(value).tolist(), "at": time.time(),
             "seconds": time.monotonic() - t0}
@@ -139,7 +140,7 @@ def kill_in_init(stage: str) -> None:
     registered with the rendezvous service, before its mesh connects; "after_publish"
     right after publishing its mesh address. The others report what init raised."""
     import spark_hvd._core as core
-    from spark_hvd.runner._client import RendezvousClient
+    from spark_hvd._job.client import RendezvousClient
 
     me = int(os.environ["SPARK_HVD_RANK"])
     save(f"pid{me}", pid=os.getpid())

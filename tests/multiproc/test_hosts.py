@@ -211,7 +211,7 @@ def test_mpi_passes_the_hosts_to_mpirun(sshd):
 
 PIDS_THEN_FAIL = f"""
     import os, sys, time
-    from spark_hvd.runner.env import client_from_env
+    from spark_hvd._job.env import client_from_env
     rank, size = int(os.environ["SPARK_HVD_RANK"]), int(os.environ["SPARK_HVD_SIZE"])
     c = client_from_env()
     with open(os.path.join(sys.argv[1], str(rank)), "w") as f:

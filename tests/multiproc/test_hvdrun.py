@@ -66,7 +66,7 @@ def test_output_is_prefixed_by_rank_per_stream(mode, np):
 
 RANK_ENV = """
     import json, os
-    from spark_hvd.runner.env import client_from_env
+    from spark_hvd._job.env import client_from_env
     names = ["RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
              "RENDEZVOUS_ADDR", "RENDEZVOUS_PORT", "SECRET", "RUN_ID", "CONTROLLER"]
     seen = {n: os.environ.get("SPARK_HVD_" + n) for n in names}
@@ -105,7 +105,7 @@ def test_each_rank_sees_its_env_and_reaches_the_rendezvous(mode, np):
 
 ONE_FAILS = f"""
     import os, sys, time
-    from spark_hvd.runner.env import client_from_env
+    from spark_hvd._job.env import client_from_env
     rank = int(os.environ["SPARK_HVD_RANK"])
     c = client_from_env()
     if rank == 0:
@@ -208,7 +208,7 @@ def test_launch_api_kills_a_rank_that_ignores_sigterm(tmp_path):
     out, err = io.BytesIO(), io.BytesIO()
     code = launch_mod.launch(script(f"""
         import os, signal, sys, time
-        from spark_hvd.runner.env import client_from_env
+        from spark_hvd._job.env import client_from_env
         c = client_from_env()
         if os.environ["SPARK_HVD_RANK"] == "0":
             c.get("stubborn-ready", 30)
@@ -276,7 +276,7 @@ def test_mpi_propagates_the_exit_code_and_ends_the_others(tmp_path):
     pid_file = tmp_path / "sleeper.pid"
     proc = hvdrun("--mpi", "-np", "2", *script(f"""
         import os, sys, time
-        from spark_hvd.runner.env import client_from_env
+        from spark_hvd._job.env import client_from_env
         rank = int(os.environ["SPARK_HVD_RANK"])
         c = client_from_env()
         print(f"rank {{rank}} of {{os.environ['SPARK_HVD_SIZE']}}", flush=True)

@@ -25,8 +25,8 @@ import psutil
 import pytest
 
 import spark_hvd.spark
+from spark_hvd._job import env as renv
 from spark_hvd.exceptions import CollectiveTimeoutError, InvalidArgumentError, RankFailedError
-from spark_hvd.runner import env as renv
 from spark_hvd.runner.rendezvous import RendezvousServer
 from spark_hvd.spark import _checks, _failures, _protocol, _task, runner
 

@@ -337,6 +337,40 @@ def test_invalid_arguments(call):
         call()
 
 
+def test_an_op_the_engine_refuses_names_its_tensor():
+    """The failure's evidence arrives as fields: here the engine refuses an op on a
+    device no backend of this job serves."""
+    from spark_hvd import _ops
+    from spark_hvd._types import DataType, OpType
+
+    if hvd.nccl_built():
+        pytest.skip("this build has a GPU backend")
+    x = np.ones(3, np.float32)
+    with pytest.raises(hvd.InvalidArgumentError, match="device 0") as info:
+        _ops.submit(OpType.ALLREDUCE, "single.gpu", DataType.FLOAT32, x.shape, x.ctypes.data,
+                    x.ctypes.data, (x,), lambda r: x, device=0)
+    assert info.value.tensor == "single.gpu" and info.value.ranks == []
+
+
+def test_the_codes_are_the_cores_enums():
+    import enum
+    import pickle
+
+    from spark_hvd import _core, _types
+
+    for name in ("DataType", "ReduceOp", "OpType", "StatusCode"):
+        cls = getattr(_types, name)
+        assert cls is getattr(_core, name) and issubclass(cls, enum.IntEnum)
+    assert hvd.ReduceOp is _core.ReduceOp and hvd.Sum is hvd.ReduceOp.SUM
+    assert hvd.Sum == 0 and hvd.Average == 1 and hvd.Adasum == 5
+    assert {0: "sum"}[hvd.Sum] == "sum" and hash(hvd.Max) == hash(3)
+    assert hvd.ReduceOp(2) is hvd.Min and hvd.ReduceOp["PRODUCT"] is hvd.Product
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(hvd.Average, protocol=protocol)) is hvd.Average
+    assert _types.OpType.ADD_PROCESS_SET == 100 and _types.OpType.REMOVE_PROCESS_SET == 101
+    assert _types.numpy_code(np.float32) is _types.DataType.FLOAT32
+
+
 def test_native_errors_are_the_picklable_taxonomy():
     import pickle
 

@@ -10,11 +10,12 @@ import time
 
 import pytest
 
+from spark_hvd._job import env
+from spark_hvd._job import wire as _wire
+from spark_hvd._job.store import InMemoryStore
 from spark_hvd.exceptions import (AuthenticationError, CollectiveTimeoutError,
                                   InvalidArgumentError, StoreError)
-from spark_hvd.runner import _wire, env
 from spark_hvd.runner.rendezvous import RendezvousClient, RendezvousServer
-from spark_hvd.runner.store import InMemoryStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WAIT_S = 10.0  # upper bound for things that should happen at once

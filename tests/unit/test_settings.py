@@ -1,18 +1,16 @@
 """The one settings table (spark_hvd/settings.def): the core, spark_hvd._config and the
 README's Settings table agree on it, and no SPARK_HVD_* name is used without being
-declared there (or in the launch contract, spark_hvd/runner/env.py)."""
+declared there (or in the launch contract, spark_hvd/_job/env.py). That the launchers
+read the settings without loading the core is checked in test_imports.py."""
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from spark_hvd import _config
+from spark_hvd._job import env as renv
 from spark_hvd.exceptions import InvalidArgumentError
-from spark_hvd.runner import env as renv
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"(?<![A-Za-z0-9_])SPARK_HVD_[A-Z0-9_]*[A-Z0-9]")
@@ -65,14 +63,14 @@ def test_every_spark_hvd_name_in_the_code_is_declared():
         for name in set(NAME.findall(path.read_text())) - DECLARED - CONTRACT - build_flags:
             unknown.setdefault(name, []).append(str(path.relative_to(ROOT)))
     assert not unknown, (f"undeclared SPARK_HVD_* names {unknown}: declare settings in "
-                         "spark_hvd/settings.def, launcher variables in spark_hvd/runner/env.py")
+                         "spark_hvd/settings.def, launcher variables in spark_hvd/_job/env.py")
 
 
 def test_each_name_is_spelled_out_in_one_place():
     """Code refers to a setting through its getter or _config constant, never by a
     literal of its own (which would let a second default creep in)."""
     owner = {**{n: "spark_hvd/settings.def" for n in DECLARED},
-             **{n: "spark_hvd/runner/env.py" for n in CONTRACT}}
+             **{n: "spark_hvd/_job/env.py" for n in CONTRACT}}
     found = {}
     for path in _files("spark_hvd", "csrc"):
         for name in LITERAL.findall(path.read_text()):
@@ -102,10 +100,3 @@ def test_table_entries_must_be_literal():
         with pytest.raises(ValueError, match="settings.def:1"):
             _config.parse_table(entry.format(bad))
 
-
-def test_launchers_know_the_settings_without_the_core():
-    code = ("import sys, spark_hvd.runner.launch, spark_hvd.spark._task; "
-            "assert 'spark_hvd._core' not in sys.modules")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)

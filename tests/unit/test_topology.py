@@ -4,8 +4,8 @@ import random
 
 import pytest
 
+from spark_hvd._job.topology import Topology, assign
 from spark_hvd.exceptions import InvalidArgumentError
-from spark_hvd.runner.topology import Topology, assign
 
 
 def test_interleaved_hosts():

@@ -7,11 +7,11 @@ import socket
 import threading
 from typing import List, Optional, Sequence
 
+from spark_hvd._job import wire as _wire
+from spark_hvd._job.store import DEFAULT_TIMEOUT_S, check_key, check_timeout, check_value
+from spark_hvd._job.wire import Kind, Op
 from spark_hvd.exceptions import (AuthenticationError, CollectiveTimeoutError,
                                   InvalidArgumentError, SparkHvdError, StoreError, from_code)
-from spark_hvd.runner import _wire
-from spark_hvd.runner._wire import Kind, Op
-from spark_hvd.runner.store import DEFAULT_TIMEOUT_S, check_key, check_timeout, check_value
 
 logger = logging.getLogger(__name__)
 

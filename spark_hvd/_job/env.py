@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Dict, Mapping, Optional
+from typing import Dict, Mapping, Optional, Tuple
 
 from spark_hvd import _config
+from spark_hvd._job.client import RendezvousClient
+from spark_hvd._job.topology import Topology
 from spark_hvd.exceptions import InvalidArgumentError
-from spark_hvd.runner.topology import Topology
 
 RANK_ENV_VAR = "SPARK_HVD_RANK"
 SIZE_ENV_VAR = "SPARK_HVD_SIZE"
@@ -89,15 +90,50 @@ def rendezvous_env(addr: str, port: int, secret: bytes, run_id: str) -> Dict[str
     }
 
 
-def client_from_env(environ: Optional[Mapping[str, str]] = None):
+def _read_int(name: str, environ: Mapping[str, str]) -> Optional[int]:
+    value = environ.get(name)
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={value!r} is not an integer") from None
+
+
+def rank_and_size(environ: Optional[Mapping[str, str]] = None) -> Tuple[int, int]:
+    """This rank's (rank, size) as the launcher set them; (0, 1), a single-process
+    job, when it did not. InvalidArgumentError naming the variables when they are
+    malformed or inconsistent."""
+    environ = os.environ if environ is None else environ
+    rank = _read_int(RANK_ENV_VAR, environ)
+    size = _read_int(SIZE_ENV_VAR, environ)
+    rank = 0 if rank is None else rank
+    size = 1 if size is None else size
+    if size < 1 or not 0 <= rank < size:
+        raise InvalidArgumentError(
+            f"{RANK_ENV_VAR}={rank} and {SIZE_ENV_VAR}={size} are inconsistent")
+    return rank, size
+
+
+def topology_from_env(rank: int, size: int,
+                      environ: Optional[Mapping[str, str]] = None) -> Optional[Topology]:
+    """This rank's topology as the launcher set it, or None when it did not set all of
+    it (the rank then works it out with its peers)."""
+    environ = os.environ if environ is None else environ
+    values = [_read_int(name, environ) for name in (LOCAL_RANK_ENV_VAR, LOCAL_SIZE_ENV_VAR,
+                                                    CROSS_RANK_ENV_VAR, CROSS_SIZE_ENV_VAR)]
+    if any(v is None for v in values):
+        return None
+    return Topology(rank, size, *values)
+
+
+def client_from_env(environ: Optional[Mapping[str, str]] = None) -> Optional[RendezvousClient]:
     """A RendezvousClient for the server named in the environment, or None.
 
     None when SPARK_HVD_RENDEZVOUS_ADDR is unset; InvalidArgumentError naming the
     variable when it is set but another one is missing or malformed.
     ``environ`` defaults to ``os.environ``.
     """
-    from spark_hvd.runner.rendezvous import RendezvousClient
-
     environ = os.environ if environ is None else environ
     addr = environ.get(RENDEZVOUS_ADDR_ENV_VAR)
     if not addr:

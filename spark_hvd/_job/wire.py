@@ -1,4 +1,5 @@
-"""Framing and signing of the rendezvous protocol (internal to spark_hvd.runner).
+"""Framing and signing of the rendezvous protocol (the server: spark_hvd.runner.rendezvous;
+the client: spark_hvd._job.client).
 
 Protocol, version 1 (all integers big-endian):
 

@@ -1,0 +1,113 @@
+"""spark_hvd native core (negotiation engine, Gloo/MPI backends): csrc/python/bindings.cc.
+
+Every failing call raises the matching spark_hvd.exceptions class, with the
+failure's evidence as its ``ranks`` and ``tensor`` fields.
+tests/unit/test_core_stub.py checks that this stub names exactly what the module exports.
+"""
+
+import enum
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, Union
+
+import numpy as np
+import numpy.typing as npt
+
+class DataType(enum.IntEnum):
+    """Element types of tensors."""
+
+    UINT8 = 0
+    INT8 = 1
+    INT16 = 2
+    INT32 = 3
+    INT64 = 4
+    FLOAT16 = 5
+    BFLOAT16 = 6
+    FLOAT32 = 7
+    FLOAT64 = 8
+    BOOL = 9
+
+class ReduceOp(enum.IntEnum):
+    """Reduction operations; spark_hvd.Sum etc. are these members."""
+
+    SUM = 0
+    AVERAGE = 1
+    MIN = 2
+    MAX = 3
+    PRODUCT = 4
+    ADASUM = 5
+
+class OpType(enum.IntEnum):
+    """Kinds of op an enqueue spec asks for, the internal ones included."""
+
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+    JOIN = 6
+    ADD_PROCESS_SET = 100
+    REMOVE_PROCESS_SET = 101
+
+class StatusCode(enum.IntEnum):
+    """Failure kinds; spark_hvd.exceptions has one class per code."""
+
+    OK = 0
+    UNKNOWN = 1
+    INVALID_ARGUMENT = 2
+    MISMATCH = 3
+    NOT_INITIALIZED = 4
+    TIMEOUT = 5
+    PEER_LOST = 6
+    STORE_ERROR = 7
+    AUTHENTICATION = 8
+    INTERNAL = 9
+
+class _Store(Protocol):
+    """What init(store=) needs (spark_hvd._job.client.RendezvousClient has it)."""
+
+    def set(self, key: str, value: bytes) -> None: ...
+    def get(self, key: str, timeout_s: float) -> bytes: ...
+    def wait(self, keys: List[str], timeout_s: float) -> None: ...
+
+# (op, name, dtype, shape, input address, output address, reduce_op, prescale,
+#  postscale, root, process_set, device, splits, group, group_size, owner): owner is
+# the object that keeps the addresses valid; the core holds it until the op is done.
+OpSpec = Tuple[int, str, int, Sequence[int], int, int, int, float, float, int, int, int,
+               Sequence[int], str, int, Any]
+
+class Work:
+    """An enqueued op. Dropping it never frees what the op still uses; a result
+    nobody claims is freed with the op."""
+
+    def poll(self) -> bool:
+        """True when the op is done (never blocks)."""
+    def wait(self, timeout_s: float = -1.0) -> bool:
+        """Waits up to timeout_s (< 0: forever), without the GIL; False on timeout."""
+    def result(self) -> Tuple[npt.NDArray[np.uint8], List[int], List[int], int]:
+        """The completed op's (output bytes sharing the core's buffer, output shape,
+        received splits, value); raises the op's error, or InvalidArgumentError while
+        it is not done."""
+
+def gloo_built() -> bool: ...
+def mpi_built() -> bool: ...
+def nccl_built() -> bool: ...
+def settings() -> List[Dict[str, Union[str, int, float]]]:
+    """Every SPARK_HVD_* setting as the core compiled it (spark_hvd/settings.def): dicts
+    of name, type, default, unit, meaning."""
+def init(rank: int, size: int, controller: str = "gloo", store: Optional[_Store] = None,
+         store_prefix: str = "spark_hvd", bind_host: str = "127.0.0.1",
+         connect_timeout_s: float = 60.0, timeline_path: str = "") -> None:
+    """Starts the engine (a no-op while it runs); blocks until every rank connected."""
+def shutdown() -> None:
+    """Stops the engine; pending ops fail."""
+def is_initialized() -> bool: ...
+def rank() -> int: ...
+def size() -> int: ...
+def controller() -> str:
+    """"gloo" or "mpi"."""
+def enqueue(specs: List[OpSpec]) -> List[Work]:
+    """Queues the ops together or none of them (a group is never half submitted)."""
+def process_set_ranks(id: int) -> List[int]: ...
+def process_set_ids() -> List[int]: ...
+def start_timeline(path: str) -> None: ...
+def stop_timeline() -> None: ...

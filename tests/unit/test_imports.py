@@ -1,0 +1,120 @@
+"""The package's import structure.
+
+- The module import graph (tests/import_graph.py: every import, function-level ones
+  included) has no cycle, and its edges point down the layers below.
+- Every module imports in a fresh interpreter (one per package), and the driver side
+  (launchers, Spark, data, estimators) never loads the native core.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import import_graph
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Lowest first: a module imports only from its own layer or the ones before it.
+LAYERS = (
+    ("foundation", ("spark_hvd.exceptions", "spark_hvd._config")),
+    ("job contract", ("spark_hvd._job",)),
+    ("native core", ("spark_hvd._core",)),
+    ("core API", ("spark_hvd", "spark_hvd._types", "spark_hvd._runtime", "spark_hvd._ops",
+                  "spark_hvd._basics")),
+    ("framework shims, data", ("spark_hvd.torch", "spark_hvd.tensorflow", "spark_hvd.data")),
+    ("runner", ("spark_hvd.runner",)),
+    ("spark", ("spark_hvd.spark",)),
+    ("estimators", ("spark_hvd.estimators",)),
+)
+
+# Fresh-interpreter groups (a flat module, or a subpackage with all its modules) whose
+# imports must leave the native core unloaded: a Spark driver or a launcher needs no
+# compiled collective engine.
+CORE_FREE = ("spark_hvd", "spark_hvd.exceptions", "spark_hvd._config", "spark_hvd._job",
+             "spark_hvd.data", "spark_hvd.runner", "spark_hvd.spark", "spark_hvd.estimators")
+REQUIRES = {"spark_hvd.torch": "torch", "spark_hvd.tensorflow": "tensorflow",
+            "spark_hvd.estimators": "pyspark"}
+
+
+def layer_of(module: str) -> int:
+    best, index = "", None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > len(best):
+                best, index = p, i
+    assert index is not None, f"{module} is in no layer: add it to LAYERS"
+    return index
+
+
+def test_no_import_cycles():
+    found = import_graph.cycles(import_graph.build_graph())
+    assert not found, "import cycles:\n" + import_graph.format_cycles(found)
+
+
+def test_dependencies_point_down_the_layers():
+    upward = []
+    for module, deps in sorted(import_graph.build_graph().items()):
+        for dep in sorted(deps):
+            if layer_of(dep) > layer_of(module):
+                upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {dep} "
+                              f"({LAYERS[layer_of(dep)][0]})")
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg.b import g\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nfrom . import c\n"
+                              "if TYPE_CHECKING:\n    from pkg import a\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    monkeypatch.setattr(import_graph, "PACKAGES", {"pkg": pkg})
+    graph = import_graph.build_graph()
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
+    assert import_graph.cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+
+
+def _groups():
+    groups = {}
+    for module in import_graph.modules():
+        if module.endswith(".__main__"):
+            continue  # runs the launcher
+        groups.setdefault(".".join(module.split(".")[:2]), []).append(module)
+    return {g: sorted(ms, key=lambda m: (m != g, m)) for g, ms in sorted(groups.items())}
+
+
+GROUPS = _groups()
+_IMPORT_ALL = ("import importlib, json, sys\n"
+               "for m in sys.argv[1:]:\n"
+               "    importlib.import_module(m)\n"
+               "print(json.dumps('spark_hvd._core' in sys.modules))\n")
+
+
+@pytest.mark.parametrize("group", list(GROUPS))
+def test_every_module_imports_in_a_fresh_interpreter(group):
+    needed = REQUIRES.get(group)
+    if needed and importlib.util.find_spec(needed) is None:
+        pytest.skip(f"{needed} is not installed")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_ALL, *GROUPS[group]], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, f"importing {GROUPS[group]} failed:\n{proc.stderr[-3000:]}"
+    core_loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    if group in CORE_FREE:
+        assert not core_loaded, f"importing {GROUPS[group]} loaded spark_hvd._core"
+
+
+def test_the_entry_points_are_among_them():
+    covered = {m for ms in GROUPS.values() for m in ms}
+    for module in ("spark_hvd", "spark_hvd.torch", "spark_hvd.tensorflow",
+                   "spark_hvd.tensorflow.keras", "spark_hvd.spark", "spark_hvd.runner",
+                   "spark_hvd.runner.launch", "spark_hvd.data", "spark_hvd.estimators",
+                   "spark_hvd.exceptions"):
+        assert module in covered
