@@ -42,8 +42,14 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Connect(const BackendOptions& 
         return lost;
       };
     }
-    mesh = TcpMesh::Connect(rank, size, &store, options.bind_host, options.timeout_s,
-                            options.connect_timeout_s, lost_peers);
+    try {
+      mesh = TcpMesh::Connect(rank, size, &store, options.bind_host, options.timeout_s,
+                              options.connect_timeout_s, lost_peers);
+    } catch (const StatusError& e) {  // the mesh names its own ranks; the job wants its own
+      std::vector<int32_t> lost;
+      for (int32_t r : e.status().ranks()) lost.push_back(members[static_cast<size_t>(r)]);
+      throw StatusError(Status(e.status().code(), e.status().message(), lost));
+    }
   }
   SHVD_LOG(kDebug, "tcp") << "connected rank " << rank << " of " << size << " (set " << set_id
                           << ") on " << options.bind_host;

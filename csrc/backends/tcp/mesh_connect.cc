@@ -165,7 +165,8 @@ class MeshSetup {
     Throw(Status::PeerLost("rank " + std::to_string(rank_) + " stopped connecting to its peers: " +
                            "the rendezvous service lost rank" + (lost.size() > 1 ? "s " : " ") +
                            RankList(lost) + " during init (the process exited or its host is " +
-                           "unreachable)"));
+                           "unreachable)",
+                           std::vector<int32_t>(lost.begin(), lost.end())));
   }
 
   // One round of step 3: poll everything pending, then move what is ready.
