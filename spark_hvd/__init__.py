@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 _BASICS = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built",
+    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built", "cuda_built",
     "gloo_enabled", "mpi_enabled", "start_timeline", "stop_timeline",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 )

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built",
+    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built", "cuda_built",
     "gloo_enabled", "mpi_enabled", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
 ]
@@ -72,6 +72,7 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
                 # Before connecting: if this process dies during init, the rendezvous
                 # service reports it lost, and the peers waiting for it stop waiting.
                 client.register_rank(rank_)
+            _library_dirs()
             _core.init(rank=rank_, size=size_, controller=controller, store=client,
                        store_prefix=RUNTIME.store_prefix, bind_host=bind_host,
                        connect_timeout_s=_config.start_timeout_s(),
@@ -132,8 +133,37 @@ def mpi_built() -> bool:
     return _core.mpi_built()
 
 
+def _library_dirs() -> None:
+    """Points the core at the CUDA runtime and NCCL of the nvidia-* wheels that GPU
+    builds of PyTorch install, when they are there (before the first load)."""
+    import importlib.util
+    import os
+
+    dirs = []
+    for package in ("nvidia.nccl", "nvidia.cuda_runtime", "nvidia.cu13", "nvidia.cu12"):
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for base in (spec.submodule_search_locations or []) if spec else []:
+            lib = os.path.join(base, "lib")
+            if os.path.isdir(lib):
+                dirs.append(lib)
+    _core.set_library_dirs(dirs)
+
+
 def nccl_built() -> bool:
+    """True when GPU tensors can use NCCL here: the NCCL backend is compiled in and
+    libnccl and the CUDA runtime load (SPARK_HVD_NCCL_LIBRARY / SPARK_HVD_CUDA_LIBRARY
+    name them; else those of the nvidia-* wheels, then the system's)."""
+    _library_dirs()
     return _core.nccl_built()
+
+
+def cuda_built() -> bool:
+    """True when the CUDA runtime loads here and sees a GPU."""
+    _library_dirs()
+    return _core.cuda_built()
 
 
 def gloo_enabled() -> bool:

@@ -90,7 +90,14 @@ class Work:
 
 def gloo_built() -> bool: ...
 def mpi_built() -> bool: ...
-def nccl_built() -> bool: ...
+def nccl_built() -> bool:
+    """Whether the NCCL backend is compiled in and libnccl and the CUDA runtime load."""
+def cuda_built() -> bool:
+    """Whether the CUDA runtime loads and sees a GPU."""
+def nccl_unavailable_reason() -> str:
+    """Why nccl_built() is False: what was tried and failed ("" when it is True)."""
+def set_library_dirs(dirs: List[str]) -> None:
+    """Directories searched first for libcudart and libnccl (before the first load)."""
 def settings() -> List[Dict[str, Union[str, int, float]]]:
     """Every SPARK_HVD_* setting as the core compiled it (spark_hvd/settings.def): dicts
     of name, type, default, unit, meaning."""

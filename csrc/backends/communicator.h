@@ -88,9 +88,14 @@ class Communicator {
 
   virtual Status Barrier() = 0;
 
-  // Device backends: the streams the coming op's inputs were produced on; its work
-  // is ordered after whatever is queued there. Host backends ignore it.
-  virtual void OrderAfter(const std::vector<void*>& streams) { (void)streams; }
+  // Called before each op. Device backends: `device` is this rank's device for it
+  // (-1 when this rank holds no tensor: it joined), and the op's work is ordered
+  // after whatever is queued on `streams` (where its inputs were produced). Host
+  // backends have nothing to do.
+  virtual Status Prepare(int32_t device, const std::vector<void*>& streams) {
+    (void)device, (void)streams;
+    return Status::OK();
+  }
   // Copies bytes between two tensors in this communicator's memory.
   virtual Status Copy(void* dst, const void* src, int64_t bytes);
   // The work the last call queued without finishing it (device backends; the

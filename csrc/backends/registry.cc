@@ -13,6 +13,7 @@ namespace spark_hvd {
 void RegisterTcpBackend(BackendRegistry* registry);
 void RegisterGlooBackend(BackendRegistry* registry);
 void RegisterMpiBackend(BackendRegistry* registry);
+void RegisterNcclBackend(BackendRegistry* registry);
 
 namespace {
 
@@ -43,6 +44,9 @@ class MissingMpiBackend : public Backend {
 }  // namespace
 
 void RegisterBuiltinBackends(BackendRegistry* registry) {
+#if SPARK_HVD_HAVE_NCCL
+  RegisterNcclBackend(registry);
+#endif
 #if SPARK_HVD_HAVE_MPI
   RegisterMpiBackend(registry);
 #else
@@ -109,9 +113,13 @@ std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) con
     if (on) enabled.push_back(b.get());
   }
   if (!cpu_named) {
+    std::vector<std::string> cpu;
+    for (const auto& b : backends_) {
+      if (b->Accepts(kCpuDevice, OpType::kAllreduce)) cpu.push_back(b->name());
+    }
     throw StatusError(Status::InvalidArgument(
         "SPARK_HVD_CPU_OPERATIONS (or its older name SPARK_HVD_GLOO_DATA_PLANE)='" +
-        options.cpu_operations + "' is not a backend; use one of: " + Join(Names())));
+        options.cpu_operations + "' is not a CPU backend; use one of: " + Join(cpu)));
   }
   for (Backend* b : enabled) {
     if (b->ControlPlane()) return enabled;

@@ -39,7 +39,8 @@ class BackendRegistry {
 // SPARK_HVD_CPU_OPERATIONS, or else its alias SPARK_HVD_GLOO_DATA_PLANE ("" = default).
 std::string CpuOperationsSetting();
 
-// tcp, gloo, mpi (or a stand-in that explains it was not built), in priority order.
+// nccl (GPUs), mpi (or a stand-in that explains it was not built), gloo, tcp, in
+// priority order.
 void RegisterBuiltinBackends(BackendRegistry* registry);
 
 }  // namespace spark_hvd

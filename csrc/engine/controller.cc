@@ -111,8 +111,9 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
       mismatch("prescale/postscale factors",
                std::to_string(first.prescale) + "/" + std::to_string(first.postscale), q.rank,
                std::to_string(q.prescale) + "/" + std::to_string(q.postscale));
-    } else if (q.device != first.device) {
-      mismatch("device", std::to_string(first.device), q.rank, std::to_string(q.device));
+    } else if ((q.device >= 0) != (first.device >= 0)) {  // each rank has its own GPU
+      mismatch("device", first.device >= 0 ? "a GPU" : "the CPU", q.rank,
+               q.device >= 0 ? "a GPU" : "the CPU");
     } else if (q.op == OpType::kBroadcast && q.root != first.root) {
       mismatch("root rank", std::to_string(first.root), q.rank, std::to_string(q.root));
     } else if ((q.op == OpType::kAllgather || q.op == OpType::kAlltoall) &&

@@ -66,13 +66,19 @@ Status Executor::Execute(const Response& r) {
     }
   }
   std::vector<void*> streams;
+  int32_t device = -1;
   for (const auto& e : es) {
-    if (e && e->stream && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
+    if (!e) continue;
+    device = e->req.device;
+    if (e->stream && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
       streams.push_back(e->stream);
     }
   }
-  comm->OrderAfter(streams);
-  Status s;
+  Status s = comm->Prepare(device, streams);
+  if (!s.ok()) {
+    fail_all(s);
+    return s;
+  }
   switch (r.op) {
     case OpType::kAllreduce: s = Allreduce(r, es, comm); break;
     case OpType::kAllgather: s = Allgather(r, es, comm); break;

@@ -13,6 +13,9 @@
 #include "common/env.h"
 #include "common/types.h"
 #include "engine/engine.h"
+#if SPARK_HVD_HAVE_NCCL
+#include "backends/nccl/loader.h"
+#endif
 #include "engine/message.h"
 #include "python/py_store.h"
 
@@ -167,7 +170,40 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("gloo_built", [] { return SPARK_HVD_HAVE_GLOO == 1; });
   m.def("mpi_built", [] { return SPARK_HVD_HAVE_MPI == 1; });
-  m.def("nccl_built", [] { return SPARK_HVD_HAVE_NCCL == 1; });
+  // Whether the NCCL backend is compiled in and libnccl + the CUDA runtime load
+  // (loader.h); cuda_built: whether the CUDA runtime loads and sees a GPU.
+  m.def("nccl_built", [] {
+#if SPARK_HVD_HAVE_NCCL
+    return Native([] { return nccl::Nccl() != nullptr; });
+#else
+    return false;
+#endif
+  });
+  m.def("cuda_built", [] {
+#if SPARK_HVD_HAVE_NCCL
+    return Native([] { return nccl::Cuda() != nullptr; });
+#else
+    return false;
+#endif
+  });
+  // Why nccl_built() is False ("" when it is True).
+  m.def("nccl_unavailable_reason", [] {
+#if SPARK_HVD_HAVE_NCCL
+    std::string why;
+    nccl::Nccl(&why);
+    return why;
+#else
+    return std::string("spark_hvd was built without its NCCL backend (CMake option off)");
+#endif
+  });
+  // Directories searched first for libcudart / libnccl (before the first load).
+  m.def("set_library_dirs", [](const std::vector<std::string>& dirs) {
+#if SPARK_HVD_HAVE_NCCL
+    nccl::SetLibraryDirs(dirs);
+#else
+    (void)dirs;
+#endif
+  });
   m.def(
       "settings",
       [] {

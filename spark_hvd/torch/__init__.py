@@ -6,7 +6,7 @@ Compression, SyncBatchNorm, join. GPU tensors need an NCCL build (not yet
 available) and are refused with a clear error.
 """
 
-from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size,
+from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size, cuda_built,
                                global_process_set, gloo_built, gloo_enabled, init,
                                is_homogeneous, is_initialized, local_rank, local_size,
                                mpi_built, mpi_enabled, nccl_built, rank, remove_process_set,
@@ -35,11 +35,6 @@ from spark_hvd.torch.sync_batch_norm import SyncBatchNorm
 def mpi_threads_supported() -> bool:
     """Horovod compatibility: ops may be called from any thread."""
     return True
-
-
-def cuda_built() -> bool:
-    """Horovod compatibility: whether GPU (CUDA) tensors are supported; not yet."""
-    return False
 
 
 def rocm_built() -> bool:

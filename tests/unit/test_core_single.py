@@ -453,7 +453,7 @@ def test_size_without_rendezvous_is_a_clear_error():
 @pytest.mark.parametrize("var", ["SPARK_HVD_CPU_OPERATIONS", "SPARK_HVD_GLOO_DATA_PLANE"])
 def test_unknown_cpu_backend_is_a_clear_error(var):
     out = init_error({var: "udp"})
-    assert var in out and "'udp' is not a backend" in out, out
+    assert var in out and "'udp' is not a CPU backend" in out, out
     assert "use one of: mpi, gloo, tcp" in out, out
 
 

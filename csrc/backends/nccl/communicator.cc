@@ -1,0 +1,422 @@
+#include "backends/nccl/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/members.h"
+#include "common/half.h"
+#include "common/logging.h"
+#include "common/reduce.h"
+
+namespace spark_hvd {
+namespace nccl {
+namespace {
+
+// NCCL's type for a spark_hvd dtype (bool travels as uint8); false for int16.
+bool NcclType(DataType d, ncclDataType_t* out) {
+  switch (d) {
+    case DataType::kUInt8: *out = ncclUint8; return true;
+    case DataType::kBool: *out = ncclUint8; return true;
+    case DataType::kInt8: *out = ncclInt8; return true;
+    case DataType::kInt32: *out = ncclInt32; return true;
+    case DataType::kInt64: *out = ncclInt64; return true;
+    case DataType::kFloat16: *out = ncclFloat16; return true;
+    case DataType::kBFloat16: *out = ncclBfloat16; return true;
+    case DataType::kFloat32: *out = ncclFloat32; return true;
+    case DataType::kFloat64: *out = ncclFloat64; return true;
+    default: return false;
+  }
+}
+
+ncclRedOp_t BaseOp(ReduceOp op, DataType d) {
+  const bool logical = d == DataType::kBool;
+  switch (op) {
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProduct: return logical ? ncclMin : ncclProd;
+    default: return logical ? ncclMax : ncclSum;  // Sum, Average
+  }
+}
+
+// The PreMulSum scalar: `factor` as a host value of the tensors' dtype.
+std::vector<uint8_t> Scalar(double factor, DataType d) {
+  std::vector<uint8_t> out(DataTypeSize(d));
+  if (d == DataType::kFloat16) {
+    const uint16_t h = FloatToHalf(static_cast<float>(factor));
+    std::memcpy(out.data(), &h, 2);
+  } else if (d == DataType::kBFloat16) {
+    const uint16_t b = FloatToBFloat16(static_cast<float>(factor));
+    std::memcpy(out.data(), &b, 2);
+  } else if (d == DataType::kFloat32) {
+    const float f = static_cast<float>(factor);
+    std::memcpy(out.data(), &f, 4);
+  } else {
+    std::memcpy(out.data(), &factor, 8);
+  }
+  return out;
+}
+
+class Work : public PendingWork {
+ public:
+  Work(const CudaApi* cuda, std::shared_ptr<CommHandle> comm, cudaEvent_t event,
+       std::vector<std::vector<uint8_t>> keep)
+      : cuda_(cuda), comm_(std::move(comm)), event_(event), keep_(std::move(keep)) {}
+  ~Work() override { cuda_->EventDestroy(event_); }
+
+  bool Poll(Status* status) override {
+    const cudaError_t q = cuda_->EventQuery(event_);
+    if (q == cudaSuccess) {
+      *status = Status::OK();
+      return true;
+    }
+    if (q != cudaErrorNotReady) {
+      *status = Status::Internal(std::string("CUDA error while a collective ran: ") +
+                                 cuda_->GetErrorString(q));
+      return true;
+    }
+    std::lock_guard<std::mutex> lock(comm_->mu);
+    if (comm_->aborted) {
+      *status = Status::PeerLost("the NCCL communicator was aborted");
+      return true;
+    }
+    ncclResult_t async = ncclSuccess;
+    comm_->nccl->CommGetAsyncError(comm_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      *status = Status::PeerLost(std::string("NCCL reported ") +
+                                 comm_->nccl->GetErrorString(async) + ": " +
+                                 comm_->nccl->GetLastError(comm_->comm) +
+                                 " (a peer failed or left)");
+      return true;
+    }
+    return false;
+  }
+  void Abort() override { comm_->Abort(); }
+
+ private:
+  const CudaApi* cuda_;
+  std::shared_ptr<CommHandle> comm_;
+  cudaEvent_t event_;
+  std::vector<std::vector<uint8_t>> keep_;  // host memory queued copies read or write
+};
+
+}  // namespace
+
+void CommHandle::Abort() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (aborted || comm == nullptr) return;
+  aborted = true;
+  nccl->CommAbort(comm);
+}
+
+CommHandle::~CommHandle() {
+  if (!aborted && comm != nullptr) nccl->CommDestroy(comm);
+}
+
+NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<int32_t> members,
+                                   int32_t set_id, const CudaApi* cuda, const NcclApi* nccl)
+    : options_(options),
+      members_(std::move(members)),
+      set_id_(set_id),
+      rank_(MemberRank(members_, options.rank)),
+      cuda_(cuda),
+      nccl_(nccl) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  pending_.reset();
+  if (stream_ != nullptr) {
+    if (!comm_ || !comm_->aborted) cuda_->StreamSynchronize(stream_);
+    cuda_->StreamDestroy(stream_);
+  }
+  if (fusion_ != nullptr) cuda_->Free(fusion_);
+  comm_.reset();
+}
+
+Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
+  if (err == cudaSuccess) return Status::OK();
+  return Status::Internal(std::string("CUDA ") + what + " failed on rank " +
+                          std::to_string(options_.rank) + ": " + cuda_->GetErrorString(err));
+}
+
+Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
+  if (err == ncclSuccess || err == ncclInProgress) return Status::OK();
+  std::string detail = comm_ && comm_->comm ? nccl_->GetLastError(comm_->comm) : "";
+  std::string msg = std::string("NCCL ") + what + " failed on rank " +
+                    std::to_string(options_.rank) + ": " + nccl_->GetErrorString(err) +
+                    (detail.empty() ? "" : " (" + detail + ")");
+  if (err == ncclInvalidArgument || err == ncclInvalidUsage) return Status::InvalidArgument(msg);
+  return Status::PeerLost(msg);
+}
+
+Status NcclCommunicator::Connect(int32_t device) {
+  Status s = CudaCheck(cuda_->SetDevice(device), "cudaSetDevice");
+  if (!s.ok()) return s;
+  ncclUniqueId id;
+  const std::string key = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/id";
+  try {
+    if (rank_ == 0) {
+      s = NcclCheck(nccl_->GetUniqueId(&id), "ncclGetUniqueId");
+      if (!s.ok()) return s;
+      if (options_.store) options_.store->Set(key, std::string(id.internal, sizeof(id.internal)));
+    } else {
+      SHVD_CHECK(options_.store != nullptr);
+      const std::string v = options_.store->Get(key, options_.connect_timeout_s);
+      SHVD_CHECK_EQ(v.size(), sizeof(id.internal));
+      std::memcpy(id.internal, v.data(), sizeof(id.internal));
+    }
+  } catch (const StatusError& e) {
+    return e.status();
+  }
+  comm_ = std::make_shared<CommHandle>();
+  comm_->nccl = nccl_;
+  s = NcclCheck(nccl_->CommInitRank(&comm_->comm, size(), id, rank_), "ncclCommInitRank");
+  if (!s.ok()) {
+    comm_->comm = nullptr;
+    comm_.reset();
+    return s;
+  }
+  s = CudaCheck(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                "cudaStreamCreateWithFlags");
+  if (!s.ok()) return s;
+  device_ = device;
+  SHVD_LOG(kDebug, "nccl") << "rank " << rank_ << " of " << size() << " (set " << set_id_
+                           << ") on GPU " << device;
+  return Status::OK();
+}
+
+Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& streams) {
+  if (device < 0) device = device_;  // this rank joined: its device from before
+  if (device < 0) {
+    return Status::InvalidArgument(
+        "this rank has no GPU tensor in this operation and has run no GPU operation before "
+        "(it joined first), so it cannot take part on the GPU");
+  }
+  if (!comm_) {
+    Status s = Connect(device);
+    if (!s.ok()) return s;
+  } else if (device != device_) {
+    return Status::InvalidArgument("NCCL takes one GPU per rank: this rank used GPU " +
+                                   std::to_string(device_) + " and now GPU " +
+                                   std::to_string(device) + "; keep each rank on one device");
+  }
+  Status s = CudaCheck(cuda_->SetDevice(device_), "cudaSetDevice");
+  for (void* producer : streams) {  // the inputs are ready when their streams get there
+    if (!s.ok()) break;
+    cudaEvent_t ready;
+    s = CudaCheck(cuda_->EventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    if (!s.ok()) break;
+    s = CudaCheck(cuda_->EventRecord(ready, static_cast<cudaStream_t>(producer)),
+                  "cudaEventRecord");
+    if (s.ok()) s = CudaCheck(cuda_->StreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    cuda_->EventDestroy(ready);  // released once the wait has passed
+  }
+  keep_.clear();
+  return s;
+}
+
+Status NcclCommunicator::Queue(std::vector<std::vector<uint8_t>> host_buffers) {
+  cudaEvent_t done;
+  Status s = CudaCheck(cuda_->EventCreateWithFlags(&done, cudaEventDisableTiming),
+                       "cudaEventCreate");
+  if (!s.ok()) return s;
+  s = CudaCheck(cuda_->EventRecord(done, stream_), "cudaEventRecord");
+  if (!s.ok()) {
+    cuda_->EventDestroy(done);
+    return s;
+  }
+  pending_ = std::make_unique<Work>(cuda_, comm_, done, std::move(host_buffers));
+  return Status::OK();
+}
+
+std::unique_ptr<PendingWork> NcclCommunicator::TakePending() { return std::move(pending_); }
+
+Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {
+  if (fusion_bytes_ < bytes) {
+    if (fusion_ != nullptr) {
+      // Work queued earlier may still use it.
+      Status s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
+      if (!s.ok()) return s;
+      cuda_->Free(fusion_);
+      fusion_ = nullptr;
+    }
+    Status s = CudaCheck(cuda_->Malloc(&fusion_, bytes), "cudaMalloc (fusion buffer)");
+    if (!s.ok()) return s;
+    fusion_bytes_ = bytes;
+  }
+  *out = fusion_;
+  return Status::OK();
+}
+
+Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
+  if (bytes == 0 || dst == src) return Status::OK();
+  return CudaCheck(cuda_->MemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                      cudaMemcpyDeviceToDevice, stream_),
+                   "cudaMemcpyAsync");
+}
+
+Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
+  ncclDataType_t dtype;
+  if (!NcclType(a.dtype, &dtype)) {
+    return Status::InvalidArgument(std::string("NCCL has no ") + DataTypeName(a.dtype) +
+                                   " type; cast the GPU tensor (e.g. to int32) first");
+  }
+  size_t count = 0;
+  for (const auto& t : a.tensors) count += static_cast<size_t>(t.count);
+  const bool is_float = IsFloatingPoint(a.dtype);
+  const double factor = a.prescale * a.postscale /
+                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
+  const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
+  Status s;
+  if (sum_like && is_float && factor != 1.0) {  // scale factors and Average: one premultiply
+    std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
+    ncclRedOp_t op;
+    s = NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype, ncclScalarHostImmediate,
+                                              comm_->comm),
+                  "ncclRedOpCreatePreMulSum");
+    if (!s.ok()) return s;
+    s = Native(a, dtype, op, count);
+    nccl_->RedOpDestroy(op, comm_->comm);
+  } else if ((sum_like && is_float) ||
+             (a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
+    s = Native(a, dtype, BaseOp(a.op, a.dtype), count);
+  } else {
+    s = Staged(a, dtype, BaseOp(a.op, a.dtype), count);
+  }
+  if (!s.ok()) return s;
+  return Queue(std::move(keep_));
+}
+
+// One NCCL reduction with `op`: a lone tensor straight from input to output, several
+// through the fusion buffer. A joined rank's tensors are the op's neutral value.
+Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op,
+                                size_t count) {
+  const size_t dsize = DataTypeSize(a.dtype);
+  if (a.tensors.size() == 1 && a.tensors[0].input != nullptr) {
+    const ReduceTensor& t = a.tensors[0];
+    return NcclCheck(nccl_->AllReduce(t.input, t.output, count, dtype, op, comm_->comm, stream_),
+                     "ncclAllReduce");
+  }
+  void* buf;
+  Status s = DeviceBuffer(std::max<size_t>(count * dsize, 1), &buf);
+  size_t offset = 0;
+  for (const auto& t : a.tensors) {
+    if (!s.ok()) return s;
+    const size_t bytes = static_cast<size_t>(t.count) * dsize;
+    char* dst = static_cast<char*>(buf) + offset;
+    if (t.input != nullptr) {
+      s = Copy(dst, t.input, static_cast<int64_t>(bytes));
+    } else {  // joined: the neutral value, from host memory kept until the copy ran
+      keep_.emplace_back(bytes);
+      FillNeutral(keep_.back().data(), static_cast<size_t>(t.count), a.dtype,
+                  op == ncclSum || op >= ncclNumOps ? ReduceOp::kSum : a.op);
+      s = CudaCheck(cuda_->MemcpyAsync(dst, keep_.back().data(), bytes, cudaMemcpyHostToDevice,
+                                       stream_),
+                    "cudaMemcpyAsync");
+    }
+    offset += bytes;
+  }
+  if (!s.ok()) return s;
+  s = NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
+                "ncclAllReduce");
+  offset = 0;
+  for (const auto& t : a.tensors) {
+    if (!s.ok()) return s;
+    const size_t bytes = static_cast<size_t>(t.count) * dsize;
+    if (t.output != nullptr) s = Copy(t.output, static_cast<char*>(buf) + offset, static_cast<int64_t>(bytes));
+    offset += bytes;
+  }
+  return s;
+}
+
+// What NCCL cannot express, around a plain NCCL reduction in the fusion buffer: the
+// inputs come to host memory, are prescaled there, reduced on the GPU, and divided
+// and postscaled on the host again. Synchronous (it waits for the stream twice).
+Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op,
+                                size_t count) {
+  const size_t dsize = DataTypeSize(a.dtype);
+  std::vector<uint8_t> host(count * dsize);
+  void* buf;
+  Status s = DeviceBuffer(std::max<size_t>(host.size(), 1), &buf);
+  size_t offset = 0;
+  for (const auto& t : a.tensors) {
+    if (!s.ok()) return s;
+    const size_t bytes = static_cast<size_t>(t.count) * dsize;
+    if (t.input != nullptr) {
+      s = CudaCheck(cuda_->MemcpyAsync(host.data() + offset, t.input, bytes,
+                                       cudaMemcpyDeviceToHost, stream_),
+                    "cudaMemcpyAsync");
+    } else {
+      FillNeutral(host.data() + offset, static_cast<size_t>(t.count), a.dtype, a.op);
+    }
+    offset += bytes;
+  }
+  if (s.ok()) s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (!s.ok()) return s;
+  offset = 0;
+  for (const auto& t : a.tensors) {  // the neutral values stay unscaled
+    if (t.input != nullptr) ScaleBuffer(host.data() + offset, static_cast<size_t>(t.count), a.dtype, a.prescale);
+    offset += static_cast<size_t>(t.count) * dsize;
+  }
+  s = CudaCheck(cuda_->MemcpyAsync(buf, host.data(), host.size(), cudaMemcpyHostToDevice, stream_),
+                "cudaMemcpyAsync");
+  if (s.ok()) {
+    s = NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
+                  "ncclAllReduce");
+  }
+  if (s.ok()) {
+    s = CudaCheck(cuda_->MemcpyAsync(host.data(), buf, host.size(), cudaMemcpyDeviceToHost,
+                                     stream_),
+                  "cudaMemcpyAsync");
+  }
+  if (s.ok()) s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (!s.ok()) return s;
+  if (a.op == ReduceOp::kAverage) DivideBuffer(host.data(), count, a.dtype, a.ranks);
+  ScaleBuffer(host.data(), count, a.dtype, a.postscale);
+  offset = 0;
+  for (const auto& t : a.tensors) {
+    if (!s.ok()) return s;
+    const size_t bytes = static_cast<size_t>(t.count) * dsize;
+    if (t.output != nullptr) {
+      s = CudaCheck(cuda_->MemcpyAsync(t.output, host.data() + offset, bytes,
+                                       cudaMemcpyHostToDevice, stream_),
+                    "cudaMemcpyAsync");
+    }
+    offset += bytes;
+  }
+  keep_.push_back(std::move(host));  // read by the copies just queued
+  return s;
+}
+
+Status NcclCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
+  Status s = NcclCheck(nccl_->Broadcast(buf, buf, static_cast<size_t>(bytes), ncclUint8, root,
+                                        comm_->comm, stream_),
+                       "ncclBroadcast");
+  if (!s.ok()) return s;
+  return Queue(std::move(keep_));
+}
+
+Status NcclCommunicator::AllgatherFixed(const void*, void*, int64_t) {
+  return Status::Internal("the NCCL backend does not carry the control plane");
+}
+
+Status NcclCommunicator::Allgatherv(const void*, void*, const std::vector<int64_t>&) {
+  return Status::Internal("allgather of GPU tensors is not in the NCCL backend yet");
+}
+
+Status NcclCommunicator::Alltoallv(const void*, const std::vector<int64_t>&, void*,
+                                   const std::vector<int64_t>&) {
+  return Status::Internal("alltoall of GPU tensors is not in the NCCL backend yet");
+}
+
+Status NcclCommunicator::Barrier() {
+  return Status::Internal("barrier runs on the control plane, not on NCCL");
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::Split(const std::vector<int32_t>& ranks,
+                                                      int32_t set_id) {
+  if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
+  return std::make_unique<NcclCommunicator>(options_, SplitMembers(members_, ranks), set_id,
+                                            cuda_, nccl_);
+}
+
+}  // namespace nccl
+}  // namespace spark_hvd

@@ -1,0 +1,89 @@
+// The GPU communicator of backend "nccl": NCCL collectives on CUDA tensors, on a
+// stream of its own. Work is queued, not waited for: each op leaves a PendingWork
+// (an event after it) that the engine's InFlight polls; the op completes, and its
+// buffers are released, when the event has passed. The NCCL communicator is made
+// at the first op, when the rank's device is known (all members run that op
+// together): rank 0 of the communicator creates the unique id and passes it
+// through the rendezvous store.
+//
+// Reductions NCCL has natively run as one call (fused tensors through a device
+// fusion buffer with device-to-device copies): Sum, Min, Max, Product, and float
+// Average and pre/postscale as one ncclRedOpCreatePreMulSum factor. What it cannot
+// express (integer Average, scale factors with Min/Max/Product or on integers) is
+// staged through host memory around a plain NCCL reduction. bool reduces as uint8
+// (Sum: Max, Product: Min); int16 has no NCCL type.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/communicator.h"
+#include "backends/nccl/loader.h"
+
+namespace spark_hvd {
+namespace nccl {
+
+// The NCCL communicator handle, shared with the work queued on it so that an
+// abort (from the InFlight thread) and the destructor agree on who ends it.
+struct CommHandle {
+  const NcclApi* nccl = nullptr;
+  ncclComm_t comm = nullptr;
+  std::mutex mu;
+  bool aborted = false;
+  void Abort();
+  ~CommHandle();
+};
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(const BackendOptions& options, std::vector<int32_t> members, int32_t set_id,
+                   const CudaApi* cuda, const NcclApi* nccl);
+  ~NcclCommunicator() override;
+
+  const char* name() const override { return "nccl"; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+
+  Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
+  Status Allreduce(const ReduceArgs& args) override;
+  Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
+  Status Broadcast(void* buf, int64_t bytes, int root) override;
+  Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                   const std::vector<int64_t>& recv_bytes) override;
+  Status Barrier() override;
+  std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
+
+  Status Prepare(int32_t device, const std::vector<void*>& streams) override;
+  Status Copy(void* dst, const void* src, int64_t bytes) override;
+  std::unique_ptr<PendingWork> TakePending() override;
+
+ private:
+  Status Connect(int32_t device);  // the NCCL communicator, collectively
+  Status CudaCheck(cudaError_t err, const char* what) const;
+  Status NcclCheck(ncclResult_t err, const char* what) const;
+  // Ends the current op: an event after its work becomes the pending work.
+  Status Queue(std::vector<std::vector<uint8_t>> host_buffers);
+  Status DeviceBuffer(size_t bytes, void** out);  // the fusion buffer, grown as needed
+  Status Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
+  Status Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
+
+  BackendOptions options_;
+  std::vector<int32_t> members_;  // job ranks
+  int32_t set_id_;
+  int rank_;
+  const CudaApi* cuda_;
+  const NcclApi* nccl_;
+  std::shared_ptr<CommHandle> comm_;
+  int32_t device_ = -1;
+  cudaStream_t stream_ = nullptr;
+  void* fusion_ = nullptr;
+  size_t fusion_bytes_ = 0;
+  std::unique_ptr<PendingWork> pending_;
+  std::vector<std::vector<uint8_t>> keep_;  // host memory the current op's copies read
+};
+
+}  // namespace nccl
+}  // namespace spark_hvd
