@@ -46,8 +46,8 @@ class Backend {
   virtual bool Enabled(const BackendOptions& options) const = 0;
   // Can its communicator carry the engine's per-cycle control exchange?
   virtual bool ControlPlane() const { return false; }
-  // Does it execute `op` on tensors of `device` (kCpuDevice or a GPU ordinal)?
-  virtual bool Accepts(int32_t device, OpType op) const = 0;
+  // Does it execute `op` on `dtype` tensors of `device` (kCpuDevice or a GPU ordinal)?
+  virtual bool Accepts(int32_t device, OpType op, DataType dtype) const = 0;
   // The communicator among every rank of the job. Collective over the job.
   virtual std::unique_ptr<Communicator> Connect(const BackendOptions& options) = 0;
   // Called once the job's communicators of this backend are all destroyed.

@@ -36,7 +36,7 @@ class MissingMpiBackend : public Backend {
     }
     return false;
   }
-  bool Accepts(int32_t, OpType) const override { return false; }
+  bool Accepts(int32_t, OpType, DataType) const override { return false; }
   std::unique_ptr<Communicator> Connect(const BackendOptions&) override { return nullptr; }
 };
 #endif
@@ -103,7 +103,7 @@ std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) con
     const bool on = b->Enabled(options);
     if (b->name() == options.cpu_operations) {
       cpu_named = true;
-      if (!on || !b->Accepts(kCpuDevice, OpType::kAllreduce)) {
+      if (!on || !b->Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32)) {
         throw StatusError(Status::InvalidArgument(
             "SPARK_HVD_CPU_OPERATIONS=" + options.cpu_operations +
             ": that backend cannot run CPU operations in this job (launched with controller '" +
@@ -115,7 +115,7 @@ std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) con
   if (!cpu_named) {
     std::vector<std::string> cpu;
     for (const auto& b : backends_) {
-      if (b->Accepts(kCpuDevice, OpType::kAllreduce)) cpu.push_back(b->name());
+      if (b->Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32)) cpu.push_back(b->name());
     }
     throw StatusError(Status::InvalidArgument(
         "SPARK_HVD_CPU_OPERATIONS (or its older name SPARK_HVD_GLOO_DATA_PLANE)='" +

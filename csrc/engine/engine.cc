@@ -238,8 +238,9 @@ void Engine::Validate(const Request& req) const {
     if (d < 0) bad("negative dimension in shape " + ShapeString(req.shape));
   }
   if (std::none_of(backends_.begin(), backends_.end(),
-                   [&](Backend* b) { return b->Accepts(req.device, req.op); })) {
-    bad("no backend of this job runs it on device " + std::to_string(req.device) +
+                   [&](Backend* b) { return b->Accepts(req.device, req.op, req.dtype); })) {
+    bad("no backend of this job runs it on " + std::string(DataTypeName(req.dtype)) +
+        " tensors of device " + std::to_string(req.device) +
         (req.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: "
                            "spark_hvd.nccl_built())"
                          : ""));

@@ -50,7 +50,7 @@ Status Executor::Execute(const Response& r) {
   }
   ProcessSet* set = sets_->Get(r.process_set);
   if (set == nullptr || !set->Contains(rank_)) return Status::OK();
-  Communicator* comm = set->For(r.device, r.op);
+  Communicator* comm = set->For(r.device, r.op, r.dtype);
   if (comm == nullptr) {
     fail_all(Status::InvalidArgument(
         "no backend of this build executes ops on device " + std::to_string(r.device) +

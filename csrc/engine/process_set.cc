@@ -12,9 +12,9 @@ int32_t ProcessSet::SetRank(int32_t global_rank) const {
   return static_cast<int32_t>(it - ranks.begin());
 }
 
-Communicator* ProcessSet::For(int32_t device, OpType op) const {
+Communicator* ProcessSet::For(int32_t device, OpType op, DataType dtype) const {
   for (const auto& link : comms) {
-    if (link.backend->Accepts(device, op)) return link.comm.get();
+    if (link.backend->Accepts(device, op, dtype)) return link.comm.get();
   }
   return nullptr;
 }

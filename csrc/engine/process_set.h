@@ -25,8 +25,9 @@ struct ProcessSet {
 
   bool Contains(int32_t global_rank) const;
   int32_t SetRank(int32_t global_rank) const;  // -1 when not a member
-  // The first communicator whose backend executes `op` on `device`; null if none.
-  Communicator* For(int32_t device, OpType op) const;
+  // The first communicator whose backend executes `op` on `dtype` tensors of
+  // `device`; null if none.
+  Communicator* For(int32_t device, OpType op, DataType dtype) const;
 };
 
 // Owned by the engine. The background thread mutates it; API threads read

@@ -147,7 +147,7 @@ class RecordingBackend : public Backend {
  public:
   const char* name() const override { return "recording"; }
   bool Enabled(const BackendOptions& o) const override { return o.store != nullptr; }
-  bool Accepts(int32_t device, OpType op) const override {
+  bool Accepts(int32_t device, OpType op, DataType) const override {
     return device == kDevice && op != OpType::kAlltoall;
   }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {

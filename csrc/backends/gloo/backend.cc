@@ -19,7 +19,7 @@ class GlooBackend : public Backend {
     }
     return true;
   }
-  bool Accepts(int32_t device, OpType) const override { return device == kCpuDevice; }
+  bool Accepts(int32_t device, OpType, DataType) const override { return device == kCpuDevice; }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
     return GlooCommunicator::Connect(o, AllRanks(o.size), 0);
   }

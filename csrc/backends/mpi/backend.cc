@@ -19,7 +19,7 @@ class MpiBackend : public Backend {
     return false;
   }
   bool ControlPlane() const override { return true; }
-  bool Accepts(int32_t device, OpType) const override { return device == kCpuDevice; }
+  bool Accepts(int32_t device, OpType, DataType) const override { return device == kCpuDevice; }
   // MPI_Init happens here, on the engine's thread (MPI_THREAD_SERIALIZED).
   std::unique_ptr<Communicator> Connect(const BackendOptions&) override {
     return MpiCommunicator::World();

@@ -26,8 +26,9 @@ class NcclBackend : public Backend {
     }
     return loaded;
   }
-  bool Accepts(int32_t device, OpType op) const override {
-    return device >= 0 && (op == OpType::kAllreduce || op == OpType::kBroadcast);
+  bool Accepts(int32_t device, OpType op, DataType dtype) const override {
+    if (device < 0 || dtype == DataType::kInt16) return false;  // NCCL has no int16
+    return op == OpType::kAllreduce || op == OpType::kBroadcast;
   }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
     return std::make_unique<nccl::NcclCommunicator>(o, AllRanks(o.size), 0, nccl::Cuda(),
