@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
+# libgloo-dev and libopenmpi-dev are optional to the build (`pip install .` alone leaves out a
+# backend whose library it does not find); installed here so every backend is built and tested.
 APT_PACKAGES := libgloo-dev libopenmpi-dev openmpi-bin openssh-client cmake g++ make openjdk-17-jre-headless
 # Only the suite needs an sshd binary (tests/multiproc/test_hosts.py runs its own on
 # 127.0.0.2); `make test` installs it, `make demo` does not.

@@ -23,23 +23,28 @@ std::string Join(const std::vector<std::string>& names) {
   return s;
 }
 
-#if !SPARK_HVD_HAVE_MPI
-// Stands in for the MPI backend in a build without MPI: asked for, it says why not.
-class MissingMpiBackend : public Backend {
+// Stands in for a backend this build left out (its library was not found, or the build
+// switched it off): asked for, it says so and how to get it; otherwise it takes nothing.
+class NotBuiltBackend : public Backend {
  public:
-  const char* name() const override { return "mpi"; }
+  // controls: whether SPARK_HVD_CONTROLLER=<name> asks for this backend too.
+  NotBuiltBackend(const char* name, bool controls, std::string why)
+      : name_(name), controls_(controls), why_(std::move(why)) {}
+  const char* name() const override { return name_; }
   bool Enabled(const BackendOptions& o) const override {
-    if (o.controller == "mpi" || o.cpu_operations == "mpi") {
-      throw StatusError(Status::InvalidArgument(
-          "this spark_hvd was built without MPI (spark_hvd.mpi_built() is False); install an "
-          "MPI (apt-get install libopenmpi-dev) and reinstall, or launch without --mpi"));
+    if (o.cpu_operations == name_ || (controls_ && o.controller == name_)) {
+      throw StatusError(Status::InvalidArgument(why_));
     }
     return false;
   }
   bool Accepts(int32_t, OpType, DataType) const override { return false; }
   std::unique_ptr<Communicator> Connect(const BackendOptions&) override { return nullptr; }
+
+ private:
+  const char* name_;
+  bool controls_;
+  std::string why_;
 };
-#endif
 
 }  // namespace
 
@@ -50,9 +55,20 @@ void RegisterBuiltinBackends(BackendRegistry* registry) {
 #if SPARK_HVD_HAVE_MPI
   RegisterMpiBackend(registry);
 #else
-  registry->Add(std::make_unique<MissingMpiBackend>());
+  registry->Add(std::make_unique<NotBuiltBackend>(
+      "mpi", true,
+      "this spark_hvd was built without MPI (spark_hvd.mpi_built() is False); install an "
+      "MPI (apt-get install libopenmpi-dev) and reinstall, or launch without --mpi"));
 #endif
+#if SPARK_HVD_HAVE_GLOO
   RegisterGlooBackend(registry);
+#else
+  registry->Add(std::make_unique<NotBuiltBackend>(
+      "gloo", false,
+      "SPARK_HVD_CPU_OPERATIONS (or SPARK_HVD_GLOO_DATA_PLANE) asks for gloo, but this "
+      "spark_hvd was built without Gloo (spark_hvd.gloo_built() is False); install Gloo "
+      "(apt-get install libgloo-dev) and reinstall, or unset it for the default tcp backend"));
+#endif
   RegisterTcpBackend(registry);
 }
 
