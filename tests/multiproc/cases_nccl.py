@@ -1,0 +1,252 @@
+"""The NCCL backend's cases, run by case_worker.py on 1, 2 and 3 ranks with the CUDA
+runtime and NCCL of tests/fakes (test_mp_nccl.py sets SPARK_HVD_CUDA_LIBRARY and
+SPARK_HVD_NCCL_LIBRARY): GPU tensors go through the numpy-level API with a device id,
+each rank on its own (fake) GPU, hvd.local_rank().
+
+"Device" memory comes from the fake cudaMalloc and is host memory, so these cases can
+fill and read it directly (ctypes.memmove); on a real GPU tests/gpu/ does that part.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+
+import numpy as np
+
+import spark_hvd as hvd
+from harness import Registry, Skip, expect_error, wait_for
+from refdata import BF16, Checks, assert_same, dname, is_bool, is_float, reduce, values
+from spark_hvd import _ops
+from spark_hvd._types import OpType, numpy_code
+
+CASES = Registry()
+HANG_S = 20.0
+OP = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
+      "Product": hvd.Product}
+NCCL_DTYPES = [np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.float16)] \
+    + [BF16] + [np.dtype(t) for t in (np.float32, np.float64, np.bool_)]
+SHAPES = [(0,), (1,), (7,), (3, 5), (129,)]
+_cudart = None
+
+
+def _lib():
+    global _cudart
+    if _cudart is None:
+        _cudart = ctypes.CDLL(os.environ["SPARK_HVD_CUDA_LIBRARY"])
+    return _cudart
+
+
+class DeviceArray:
+    """A (fake) GPU buffer holding an array's bytes; freed when the last reference goes,
+    which for an op's buffers is when the core is done with the op."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.dtype, self.shape, self.nbytes = arr.dtype, arr.shape, arr.nbytes
+        ptr = ctypes.c_void_p()
+        assert _lib().cudaSetDevice(device()) == 0
+        rc = _lib().cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(arr.nbytes))
+        assert rc == 0, f"cudaMalloc failed: {rc}"
+        self.ptr = ptr.value or 0
+        if arr.nbytes:
+            ctypes.memmove(self.ptr, np.ascontiguousarray(arr).ctypes.data, arr.nbytes)
+
+    def numpy(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
+        return out
+
+    def __del__(self) -> None:
+        if self.ptr:
+            _lib().cudaFree(ctypes.c_void_p(self.ptr))
+
+
+def device() -> int:
+    return hvd.local_rank()
+
+
+def _submit(op, arr: np.ndarray, name: str, inplace: bool = False, **kw) -> _ops.Handle:
+    src = DeviceArray(arr)
+    dst = src if inplace else DeviceArray(np.zeros_like(arr))
+    return _ops.submit(op, name, numpy_code(arr.dtype), arr.shape, src.ptr, dst.ptr, (src, dst),
+                       lambda r: dst.numpy(), device=device(), **kw)
+
+
+def allreduce_async(arr, name, op="Sum", **kw):
+    return _submit(OpType.ALLREDUCE, arr, name, reduce_op=OP[op], **kw)
+
+
+def broadcast_async(arr, root, name, **kw):
+    return _submit(OpType.BROADCAST, arr, name, inplace=True, root=root, **kw)
+
+
+# -- allreduce: every NCCL dtype x op, several shapes in flight (fused) -------------------
+
+def _allreduce_case(dt, op):
+    def fn(ctx):
+        if is_bool(dt) and op == "Average":
+            err = expect_error(hvd.InvalidArgumentError, allreduce_async,
+                               values(dt, ctx.rank, (3,)), f"g.ar.{dname(dt)}.{op}", op)
+            assert "bool" in str(err), str(err)
+            return
+        chk = Checks()
+        hs = [allreduce_async(values(dt, ctx.rank, shape, salt=k), f"g.ar.{dname(dt)}.{op}.{k}",
+                              op) for k, shape in enumerate(SHAPES)]
+        for k, shape in enumerate(SHAPES):
+            want = reduce([values(dt, r, shape, salt=k) for r in range(ctx.size)], op, dt)
+            chk.same(wait_for(hs[k], HANG_S, f"shape {shape}", ctx), want, f"shape {shape}")
+        chk.done()
+    return fn
+
+
+for _dt in NCCL_DTYPES:
+    for _op in OP:
+        CASES.add(f"nccl_allreduce/{dname(_dt)}/{_op}", _allreduce_case(_dt, _op))
+
+
+@CASES.case("nccl_allreduce/scale_factors")
+def _(ctx):
+    """Pre/postscale: PreMulSum for float Sum/Average, host staging for the rest."""
+    chk = Checks()
+    for dt in (np.float32, np.float16, BF16, np.float64, np.int32):
+        for op in ("Sum", "Average", "Max", "Product"):
+            for pre, post in ((2.0, 1.0), (1.0, 0.5), (2.0, 0.5)):
+                name = f"g.sc.{dname(dt)}.{op}.{pre}.{post}"
+                x = values(dt, ctx.rank, (11,))
+                got = wait_for(allreduce_async(x, name, op, prescale=pre, postscale=post),
+                               HANG_S, name, ctx)
+                want = reduce([values(dt, r, (11,)) for r in range(ctx.size)], op, dt,
+                              prescale=pre, postscale=post)
+                chk.same(got, want, name)
+    chk.done()
+
+
+@CASES.case("nccl_allreduce/200_small_tensors_in_flight")
+def _(ctx):
+    chk = Checks()
+    hs = [allreduce_async(values(np.float32, ctx.rank, (i % 17 + 1,), salt=i), f"g.many.{i}")
+          for i in range(200)]
+    for i, h in enumerate(hs):
+        want = reduce([values(np.float32, r, (i % 17 + 1,), salt=i) for r in range(ctx.size)],
+                      "Sum", np.float32)
+        chk.same(wait_for(h, HANG_S, f"tensor {i}", ctx), want, f"tensor {i}")
+    chk.done()
+
+
+@CASES.case("nccl_allreduce/repeated_steps_cached")
+def _(ctx):
+    """The same names every step (response cache), and the fusion buffer reused."""
+    chk = Checks()
+    for step in range(20):
+        hs = [allreduce_async(values(np.float32, ctx.rank, (64 * (j + 1),), salt=step + j),
+                              f"g.step.{j}", "Average") for j in range(4)]
+        for j, h in enumerate(hs):
+            want = reduce([values(np.float32, r, (64 * (j + 1),), salt=step + j)
+                           for r in range(ctx.size)], "Average", np.float32)
+            chk.same(wait_for(h, HANG_S, f"step {step} tensor {j}", ctx), want,
+                     f"step {step} tensor {j}")
+    chk.done()
+
+
+# -- broadcast -----------------------------------------------------------------------------
+
+@CASES.case("nccl_broadcast/every_root_every_dtype")
+def _(ctx):
+    chk = Checks()
+    for root in range(ctx.size):
+        for dt in NCCL_DTYPES + [np.dtype(np.int16)]:
+            name = f"g.bc.{root}.{dname(dt)}"
+            x = values(dt, ctx.rank, (5, 3), salt=root)
+            if dt == np.int16:  # no NCCL type: refused at submit
+                err = expect_error(hvd.InvalidArgumentError, broadcast_async, x, root, name)
+                assert "int16" in str(err), str(err)
+                continue
+            got = wait_for(broadcast_async(x, root, name), HANG_S, name, ctx)
+            chk.same(got, values(dt, root, (5, 3), salt=root), name)
+    chk.done()
+
+
+# -- process sets, CPU and GPU together, errors -------------------------------------------------
+
+@CASES.case("nccl_process_set/first_and_last")
+def _(ctx):
+    if ctx.size < 2:
+        raise Skip("a process set smaller than the job needs 2 ranks")
+    ranks = [0, ctx.size - 1]
+    ps = hvd.add_process_set(ranks)
+    try:
+        if ctx.rank in ranks:
+            got = wait_for(allreduce_async(values(np.float32, ctx.rank, (9,)), "g.ps", "Sum",
+                                           process_set=ps), HANG_S, "set allreduce", ctx)
+            assert_same(got, reduce([values(np.float32, r, (9,)) for r in ranks], "Sum",
+                                    np.float32))
+        hvd.barrier()
+    finally:
+        hvd.remove_process_set(ps)
+
+
+@CASES.case("nccl_mixed/cpu_and_gpu_ops_in_flight")
+def _(ctx):
+    n = ctx.size
+    g = allreduce_async(values(np.float64, ctx.rank, (33,)), "g.mixed.gpu")
+    c = hvd.allreduce_async(values(np.float64, ctx.rank, (33,)), name="g.mixed.cpu", op=hvd.Sum)
+    want = reduce([values(np.float64, r, (33,)) for r in range(n)], "Sum", np.float64)
+    assert_same(wait_for(g, HANG_S, "GPU allreduce", ctx), want)
+    assert_same(wait_for(c, HANG_S, "CPU allreduce", ctx), want)
+
+
+@CASES.case("nccl_errors/int16_and_gather_refused_at_submit")
+def _(ctx):
+    err = expect_error(hvd.InvalidArgumentError, allreduce_async,
+                       np.ones(3, np.int16), "g.err.int16")
+    assert "int16" in str(err) and "device" in str(err), str(err)
+    err = expect_error(hvd.InvalidArgumentError, _submit, OpType.ALLGATHER,
+                       np.ones(3, np.float32), "g.err.gather")
+    assert "allgather" in str(err), str(err)
+    # and the engine works on
+    assert_same(wait_for(allreduce_async(np.ones(2, np.float32), "g.err.after"), HANG_S,
+                         "allreduce after the refusals", ctx),
+                np.full(2, float(ctx.size), np.float32))
+
+
+@CASES.case("nccl_errors/cpu_on_one_rank_gpu_on_others")
+def _(ctx):
+    if ctx.size < 2:
+        raise Skip("a mismatch needs 2 ranks")
+    x = np.ones(4, np.float32)
+    if ctx.rank == ctx.size - 1:
+        h = hvd.allreduce_async(x, name="g.mm.device", op=hvd.Sum)
+    else:
+        h = allreduce_async(x, "g.mm.device")
+    err = expect_error(hvd.TensorMismatchError, wait_for, h, HANG_S, "mismatched device", ctx)
+    assert "device" in str(err) and "GPU" in str(err) and "CPU" in str(err), str(err)
+
+
+@CASES.case("nccl_lifetime/dropped_handles")
+def _(ctx):
+    """Handles dropped at once on all but one rank a round; the keeper checks the results,
+    which are right only if every dropping rank's (device) buffers stayed alive."""
+    if ctx.size < 2:
+        raise Skip("a dropping rank needs a peer that checks")
+    chk = Checks()
+    for i in range(60):
+        keeper = i % ctx.size
+        hs = [allreduce_async(values(np.float32, ctx.rank, (300,), salt=i + k), f"g.drop.{i}.{k}")
+              for k in range(3)]
+        hs.append(broadcast_async(values(np.int32, ctx.rank, (40,), salt=i), keeper,
+                                  f"g.drop.{i}.bc"))
+        if ctx.rank != keeper:
+            del hs
+            gc.collect()
+            junk = [DeviceArray(np.full(300, -7.0, np.float32)) for _ in range(3)]  # noqa: F841
+            continue
+        for k in range(3):
+            want = reduce([values(np.float32, r, (300,), salt=i + k) for r in range(ctx.size)],
+                          "Sum", np.float32)
+            chk.same(wait_for(hs[k], HANG_S, f"round {i} op {k}", ctx), want, f"round {i} op {k}")
+        chk.same(wait_for(hs[3], HANG_S, f"round {i} broadcast", ctx),
+                 values(np.int32, keeper, (40,), salt=i), f"round {i} broadcast")
+    hvd.barrier()
+    chk.done()
