@@ -1,0 +1,534 @@
+// libshvd_fake_cudart.so: the CUDA runtime subset of csrc/backends/nccl/api.h over host
+// memory, for testing the NCCL backend where there is no GPU. It is strict where a real
+// GPU would fail or give wrong results, so such code fails here too.
+//
+// Contract
+// * Devices: SHVD_FAKE_CUDA_DEVICES physical devices (default 1); CUDA_VISIBLE_DEVICES,
+//   when set, selects and orders them as with real CUDA (entries up to the first invalid
+//   one; an empty value hides all: cudaGetDeviceCount -> cudaErrorNoDevice). The current
+//   device is per host thread (default 0); cudaSetDevice out of range ->
+//   cudaErrorInvalidDevice (101).
+// * "Device" memory is host memory. cudaMalloc: 256-byte aligned, filled with 0xFF bytes
+//   (NaN for floating types, -1 for integers) so a result that is never written shows;
+//   0 bytes gives nullptr. It remembers its device. cudaFree of anything but a live
+//   cudaMalloc base pointer -> cudaErrorInvalidValue (1); cudaFree(nullptr) is a no-op.
+//   cudaMallocHost/cudaFreeHost: pinned host memory, tracked apart (freeing one kind
+//   with the other's call -> 1). Like the real ones, cudaFree and cudaFreeHost first wait
+//   for all work queued on every stream (an implicit device synchronization).
+// * cudaMemcpyAsync checks the kind: a HostToDevice/DeviceToDevice destination and a
+//   DeviceToHost/DeviceToDevice source must lie inside one live cudaMalloc allocation,
+//   and the host side of HostToDevice/DeviceToHost/HostToHost must not be device memory
+//   (else 1); cudaMemcpyDefault takes any mix; a range that runs past the end of an
+//   allocation -> 1; kind > 4 -> cudaErrorInvalidMemcpyDirection (21).
+//   cudaMemsetAsync needs device memory. Both read and write the memory when the stream
+//   runs them, not when called (stricter than pageable-memory copies on a real GPU).
+// * Streams (cudaStreamCreateWithFlags; flags 0 or cudaStreamNonBlocking) each have a
+//   worker thread running their queue strictly in order; each item first sleeps
+//   SHVD_FAKE_CUDA_DELAY_US microseconds (default 200), so reading a result without
+//   waiting for the stream sees the old value. The null stream (0) runs its work at
+//   once in the calling thread, like a per-thread default stream: no implicit
+//   synchronization with other streams (code relying on the legacy default stream's
+//   implicit waits gets stale data here). cudaStreamSynchronize waits for the queue to
+//   drain; cudaStreamDestroy waits, then joins the worker.
+// * Events: cudaEventRecord(e, s) queues a marker; cudaEventQuery -> cudaSuccess once
+//   the most recent recording's marker ran (or if never recorded), else
+//   cudaErrorNotReady (600); cudaEventSynchronize blocks for it; cudaStreamWaitEvent(s,
+//   e, 0) makes s wait for e's most recent recording at the time of the call (nothing if
+//   never recorded); flags other than 0 -> 1.
+// * Handles are never reused: a destroyed stream or event -> cudaErrorInvalidResourceHandle
+//   (400); cudaGetErrorString names every code returned here.
+// * cudaRuntimeGetVersion -> 12040.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "fake_internal.h"
+
+namespace {
+
+constexpr cudaError_t kErrInvalidValue = 1;
+constexpr cudaError_t kErrMemoryAllocation = 2;
+constexpr cudaError_t kErrInvalidMemcpyDirection = 21;
+constexpr cudaError_t kErrNoDevice = 100;
+constexpr cudaError_t kErrInvalidDevice = 101;
+constexpr cudaError_t kErrInvalidResourceHandle = 400;
+constexpr size_t kAlignment = 256;
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+// CUDA_VISIBLE_DEVICES over SHVD_FAKE_CUDA_DEVICES physical devices.
+std::vector<int> VisibleDevices() {
+  const int physical = std::max(0, EnvInt("SHVD_FAKE_CUDA_DEVICES", 1));
+  std::vector<int> visible;
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!env) {
+    for (int d = 0; d < physical; ++d) visible.push_back(d);
+    return visible;
+  }
+  std::string list(env);
+  size_t pos = 0;
+  while (pos < list.size()) {
+    size_t end = list.find(',', pos);
+    if (end == std::string::npos) end = list.size();
+    std::string item = list.substr(pos, end - pos);
+    char* rest = nullptr;
+    long d = std::strtol(item.c_str(), &rest, 10);
+    if (item.empty() || *rest || d < 0 || d >= physical ||
+        std::find(visible.begin(), visible.end(), int(d)) != visible.end())
+      break;
+    visible.push_back(int(d));
+    pos = end + 1;
+  }
+  return visible;
+}
+
+class Stream {
+ public:
+  Stream(int device, int delay_us) : device_(device), delay_us_(delay_us) {
+    worker_ = std::thread([this] { Loop(); });
+  }
+  int device() const { return device_; }
+
+  void Push(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(work));
+    cv_.notify_all();
+  }
+  void Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return queue_.empty() && !running_; });
+  }
+  void Stop() {
+    Drain();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    worker_.join();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      std::function<void()> work = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = true;
+      lock.unlock();
+      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+      work();
+      lock.lock();
+      running_ = false;
+      cv_.notify_all();
+    }
+  }
+
+  const int device_;
+  const int delay_us_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool running_ = false;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class Event {
+ public:
+  uint64_t Record() {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.insert(++latest_);
+    return latest_;
+  }
+  void Complete(uint64_t gen) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(gen);
+    cv_.notify_all();
+  }
+  uint64_t Latest() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return latest_;
+  }
+  bool Done(uint64_t gen) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !pending_.count(gen);
+  }
+  void Wait(uint64_t gen) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !pending_.count(gen); });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t latest_ = 0;  // generation of the most recent cudaEventRecord
+  std::set<uint64_t> pending_;  // recorded generations whose marker has not run yet
+};
+
+struct Allocation {
+  size_t bytes;
+  int device;
+};
+
+// The process's fake CUDA state; leaked on purpose so stream workers never see it
+// destroyed at exit.
+class Runtime {
+ public:
+  const std::vector<int> visible = VisibleDevices();
+  const int delay_us = std::max(0, EnvInt("SHVD_FAKE_CUDA_DELAY_US", 200));
+
+  cudaError_t Allocate(std::map<uintptr_t, Allocation>* table, void** ptr, size_t bytes,
+                       int device, bool fill) {
+    if (!ptr) return kErrInvalidValue;
+    *ptr = nullptr;
+    if (bytes == 0) return cudaSuccess;
+    size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, rounded);
+    if (!p) return kErrMemoryAllocation;
+    if (fill) std::memset(p, 0xFF, rounded);
+    std::lock_guard<std::mutex> lock(mu_);
+    (*table)[uintptr_t(p)] = Allocation{bytes, device};
+    *ptr = p;
+    return cudaSuccess;
+  }
+
+  cudaError_t Release(std::map<uintptr_t, Allocation>* table, void* ptr) {
+    if (!ptr) return cudaSuccess;
+    SynchronizeAll();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = table->find(uintptr_t(ptr));
+    if (it == table->end()) return kErrInvalidValue;
+    table->erase(it);
+    std::free(ptr);
+    return cudaSuccess;
+  }
+
+  int Kind(const void* ptr, size_t bytes, int* device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto* table : {&device_mem, &pinned_mem}) {
+      auto it = table->upper_bound(uintptr_t(ptr));
+      if (it == table->begin()) continue;
+      --it;
+      uintptr_t p = uintptr_t(ptr), base = it->first, end = base + it->second.bytes;
+      if (p >= end && !(bytes == 0 && p == end)) continue;
+      if (bytes > end - p) return kShvdFakeOverrun;
+      if (table == &pinned_mem) return kShvdFakePinned;
+      if (device) *device = it->second.device;
+      return kShvdFakeDevice;
+    }
+    return kShvdFakeHost;
+  }
+
+  std::shared_ptr<Stream> FindStream(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(s);
+    return it == streams_.end() ? nullptr : it->second;
+  }
+  cudaStream_t AddStream(int device) {
+    auto handle = reinterpret_cast<cudaStream_t>(new char);  // never freed: never reused
+    std::lock_guard<std::mutex> lock(mu_);
+    streams_[handle] = std::make_shared<Stream>(device, delay_us);
+    return handle;
+  }
+  std::shared_ptr<Stream> RemoveStream(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = streams_.find(s);
+    if (it == streams_.end()) return nullptr;
+    auto stream = it->second;
+    streams_.erase(it);
+    return stream;
+  }
+  void SynchronizeAll() {
+    std::vector<std::shared_ptr<Stream>> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& kv : streams_) all.push_back(kv.second);
+    }
+    for (auto& s : all) s->Drain();
+  }
+
+  std::shared_ptr<Event> FindEvent(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = events_.find(e);
+    return it == events_.end() ? nullptr : it->second;
+  }
+  cudaEvent_t AddEvent() {
+    auto handle = reinterpret_cast<cudaEvent_t>(new char);
+    std::lock_guard<std::mutex> lock(mu_);
+    events_[handle] = std::make_shared<Event>();
+    return handle;
+  }
+  bool RemoveEvent(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_.erase(e) > 0;
+  }
+
+  std::map<uintptr_t, Allocation> device_mem, pinned_mem;  // guarded by mu_
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<cudaStream_t, std::shared_ptr<Stream>> streams_;
+  std::unordered_map<cudaEvent_t, std::shared_ptr<Event>> events_;
+};
+
+Runtime& Rt() {
+  static Runtime* rt = new Runtime;
+  return *rt;
+}
+
+thread_local int t_device = 0;
+
+// Runs work on `stream`: now for the null stream, else queued.
+cudaError_t Submit(cudaStream_t stream, std::function<void()> work) {
+  if (!stream) {
+    work();
+    return cudaSuccess;
+  }
+  auto s = Rt().FindStream(stream);
+  if (!s) return kErrInvalidResourceHandle;
+  s->Push(std::move(work));
+  return cudaSuccess;
+}
+
+bool IsDevice(const void* p, size_t bytes) {
+  return Rt().Kind(p, bytes, nullptr) == kShvdFakeDevice;
+}
+bool IsHostSide(const void* p, size_t bytes) {
+  int kind = Rt().Kind(p, bytes, nullptr);
+  return kind == kShvdFakeHost || kind == kShvdFakePinned;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (!count) return kErrInvalidValue;
+  *count = int(Rt().visible.size());
+  return *count ? cudaSuccess : kErrNoDevice;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (!device) return kErrInvalidValue;
+  if (Rt().visible.empty()) return kErrNoDevice;
+  *device = t_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (Rt().visible.empty()) return kErrNoDevice;
+  if (device < 0 || device >= int(Rt().visible.size())) return kErrInvalidDevice;
+  t_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  if (Rt().visible.empty()) return kErrNoDevice;
+  return Rt().Allocate(&Rt().device_mem, ptr, bytes, t_device, true);
+}
+
+cudaError_t cudaFree(void* ptr) { return Rt().Release(&Rt().device_mem, ptr); }
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  return Rt().Allocate(&Rt().pinned_mem, ptr, bytes, -1, false);
+}
+
+cudaError_t cudaFreeHost(void* ptr) { return Rt().Release(&Rt().pinned_mem, ptr); }
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return kErrInvalidMemcpyDirection;
+  if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
+                                                            : cudaSuccess;
+  bool ok = false;
+  switch (kind) {
+    case cudaMemcpyHostToHost: ok = IsHostSide(dst, bytes) && IsHostSide(src, bytes); break;
+    case cudaMemcpyHostToDevice: ok = IsDevice(dst, bytes) && IsHostSide(src, bytes); break;
+    case cudaMemcpyDeviceToHost: ok = IsHostSide(dst, bytes) && IsDevice(src, bytes); break;
+    case cudaMemcpyDeviceToDevice: ok = IsDevice(dst, bytes) && IsDevice(src, bytes); break;
+    default:
+      ok = Rt().Kind(dst, bytes, nullptr) != kShvdFakeOverrun &&
+           Rt().Kind(src, bytes, nullptr) != kShvdFakeOverrun;
+  }
+  if (!ok || !dst || !src) return kErrInvalidValue;
+  return Submit(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
+                                                            : cudaSuccess;
+  if (!IsDevice(ptr, bytes)) return kErrInvalidValue;
+  return Submit(stream, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  if (!stream || (flags & ~cudaStreamNonBlocking)) return kErrInvalidValue;
+  if (Rt().visible.empty()) return kErrNoDevice;
+  *stream = Rt().AddStream(t_device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  auto s = stream ? Rt().RemoveStream(stream) : nullptr;
+  if (!s) return kErrInvalidResourceHandle;
+  s->Stop();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (!stream) return cudaSuccess;
+  auto s = Rt().FindStream(stream);
+  if (!s) return kErrInvalidResourceHandle;
+  s->Drain();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  if (flags != 0) return kErrInvalidValue;
+  auto e = Rt().FindEvent(event);
+  if (!e || (stream && !Rt().FindStream(stream))) return kErrInvalidResourceHandle;
+  uint64_t gen = e->Latest();
+  if (gen == 0) return cudaSuccess;
+  return Submit(stream, [e, gen] { e->Wait(gen); });
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  // cudaEventBlockingSync (1) and cudaEventDisableTiming (2) change nothing here.
+  if (!event || (flags & ~0x3u)) return kErrInvalidValue;
+  *event = Rt().AddEvent();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  // Queued markers and waits keep the event's state alive, as with real CUDA.
+  return Rt().RemoveEvent(event) ? cudaSuccess : kErrInvalidResourceHandle;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  auto e = Rt().FindEvent(event);
+  if (!e || (stream && !Rt().FindStream(stream))) return kErrInvalidResourceHandle;
+  uint64_t gen = e->Record();
+  return Submit(stream, [e, gen] { e->Complete(gen); });
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  auto e = Rt().FindEvent(event);
+  if (!e) return kErrInvalidResourceHandle;
+  return e->Done(e->Latest()) ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  auto e = Rt().FindEvent(event);
+  if (!e) return kErrInvalidResourceHandle;
+  e->Wait(e->Latest());
+  return cudaSuccess;
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess: return "no error";
+    case kErrInvalidValue: return "invalid argument";
+    case kErrMemoryAllocation: return "out of memory";
+    case kErrInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case kErrNoDevice: return "no CUDA-capable device is detected";
+    case kErrInvalidDevice: return "invalid device ordinal";
+    case kErrInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    default: return "unrecognized error code";
+  }
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  if (!version) return kErrInvalidValue;
+  *version = 12040;
+  return cudaSuccess;
+}
+
+// -- hooks for the fake NCCL (fake_internal.h) -------------------------------------
+
+cudaError_t shvd_fake_enqueue(cudaStream_t stream, shvd_fake_work_fn fn, void* arg) {
+  return Submit(stream, [fn, arg] { fn(arg); });
+}
+
+cudaError_t shvd_fake_enqueue_joined(const cudaStream_t* streams, int n, shvd_fake_work_fn fn,
+                                     void* arg) {
+  // The null stream, if present, runs fn (in this thread, after the others arrived).
+  std::vector<cudaStream_t> distinct;
+  for (int i = 0; i < n; ++i)
+    if (std::find(distinct.begin(), distinct.end(), streams[i]) == distinct.end())
+      distinct.push_back(streams[i]);
+  std::stable_partition(distinct.begin(), distinct.end(), [](cudaStream_t s) { return !s; });
+  for (cudaStream_t s : distinct)
+    if (s && !Rt().FindStream(s)) return kErrInvalidResourceHandle;
+  if (distinct.size() == 1) return shvd_fake_enqueue(distinct[0], fn, arg);
+
+  struct Join {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t arrived = 0;
+    bool done = false;
+  };
+  auto join = std::make_shared<Join>();
+  const size_t others = distinct.size() - 1;
+  for (size_t i = 1; i < distinct.size(); ++i) {
+    Submit(distinct[i], [join] {
+      std::unique_lock<std::mutex> lock(join->mu);
+      ++join->arrived;
+      join->cv.notify_all();
+      join->cv.wait(lock, [&] { return join->done; });
+    });
+  }
+  return Submit(distinct[0], [join, others, fn, arg] {
+    {
+      std::unique_lock<std::mutex> lock(join->mu);
+      join->cv.wait(lock, [&] { return join->arrived == others; });
+    }
+    fn(arg);
+    std::lock_guard<std::mutex> lock(join->mu);
+    join->done = true;
+    join->cv.notify_all();
+  });
+}
+
+int shvd_fake_memory_kind(const void* ptr, size_t bytes, int* device) {
+  return Rt().Kind(ptr, bytes, device);
+}
+
+cudaError_t shvd_fake_stream_device(cudaStream_t stream, int* device) {
+  if (!stream) {
+    *device = t_device;
+    return cudaSuccess;
+  }
+  auto s = Rt().FindStream(stream);
+  if (!s) return kErrInvalidResourceHandle;
+  *device = s->device();
+  return cudaSuccess;
+}
+
+int shvd_fake_current_device(void) { return t_device; }
+
+int shvd_fake_physical_device(int device) {
+  const auto& v = Rt().visible;
+  return device >= 0 && device < int(v.size()) ? v[device] : -1;
+}
+
+}  // extern "C"
