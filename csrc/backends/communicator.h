@@ -48,6 +48,15 @@ struct ReduceArgs {
   int64_t ranks = 1;
 };
 
+// Memory a communicator allocated (an op's output, or scratch), in its memory: host
+// memory (device kCpuDevice) or a GPU's. Freed when the last copy of `owner` goes.
+struct Buffer {
+  void* data = nullptr;
+  int64_t bytes = 0;
+  int32_t device = kCpuDevice;
+  std::shared_ptr<void> owner;
+};
+
 // Work a device backend queued on its stream and has not finished.
 class PendingWork {
  public:
@@ -98,6 +107,8 @@ class Communicator {
   }
   // Copies bytes between two tensors in this communicator's memory.
   virtual Status Copy(void* dst, const void* src, int64_t bytes);
+  // `bytes` of this communicator's memory (host memory unless overridden).
+  virtual Status Allocate(int64_t bytes, Buffer* out);
   // The work the last call queued without finishing it (device backends; the
   // caller must keep the op's buffers alive until it is done); null: finished.
   virtual std::unique_ptr<PendingWork> TakePending() { return nullptr; }
@@ -108,6 +119,15 @@ class Communicator {
   virtual std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks,
                                               int32_t set_id) = 0;
 };
+
+inline Status Communicator::Allocate(int64_t bytes, Buffer* out) {
+  auto memory = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes));
+  out->data = memory->data();
+  out->bytes = bytes;
+  out->device = kCpuDevice;
+  out->owner = memory;
+  return Status::OK();
+}
 
 inline Status Communicator::Copy(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(bytes));

@@ -138,11 +138,12 @@ Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
     rows += t.rank_dims[i];
   }
   TensorEntry* e = es[0].get();
-  std::vector<uint8_t> scratch;
-  std::vector<uint8_t>& out = e ? e->state->output : scratch;
-  out.resize(static_cast<size_t>(rows * row_bytes));
+  Buffer out;  // a rank that joined gathers into scratch
+  Status s = comm->Allocate(rows * row_bytes, &out);
+  if (!s.ok()) return s;
+  if (e) e->state->output = out;
   int64_t t1 = NowMicros();
-  Status s = comm->Allgatherv(e ? e->input : nullptr, out.data(), bytes);
+  s = comm->Allgatherv(e ? e->input : nullptr, out.data, bytes);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLGATHER").c_str(), t1);
   if (e) {
@@ -156,7 +157,7 @@ Status Executor::Broadcast(const Response& r, Entries& es, Communicator* comm) {
   const ResponseTensor& t = r.tensors[0];
   const int64_t bytes = NumElements(t.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
   TensorEntry* e = es[0].get();
-  std::vector<uint8_t> scratch;
+  Buffer scratch;  // a rank that joined receives into scratch
   void* buf;
   if (e) {
     buf = e->output;
@@ -165,8 +166,9 @@ Status Executor::Broadcast(const Response& r, Entries& es, Communicator* comm) {
       if (!s.ok()) return s;
     }
   } else {
-    scratch.resize(static_cast<size_t>(bytes));
-    buf = scratch.data();
+    Status s = comm->Allocate(bytes, &scratch);
+    if (!s.ok()) return s;
+    buf = scratch.data;
   }
   int64_t t1 = NowMicros();
   Status s = comm->Broadcast(buf, bytes, r.root);
@@ -190,9 +192,10 @@ Status Executor::Alltoall(const Response& r, Entries& es, Communicator* comm) {
   }
   TensorEntry* e = es[0].get();
   SHVD_CHECK(e != nullptr);
-  e->state->output.resize(static_cast<size_t>(rows * row_bytes));
+  Status s = comm->Allocate(rows * row_bytes, &e->state->output);
+  if (!s.ok()) return s;
   int64_t t1 = NowMicros();
-  Status s = comm->Alltoallv(e->input, send, e->state->output.data(), recv);
+  s = comm->Alltoallv(e->input, send, e->state->output.data, recv);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_ALLTOALL").c_str(), t1);
   e->state->output_shape = Tail(t.shape);
@@ -209,16 +212,18 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
   // Reduce the whole tensor, keep this rank's rows: first dim split as evenly
   // as possible, the first (rows % size) ranks taking one extra row.
-  std::vector<uint8_t> full(static_cast<size_t>(n * dsize));
+  Buffer full;  // freed once the work on it is done (cudaFree waits for the device)
+  Status s = comm->Allocate(n * dsize, &full);
+  if (!s.ok()) return s;
   ReduceArgs args;
-  args.tensors = {ReduceTensor{e->input, full.data(), n}};
+  args.tensors = {ReduceTensor{e->input, full.data, n}};
   args.dtype = r.dtype;
   args.op = r.reduce_op;
   args.prescale = r.prescale;
   args.postscale = r.postscale;
   args.ranks = static_cast<int64_t>(r.active.size());
   int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(args);
+  s = comm->Allreduce(args);
   if (!s.ok()) return s;
   Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
   const int64_t d0 = t.shape.empty() ? 1 : t.shape[0];
@@ -227,8 +232,12 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   const int64_t my_rows = base + (me < rem ? 1 : 0);
   const int64_t first_row = me * base + std::min(me, rem);
   const int64_t row_bytes = NumElements(Tail(t.shape)) * dsize;
-  e->state->output.assign(full.begin() + first_row * row_bytes,
-                          full.begin() + (first_row + my_rows) * row_bytes);
+  s = comm->Allocate(my_rows * row_bytes, &e->state->output);
+  if (s.ok()) {
+    s = comm->Copy(e->state->output.data, static_cast<uint8_t*>(full.data) + first_row * row_bytes,
+                   my_rows * row_bytes);
+  }
+  if (!s.ok()) return s;
   e->state->output_shape = Tail(t.shape);
   e->state->output_shape.insert(e->state->output_shape.begin(), my_rows);
   return Status::OK();

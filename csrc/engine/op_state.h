@@ -13,6 +13,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/communicator.h"
 #include "common/status.h"
 #include "common/types.h"
 
@@ -21,8 +22,9 @@ namespace spark_hvd {
 struct OpState {
   bool done = false;  // guarded by Completions' mutex
   Status status;
-  // Outputs the core allocates (allgather, alltoall, reducescatter).
-  std::vector<uint8_t> output;
+  // Outputs the core allocates (allgather, alltoall, reducescatter), in the memory of
+  // the communicator that ran the op (host, or the rank's GPU).
+  Buffer output;
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;  // alltoall
   int64_t value = -1;                    // join: last rank to join; add_process_set: id

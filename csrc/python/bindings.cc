@@ -17,6 +17,7 @@
 #include "backends/nccl/loader.h"
 #endif
 #include "engine/message.h"
+#include "python/dlpack.h"
 #include "python/py_store.h"
 
 namespace py = pybind11;
@@ -108,6 +109,7 @@ TensorEntry ParseSpec(const py::tuple& t) {
 
 struct Work {
   std::shared_ptr<OpState> state;
+  DataType dtype;  // of the op's tensors (a GPU output's DLPack type)
 };
 
 // The core's codes as enum.IntEnum subclasses (spark_hvd._types re-exports them):
@@ -258,7 +260,11 @@ PYBIND11_MODULE(_core, m) {
     DrainReleases();
     std::vector<TensorEntry> entries;
     entries.reserve(specs.size());
-    for (const auto& item : specs) entries.push_back(ParseSpec(item.cast<py::tuple>()));
+    std::vector<DataType> dtypes;
+    for (const auto& item : specs) {
+      entries.push_back(ParseSpec(item.cast<py::tuple>()));
+      dtypes.push_back(entries.back().req.dtype);
+    }
     std::vector<std::shared_ptr<OpState>> states;
     try {
       states = TheEngine().Enqueue(std::move(entries));
@@ -266,7 +272,9 @@ PYBIND11_MODULE(_core, m) {
       Raise(e.status());
     }
     py::list works;
-    for (auto& st : states) works.append(Work{std::move(st)});
+    for (size_t i = 0; i < states.size(); ++i) {
+      works.append(Work{std::move(states[i]), dtypes[i]});
+    }
     return works;
   });
 
@@ -286,18 +294,25 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("timeout_s") = -1.0)
       // The outcome of a completed op: raises its error, else returns
-      // (output as a uint8 numpy array sharing the core's buffer, output shape,
-      //  received splits, value).
+      // (output, output shape, received splits, value). The output shares the core's
+      // buffer: a uint8 numpy array for host memory, a DLPack capsule (typed, shaped)
+      // for a GPU's.
       .def("result", [](const Work& w) {
         const auto& state = w.state;
         if (!TheEngine().completions().Done(*state)) {
           Raise(Status::InvalidArgument("the operation is not complete; call wait() first"));
         }
         if (!state->status.ok()) Raise(state->status);
-        auto* holder = new std::shared_ptr<OpState>(state);
-        py::capsule owner(holder, [](void* p) { delete static_cast<std::shared_ptr<OpState>*>(p); });
-        py::array_t<uint8_t> out({static_cast<py::ssize_t>(state->output.size())}, {1},
-                                 state->output.data(), owner);
+        py::object out;
+        if (state->output.device >= 0) {
+          out = dlpack::Capsule(state, w.dtype);
+        } else {
+          auto* holder = new std::shared_ptr<OpState>(state);
+          py::capsule owner(holder,
+                            [](void* p) { delete static_cast<std::shared_ptr<OpState>*>(p); });
+          out = py::array_t<uint8_t>({static_cast<py::ssize_t>(state->output.bytes)}, {1},
+                                     static_cast<uint8_t*>(state->output.data), owner);
+        }
         return py::make_tuple(out, state->output_shape, state->received_splits, state->value);
       });
 

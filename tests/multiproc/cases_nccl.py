@@ -67,11 +67,48 @@ def device() -> int:
     return hvd.local_rank()
 
 
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_DL_CODE = {"i": 0, "u": 1, "f": 2, "b": 6}
+
+
+def from_capsule(capsule, dt) -> np.ndarray:
+    """A core-allocated GPU output (a DLPack capsule) read back: checks it says CUDA,
+    this rank's device, the dtype; then copies the (fake device = host) bytes."""
+    dt = np.dtype(dt)
+    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    assert (t.device_type, t.device_id) == (2, device()), (t.device_type, t.device_id)
+    assert t.bits == 8 * dt.itemsize and t.code == (4 if dt == BF16 else _DL_CODE[dt.kind]), \
+        (t.code, t.bits, dt)
+    assert not t.strides, "a compact tensor has no strides"
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    out = np.empty(shape, dt)
+    if out.nbytes:
+        ctypes.memmove(out.ctypes.data, t.data, out.nbytes)
+    return out
+
+
 def _submit(op, arr: np.ndarray, name: str, inplace: bool = False, **kw) -> _ops.Handle:
     src = DeviceArray(arr)
     dst = src if inplace else DeviceArray(np.zeros_like(arr))
     return _ops.submit(op, name, numpy_code(arr.dtype), arr.shape, src.ptr, dst.ptr, (src, dst),
                        lambda r: dst.numpy(), device=device(), **kw)
+
+
+def _gather_like(op, arr, name, **kw) -> _ops.Handle:
+    src = DeviceArray(arr)
+    return _ops.submit(op, name, numpy_code(arr.dtype), arr.shape, src.ptr, 0, src,
+                       lambda r: (from_capsule(r[0], arr.dtype), list(r[2])), device=device(),
+                       **kw)
 
 
 def allreduce_async(arr, name, op="Sum", **kw):
@@ -150,6 +187,53 @@ def _(ctx):
     chk.done()
 
 
+# -- ops with core-allocated GPU outputs ---------------------------------------------------
+
+@CASES.case("nccl_allgather/ragged_every_dtype")
+def _(ctx):
+    chk = Checks()
+    for dt in NCCL_DTYPES:
+        name = f"g.ag.{dname(dt)}"
+        got, _ = wait_for(_gather_like(OpType.ALLGATHER, values(dt, ctx.rank, (ctx.rank + 1, 3)),
+                                       name), HANG_S, name, ctx)
+        want = np.concatenate([values(dt, r, (r + 1, 3)) for r in range(ctx.size)])
+        chk.same(got, want, name)
+    chk.done()
+
+
+@CASES.case("nccl_alltoall/uneven_splits")
+def _(ctx):
+    n, me = ctx.size, ctx.rank
+    splits = [(me + j) % 3 for j in range(n)]  # rows this rank sends to rank j (some 0)
+    x = values(np.float32, me, (sum(splits), 2))
+    got, received = wait_for(_gather_like(OpType.ALLTOALL, x, "g.a2a", splits=splits), HANG_S,
+                             "alltoall", ctx)
+    parts = []
+    for r in range(n):
+        theirs = [(r + j) % 3 for j in range(n)]
+        start = sum(theirs[:me])
+        parts.append(values(np.float32, r, (sum(theirs), 2))[start:start + theirs[me]])
+    assert_same(got, np.concatenate(parts))
+    assert received == [(r + me) % 3 for r in range(n)], received
+
+
+@CASES.case("nccl_reducescatter/sum_and_average")
+def _(ctx):
+    chk = Checks()
+    n, me = ctx.size, ctx.rank
+    rows = 2 * n + 1
+    base, rem = divmod(rows, n)
+    mine = base + (1 if me < rem else 0)
+    start = me * base + min(me, rem)
+    for dt, op in ((np.float32, "Sum"), (np.float32, "Average"), (np.int64, "Max")):
+        name = f"g.rs.{dname(dt)}.{op}"
+        got, _ = wait_for(_gather_like(OpType.REDUCESCATTER, values(dt, me, (rows, 4)), name,
+                                       reduce_op=OP[op]), HANG_S, name, ctx)
+        full = reduce([values(dt, r, (rows, 4)) for r in range(n)], op, dt)
+        chk.same(got, full[start:start + mine], name)
+    chk.done()
+
+
 # -- broadcast -----------------------------------------------------------------------------
 
 @CASES.case("nccl_broadcast/every_root_every_dtype")
@@ -197,14 +281,12 @@ def _(ctx):
     assert_same(wait_for(c, HANG_S, "CPU allreduce", ctx), want)
 
 
-@CASES.case("nccl_errors/int16_and_gather_refused_at_submit")
+@CASES.case("nccl_errors/int16_refused_at_submit")
 def _(ctx):
-    err = expect_error(hvd.InvalidArgumentError, allreduce_async,
-                       np.ones(3, np.int16), "g.err.int16")
-    assert "int16" in str(err) and "device" in str(err), str(err)
-    err = expect_error(hvd.InvalidArgumentError, _submit, OpType.ALLGATHER,
-                       np.ones(3, np.float32), "g.err.gather")
-    assert "allgather" in str(err), str(err)
+    for op in (OpType.ALLREDUCE, OpType.ALLGATHER):
+        err = expect_error(hvd.InvalidArgumentError, _submit, op, np.ones(3, np.int16),
+                           f"g.err.int16.{op}")
+        assert "int16" in str(err) and "device" in str(err), str(err)
     # and the engine works on
     assert_same(wait_for(allreduce_async(np.ones(2, np.float32), "g.err.after"), HANG_S,
                          "allreduce after the refusals", ctx),

@@ -1,7 +1,8 @@
 // Registers backend "nccl": CUDA tensors (device >= 0) on NCCL, enabled where the
 // CUDA runtime and NCCL load (loader.h) and SPARK_HVD_GPU_OPERATIONS does not ask
-// for another backend. It runs allreduce (fused, every NCCL dtype, scale factors)
-// and broadcast; other GPU ops are not in it yet.
+// for another backend. It runs allreduce (fused, every NCCL dtype, scale factors),
+// broadcast, allgather, alltoall and reducescatter (barrier and join stay on the
+// control plane).
 #include "backends/members.h"
 #include "backends/nccl/communicator.h"
 #include "backends/registry.h"
@@ -28,7 +29,7 @@ class NcclBackend : public Backend {
   }
   bool Accepts(int32_t device, OpType op, DataType dtype) const override {
     if (device < 0 || dtype == DataType::kInt16) return false;  // NCCL has no int16
-    return op == OpType::kAllreduce || op == OpType::kBroadcast;
+    return op != OpType::kBarrier && op != OpType::kJoin;
   }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
     return std::make_unique<nccl::NcclCommunicator>(o, AllRanks(o.size), 0, nccl::Cuda(),

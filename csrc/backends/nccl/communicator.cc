@@ -122,7 +122,6 @@ NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<in
       nccl_(nccl) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  pending_.reset();
   if (stream_ != nullptr) {
     if (!comm_ || !comm_->aborted) cuda_->StreamSynchronize(stream_);
     cuda_->StreamDestroy(stream_);
@@ -213,21 +212,33 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
   return s;
 }
 
-Status NcclCommunicator::Queue(std::vector<std::vector<uint8_t>> host_buffers) {
+std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
+  if (!queued_) return nullptr;
+  queued_ = false;
   cudaEvent_t done;
-  Status s = CudaCheck(cuda_->EventCreateWithFlags(&done, cudaEventDisableTiming),
-                       "cudaEventCreate");
-  if (!s.ok()) return s;
-  s = CudaCheck(cuda_->EventRecord(done, stream_), "cudaEventRecord");
-  if (!s.ok()) {
+  if (cuda_->EventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) return nullptr;
+  if (cuda_->EventRecord(done, stream_) != cudaSuccess) {
+    // Cannot observe the work: wait for it here rather than release its buffers early.
     cuda_->EventDestroy(done);
-    return s;
+    cuda_->StreamSynchronize(stream_);
+    keep_.clear();
+    return nullptr;
   }
-  pending_ = std::make_unique<Work>(cuda_, comm_, done, std::move(host_buffers));
-  return Status::OK();
+  return std::make_unique<Work>(cuda_, comm_, done, std::move(keep_));
 }
 
-std::unique_ptr<PendingWork> NcclCommunicator::TakePending() { return std::move(pending_); }
+Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {
+  void* p = nullptr;
+  Status s = CudaCheck(cuda_->Malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
+                       "cudaMalloc (output)");
+  if (!s.ok()) return s;
+  const CudaApi* cuda = cuda_;
+  out->data = p;
+  out->bytes = bytes;
+  out->device = device_;
+  out->owner = std::shared_ptr<void>(p, [cuda](void* q) { cuda->Free(q); });
+  return Status::OK();
+}
 
 Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {
   if (fusion_bytes_ < bytes) {
@@ -248,6 +259,7 @@ Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {
 
 Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
   if (bytes == 0 || dst == src) return Status::OK();
+  queued_ = true;
   return CudaCheck(cuda_->MemcpyAsync(dst, src, static_cast<size_t>(bytes),
                                       cudaMemcpyDeviceToDevice, stream_),
                    "cudaMemcpyAsync");
@@ -281,8 +293,8 @@ Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
   } else {
     s = Staged(a, dtype, BaseOp(a.op, a.dtype), count);
   }
-  if (!s.ok()) return s;
-  return Queue(std::move(keep_));
+  queued_ = queued_ || s.ok();
+  return s;
 }
 
 // One NCCL reduction with `op`: a lone tensor straight from input to output, several
@@ -387,24 +399,68 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
 }
 
 Status NcclCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
-  Status s = NcclCheck(nccl_->Broadcast(buf, buf, static_cast<size_t>(bytes), ncclUint8, root,
-                                        comm_->comm, stream_),
-                       "ncclBroadcast");
-  if (!s.ok()) return s;
-  return Queue(std::move(keep_));
+  queued_ = true;
+  return NcclCheck(nccl_->Broadcast(buf, buf, static_cast<size_t>(bytes), ncclUint8, root,
+                                    comm_->comm, stream_),
+                   "ncclBroadcast");
 }
 
 Status NcclCommunicator::AllgatherFixed(const void*, void*, int64_t) {
   return Status::Internal("the NCCL backend does not carry the control plane");
 }
 
-Status NcclCommunicator::Allgatherv(const void*, void*, const std::vector<int64_t>&) {
-  return Status::Internal("allgather of GPU tensors is not in the NCCL backend yet");
+// Ragged: every rank broadcasts its block into its place of everyone's output, as
+// one NCCL group (ncclAllGather needs equal blocks).
+Status NcclCommunicator::Allgatherv(const void* in, void* out,
+                                    const std::vector<int64_t>& bytes_per_rank) {
+  queued_ = true;
+  Status s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
+  if (!s.ok()) return s;
+  int64_t offset = 0;
+  for (int r = 0; r < size() && s.ok(); ++r) {
+    const int64_t bytes = bytes_per_rank[static_cast<size_t>(r)];
+    if (bytes > 0) {
+      s = NcclCheck(nccl_->Broadcast(r == rank_ ? in : nullptr, static_cast<char*>(out) + offset,
+                                     static_cast<size_t>(bytes), ncclUint8, r, comm_->comm,
+                                     stream_),
+                    "ncclBroadcast (allgather)");
+    }
+    offset += bytes;
+  }
+  Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
+  return s.ok() ? end : s;
 }
 
-Status NcclCommunicator::Alltoallv(const void*, const std::vector<int64_t>&, void*,
-                                   const std::vector<int64_t>&) {
-  return Status::Internal("alltoall of GPU tensors is not in the NCCL backend yet");
+// One send and one receive per peer, as one NCCL group; this rank's own block is a copy.
+Status NcclCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
+                                   void* out, const std::vector<int64_t>& recv_bytes) {
+  queued_ = true;
+  std::vector<int64_t> send_off(size() + 1, 0), recv_off(size() + 1, 0);
+  for (int r = 0; r < size(); ++r) {
+    send_off[r + 1] = send_off[r] + send_bytes[static_cast<size_t>(r)];
+    recv_off[r + 1] = recv_off[r] + recv_bytes[static_cast<size_t>(r)];
+  }
+  Status s = Copy(static_cast<char*>(out) + recv_off[rank_],
+                  static_cast<const char*>(in) + send_off[rank_], send_bytes[rank_]);
+  if (s.ok()) s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
+  if (!s.ok()) return s;
+  for (int r = 0; r < size() && s.ok(); ++r) {
+    if (r == rank_) continue;
+    if (send_bytes[r] > 0) {
+      s = NcclCheck(nccl_->Send(static_cast<const char*>(in) + send_off[r],
+                                static_cast<size_t>(send_bytes[r]), ncclUint8, r, comm_->comm,
+                                stream_),
+                    "ncclSend (alltoall)");
+    }
+    if (s.ok() && recv_bytes[r] > 0) {
+      s = NcclCheck(nccl_->Recv(static_cast<char*>(out) + recv_off[r],
+                                static_cast<size_t>(recv_bytes[r]), ncclUint8, r, comm_->comm,
+                                stream_),
+                    "ncclRecv (alltoall)");
+    }
+  }
+  Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
+  return s.ok() ? end : s;
 }
 
 Status NcclCommunicator::Barrier() {

@@ -1,7 +1,9 @@
 // The GPU communicator of backend "nccl": NCCL collectives on CUDA tensors, on a
-// stream of its own. Work is queued, not waited for: each op leaves a PendingWork
-// (an event after it) that the engine's InFlight polls; the op completes, and its
-// buffers are released, when the event has passed. The NCCL communicator is made
+// stream of its own. Work is queued, not waited for: after each op TakePending
+// records an event behind everything queued for it, which the engine's InFlight
+// polls; the op completes, and its buffers are released, when the event has passed.
+// Allgather (ragged) is a group of broadcasts, alltoall a group of send/recv pairs;
+// their outputs are allocated on the rank's GPU (Allocate). The NCCL communicator is made
 // at the first op, when the rank's device is known (all members run that op
 // together): rank 0 of the communicator creates the unique id and passes it
 // through the rendezvous store.
@@ -58,14 +60,14 @@ class NcclCommunicator : public Communicator {
 
   Status Prepare(int32_t device, const std::vector<void*>& streams) override;
   Status Copy(void* dst, const void* src, int64_t bytes) override;
+  Status Allocate(int64_t bytes, Buffer* out) override;  // cudaMalloc on this rank's GPU
   std::unique_ptr<PendingWork> TakePending() override;
 
  private:
   Status Connect(int32_t device);  // the NCCL communicator, collectively
   Status CudaCheck(cudaError_t err, const char* what) const;
   Status NcclCheck(ncclResult_t err, const char* what) const;
-  // Ends the current op: an event after its work becomes the pending work.
-  Status Queue(std::vector<std::vector<uint8_t>> host_buffers);
+
   Status DeviceBuffer(size_t bytes, void** out);  // the fusion buffer, grown as needed
   Status Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
   Status Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
@@ -81,8 +83,8 @@ class NcclCommunicator : public Communicator {
   cudaStream_t stream_ = nullptr;
   void* fusion_ = nullptr;
   size_t fusion_bytes_ = 0;
-  std::unique_ptr<PendingWork> pending_;
-  std::vector<std::vector<uint8_t>> keep_;  // host memory the current op's copies read
+  bool queued_ = false;                     // work queued since the last TakePending
+  std::vector<std::vector<uint8_t>> keep_;  // host memory the queued copies read
 };
 
 }  // namespace nccl
