@@ -8,7 +8,7 @@ import torch
 
 from spark_hvd import _ops
 from spark_hvd._runtime import RUNTIME
-from spark_hvd.torch._tensors import dtype_code, shape_of
+from spark_hvd.torch._tensors import device_of, dtype_code, shape_of
 
 Handle = _ops.Handle
 GroupHandle = _ops.GroupHandle
@@ -27,5 +27,7 @@ def _submit(op: int, name: str, tensor: torch.Tensor, out: Optional[torch.Tensor
             finish: Callable, **kw) -> Handle:
     """Submits one op on ``tensor`` (into ``out``); ``owner`` holds every tensor
     whose pointer goes to the core."""
+    device, stream = device_of(tensor)
     return _ops.submit(op, name, dtype_code(tensor.dtype), shape_of(tensor), tensor.data_ptr(),
-                       out.data_ptr() if out is not None else 0, owner, finish, **kw)
+                       out.data_ptr() if out is not None else 0, owner, finish, device=device,
+                       stream=stream, **kw)

@@ -7,9 +7,13 @@ anything else) and turning the core's byte buffer back into a tensor.
 
 from __future__ import annotations
 
-from typing import List, Sequence
+import functools
+from typing import List, Sequence, Tuple
+
+import numpy as np
 
 import torch
+import torch.utils.dlpack
 
 from spark_hvd._types import DataType
 from spark_hvd.exceptions import InvalidArgumentError
@@ -46,20 +50,41 @@ def check(tensor, what: str) -> torch.Tensor:
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type != "cpu":
-        if tensor.device.type == "cuda":
+    if tensor.device.type == "cuda":
+        if not _nccl():
+            from spark_hvd import _core
+
             raise InvalidArgumentError(
-                f"{what}: the tensor is on {tensor.device}, but GPU tensors need a spark_hvd "
-                "build with NCCL, which is not available yet (spark_hvd.nccl_built() is "
-                "False). Move the tensor to the CPU first (tensor.cpu()).")
+                f"{what}: the tensor is on {tensor.device}, but GPU tensors need NCCL, which "
+                f"is not available here (spark_hvd.nccl_built() is False: "
+                f"{_core.nccl_unavailable_reason()}). Install the nvidia-nccl and "
+                "nvidia-cuda-runtime wheels (GPU builds of PyTorch bring them) or set "
+                "SPARK_HVD_NCCL_LIBRARY, or move the tensor to the CPU (tensor.cpu()).")
+    elif tensor.device.type != "cpu":
         raise InvalidArgumentError(f"{what}: the tensor is on {tensor.device}; spark_hvd.torch "
-                                   "supports CPU tensors only")
+                                   "supports CPU and CUDA tensors")
     if tensor.layout != torch.strided:
         raise InvalidArgumentError(
             f"{what}: {tensor.layout} tensors are not supported; convert with .to_dense() "
             "(DistributedOptimizer(sparse_as_dense=True)) or use sparse_allreduce_async")
     dtype_code(tensor.dtype)
     return tensor.detach()
+
+
+@functools.lru_cache(maxsize=None)
+def _nccl() -> bool:
+    from spark_hvd._basics import nccl_built
+
+    return nccl_built()
+
+
+def device_of(tensor: torch.Tensor) -> Tuple[int, int]:
+    """(device id, producing stream) for the core: (-1, 0) for a CPU tensor; a CUDA
+    tensor's ordinal and the current stream of its device (the core's NCCL work waits
+    for what is queued there)."""
+    if tensor.device.type != "cuda":
+        return -1, 0
+    return tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream
 
 
 def contiguous(tensor: torch.Tensor) -> torch.Tensor:
@@ -72,7 +97,10 @@ def shape_of(tensor: torch.Tensor) -> List[int]:
 
 def from_result(result, dtype: torch.dtype) -> torch.Tensor:
     """The core-allocated output of an op as a tensor (shares the core's buffer,
-    which the numpy array, and so the tensor, keeps alive)."""
+    which the numpy array, and so the tensor, keeps alive). A GPU output comes as a
+    DLPack capsule: a CUDA tensor sharing the core's memory."""
+    if not isinstance(result[0], np.ndarray):
+        return torch.utils.dlpack.from_dlpack(result[0])
     shape = [int(d) for d in result[1]]
     if result[0].size == 0:
         return torch.empty(shape, dtype=dtype)

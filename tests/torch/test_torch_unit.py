@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from spark_hvd import nccl_built as hvd_nccl_built
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.torch import _adasum
 from spark_hvd.torch._tensors import check, from_result
@@ -28,14 +29,15 @@ def test_check_refuses_cuda_with_the_fix():
     assert "cuda:0" in msg and "NCCL" in msg and "tensor.cpu()" in msg
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available() or hvd_nccl_built(),
+                    reason="needs a CUDA device without NCCL")
 def test_check_refuses_real_cuda_tensor():
     with pytest.raises(InvalidArgumentError, match="NCCL"):
         check(torch.ones(2, device="cuda"), "allreduce")
 
 
 @pytest.mark.parametrize("bad, words", [
-    (torch.ones(2, device="meta"), "CPU tensors only"),
+    (torch.ones(2, device="meta"), "CPU and CUDA tensors"),
     (torch.ones(2, dtype=torch.complex64), "complex64"),
     (torch.ones(2).to_sparse(), "sparse"),
     (torch.ones(2, dtype=torch.float64).numpy(), "torch.Tensor"),

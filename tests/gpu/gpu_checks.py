@@ -1,0 +1,137 @@
+"""GPU checks for a machine with an NVIDIA GPU (run_gpu_checks.sh runs this; CI has no
+GPU and tests the NCCL backend through tests/fakes instead). One line per check:
+``PASS name detail``, ``FAIL name detail`` or ``SKIP name why``; exit 1 if any failed.
+
+Run as one rank (``python tests/gpu/gpu_checks.py``) or under spark-hvdrun.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+
+import torch
+
+import spark_hvd.torch as hvd
+
+RESULTS = []
+
+
+def report(status: str, name: str, detail: str = "") -> None:
+    RESULTS.append(status)
+    if hvd.is_initialized() and hvd.rank() != 0 and status == "PASS":
+        return
+    print(f"{status} {name} {detail}".rstrip(), flush=True)
+
+
+def check(name: str):
+    def deco(fn):
+        try:
+            detail = fn() or ""
+            report("PASS", name, detail)
+        except Exception as exc:  # noqa: BLE001 - reported
+            report("FAIL", name, f"{type(exc).__name__}: {exc}")
+            traceback.print_exc()
+        return fn
+    return deco
+
+
+DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+          torch.float32, torch.float64, torch.bool]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        report("SKIP", "all", "torch sees no CUDA device")
+        return 0
+    hvd.init()
+    dev = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    n = hvd.size()
+    report("PASS" if hvd.nccl_built() else "FAIL", "nccl_built",
+           f"nccl_built={hvd.nccl_built()} cuda_built={hvd.cuda_built()}")
+
+    @check("allreduce_every_dtype_and_op")
+    def _():
+        count = 0
+        for dt in DTYPES:
+            ops = [hvd.Sum, hvd.Min, hvd.Max] if dt == torch.bool else \
+                [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+            for op in ops:
+                x = (torch.arange(37, device=dev) % 3 + hvd.rank()).to(dt)
+                got = hvd.allreduce(x, op=op, name=f"gpu.ar.{dt}.{op}")
+                ref = hvd.allreduce(x.cpu(), op=op, name=f"cpu.ar.{dt}.{op}")
+                assert got.device == dev, got.device
+                tol = 1e-2 if dt in (torch.float16, torch.bfloat16) else 1e-6
+                assert torch.allclose(got.cpu().double(), ref.double(), rtol=tol, atol=tol), \
+                    (dt, op, got, ref)
+                count += 1
+        return f"{count} dtype x op pairs on {dev}"
+
+    @check("fused_inplace_and_scaled")
+    def _():
+        xs = [torch.full((i + 1,), float(hvd.rank() + 1), device=dev) for i in range(64)]
+        hs = [hvd.allreduce_async_(x, op=hvd.Sum, name=f"gpu.f.{i}", prescale_factor=2.0,
+                                   postscale_factor=0.5) for i, x in enumerate(xs)]
+        for h in hs:
+            hvd.synchronize(h)
+        want = float(sum(r + 1 for r in range(n)))
+        assert all(torch.all(x == want) for x in xs)
+
+    @check("broadcast_allgather_alltoall_reducescatter")
+    def _():
+        b = torch.full((5,), float(hvd.rank()), device=dev)
+        assert torch.all(hvd.broadcast(b, 0, name="gpu.bc").cpu() == 0)
+        g = hvd.allgather(torch.full((hvd.rank() + 1, 2), hvd.rank(), device=dev), name="gpu.ag")
+        assert g.device == dev and g.shape[0] == n * (n + 1) // 2
+        a = hvd.alltoall(torch.arange(2 * n, device=dev, dtype=torch.float32), name="gpu.a2a")
+        assert a.device == dev and a.numel() == 2 * n
+        rs = hvd.reducescatter(torch.ones(2 * n, 3, device=dev), op=hvd.Sum, name="gpu.rs")
+        assert rs.device == dev and torch.all(rs == n)
+
+    @check("distributed_optimizer_step")
+    def _():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                    torch.nn.Linear(64, 10)).to(dev)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        for _ in range(5):
+            opt.zero_grad()
+            loss = model(torch.randn(16, 32, device=dev)).square().mean()
+            loss.backward()
+            opt.step()
+        return f"loss {loss.item():.4f}"
+
+    @check("single_gpu_step_overhead")
+    def _():
+        if n != 1:
+            return "measured on one rank only"
+        model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).to(dev)
+        x = torch.randn(256, 512, device=dev)
+
+        def run(opt, steps=50):
+            for _ in range(5):
+                opt.zero_grad(); model(x).square().mean().backward(); opt.step()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(steps):
+                opt.zero_grad(); model(x).square().mean().backward(); opt.step()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) / steps
+
+        plain = min(run(torch.optim.SGD(model.parameters(), lr=1e-3)) for _ in range(3))
+        dist = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
+                                        named_parameters=model.named_parameters())
+        ours = min(run(dist) for _ in range(3))
+        return f"step {1e3 * ours:.2f} ms vs plain torch {1e3 * plain:.2f} ms " \
+               f"({100 * (ours / plain - 1):+.1f} %, goal <= 3 %)"
+
+    hvd.shutdown()
+    return 1 if "FAIL" in RESULTS else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
