@@ -187,8 +187,8 @@ def main(argv=None) -> int:
     b = Bench(args)
     out = print if b.rank == 0 else (lambda *a, **k: None)
     n = b.size
-    plane = _config.gloo_data_plane()
-    backend = "mpi" if hvd.mpi_enabled() else f"gloo backend, {plane} data plane"
+    cpu = _config.cpu_operations() or _config.gloo_data_plane()
+    backend = "mpi backend" if hvd.mpi_enabled() else f"{cpu or 'tcp'} backend"
     out(f"# float32 allreduce, {n} ranks: spark_hvd ({backend}"
         f") vs torch.distributed {b.torch.__version__} (gloo); median of {args.rounds} "
         "alternating rounds")
