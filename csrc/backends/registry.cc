@@ -137,6 +137,11 @@ std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) con
         "SPARK_HVD_CPU_OPERATIONS (or its older name SPARK_HVD_GLOO_DATA_PLANE)='" +
         options.cpu_operations + "' is not a CPU backend; use one of: " + Join(cpu)));
   }
+  // The backend named for CPU ops goes first, so that it, and not one of higher
+  // priority that also takes CPU ops (tcp is always on), runs them. The control plane
+  // is still the first that can carry it.
+  std::stable_partition(enabled.begin(), enabled.end(),
+                        [&](Backend* b) { return b->name() == options.cpu_operations; });
   for (Backend* b : enabled) {
     if (b->ControlPlane()) return enabled;
   }

@@ -5,7 +5,8 @@
 // and is compiled against these headers by the same compiler.
 //
 // Order is priority: an op runs on the first enabled backend that accepts its
-// device and op; the control plane is the first enabled backend that can carry it.
+// device, op and dtype (the one SPARK_HVD_CPU_OPERATIONS names goes first); the
+// control plane is the first enabled backend that can carry it.
 #pragma once
 
 #include <memory>

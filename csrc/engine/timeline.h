@@ -1,7 +1,7 @@
 // Timeline: a Chrome-trace JSON file (chrome://tracing, Perfetto) with one row
 // per tensor name and one complete event per phase of its life:
-// NEGOTIATE (enqueue -> agreed by all ranks), then the op's own phases
-// (MEMCPY_IN_FUSION_BUFFER, <BACKEND>_<OP>, MEMCPY_OUT_FUSION_BUFFER).
+// NEGOTIATE_<OP> (enqueue -> agreed by all ranks), then the op's own phase
+// (<BACKEND>_<OP>, e.g. TCP_ALLREDUCE).
 // Enabled by SPARK_HVD_TIMELINE=path at init, or start_timeline()/stop_timeline().
 #pragma once
 

@@ -167,7 +167,7 @@ void BindEnums(py::module_& m) {
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "spark_hvd native core (negotiation engine, Gloo/MPI backends)";
+  m.doc() = "spark_hvd native core (negotiation engine; tcp, gloo, mpi and nccl backends)";
   BindEnums(m);
 
   m.def("gloo_built", [] { return SPARK_HVD_HAVE_GLOO == 1; });

@@ -1,6 +1,7 @@
-// TcpMesh: spark_hvd's own TCP connections among the ranks of one communicator,
-// used by the Gloo communicator for its control plane (the per-cycle allgather)
-// and, unless SPARK_HVD_GLOO_DATA_PLANE=gloo, for every collective.
+// TcpMesh: spark_hvd's own TCP connections among the ranks of one communicator:
+// the tcp backend (communicator.h) runs the control plane (the per-cycle allgather)
+// and, unless another CPU backend is chosen (SPARK_HVD_CPU_OPERATIONS), every CPU
+// collective on it.
 //
 // Files: mesh_connect.cc (set-up: listen, publish, connect, exchange hellos) with
 // hello.{h,cc} (the accepting side), mesh_io.cc (non-blocking socket I/O and the errors it reports),
