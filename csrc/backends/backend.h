@@ -34,6 +34,11 @@ struct BackendOptions {
   double connect_timeout_s = 60.0;      // rendezvous at connect
   // Ranks of the job the rendezvous service has seen vanish (asked while connecting).
   std::function<std::vector<int32_t>()> lost_ranks;
+  // Connects another registered backend by name, for a backend that builds on one
+  // (staged runs GPU tensors on a CPU backend). Throws StatusError for an unknown name.
+  std::function<std::unique_ptr<Communicator>(const std::string& backend,
+                                              const BackendOptions& options)>
+      connect_backend;
 };
 
 class Backend {

@@ -14,6 +14,7 @@ void RegisterTcpBackend(BackendRegistry* registry);
 void RegisterGlooBackend(BackendRegistry* registry);
 void RegisterMpiBackend(BackendRegistry* registry);
 void RegisterNcclBackend(BackendRegistry* registry);
+void RegisterStagedBackend(BackendRegistry* registry);
 
 namespace {
 
@@ -51,6 +52,7 @@ class NotBuiltBackend : public Backend {
 void RegisterBuiltinBackends(BackendRegistry* registry) {
 #if SPARK_HVD_HAVE_NCCL
   RegisterNcclBackend(registry);
+  RegisterStagedBackend(registry);
 #endif
 #if SPARK_HVD_HAVE_MPI
   RegisterMpiBackend(registry);
@@ -104,6 +106,13 @@ void BackendRegistry::AddPlugins(const std::string& paths) {
 
 std::string CpuOperationsSetting() {
   return env::CpuOperations().empty() ? env::GlooDataPlane() : env::CpuOperations();
+}
+
+Backend* BackendRegistry::Find(const std::string& name) const {
+  for (const auto& b : backends_) {
+    if (b->name() == name) return b.get();
+  }
+  return nullptr;
 }
 
 std::vector<std::string> BackendRegistry::Names() const {

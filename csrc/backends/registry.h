@@ -31,6 +31,7 @@ class BackendRegistry {
   std::vector<Backend*> Select(const BackendOptions& options) const;
 
   std::vector<std::string> Names() const;
+  Backend* Find(const std::string& name) const;  // null when not registered
 
  private:
   std::vector<std::unique_ptr<Backend>> backends_;

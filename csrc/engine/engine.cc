@@ -69,6 +69,15 @@ void Engine::Connect() {
   if (options_.store) {
     bo.lost_ranks = [store = options_.store] { return store->LostRanks(); };
   }
+  bo.connect_backend = [this](const std::string& name, const BackendOptions& o) {
+    Backend* b = registry_.Find(name);
+    if (b == nullptr || !b->Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32)) {
+      throw StatusError(Status::InvalidArgument(
+          "'" + name + "' is not a CPU backend to stage GPU tensors on (SPARK_HVD_GPU_OPERATIONS"
+          " takes nccl, or a CPU backend: tcp, gloo, mpi)"));
+    }
+    return b->Connect(o);
+  };
   backends_ = registry_.Select(bo);
   // The control plane connects first: it may define the ranks (MPI's world).
   Backend* control = *std::find_if(backends_.begin(), backends_.end(),

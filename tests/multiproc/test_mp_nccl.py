@@ -1,7 +1,8 @@
-"""The NCCL backend on 1, 2 and 3 ranks through the fake CUDA runtime and NCCL of
-tests/fakes (built here; CI has no GPU): the op matrix of cases_nccl.py, and a rank
-SIGKILLed in the middle of a GPU allreduce (every survivor raises PeerLostError naming
-it within 10 s, never a hang)."""
+"""The GPU backends on 1, 2 and 3 ranks through the fake CUDA runtime and NCCL of
+tests/fakes (built here; CI has no GPU): the op matrix of cases_nccl.py on NCCL (one GPU
+per rank) and staged through host memory on the tcp backend (SPARK_HVD_GPU_OPERATIONS=tcp,
+every rank on GPU 0, which NCCL refuses), and a rank SIGKILLed in the middle of a GPU
+allreduce on NCCL (every survivor raises PeerLostError naming it within 10 s)."""
 
 import json
 import os
@@ -24,10 +25,17 @@ def gpu_env():
     return fake_env(cached_fakes(), devices=3)
 
 
+MODES = {
+    "nccl": {},
+    "staged_shared_gpu": {"SPARK_HVD_GPU_OPERATIONS": "tcp", "SHVD_TEST_SHARED_GPU": "1"},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("np", [1, 2, 3])
 @pytest.mark.parametrize("case", NAMES)
-def test_case(case_runs, gpu_env, case, np):
-    case_runs.get("cases_nccl", np, env=gpu_env).check(case)
+def test_case(case_runs, gpu_env, case, np, mode):
+    case_runs.get("cases_nccl", np, env=dict(gpu_env, **MODES[mode])).check(case)
 
 
 KILL_SCRIPT = r'''
