@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backends/members.h"
+#include "backends/nccl/cuda_util.h"
 #include "common/half.h"
 #include "common/logging.h"
 #include "common/reduce.h"
@@ -131,9 +132,7 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
-  if (err == cudaSuccess) return Status::OK();
-  return Status::Internal(std::string("CUDA ") + what + " failed on rank " +
-                          std::to_string(options_.rank) + ": " + cuda_->GetErrorString(err));
+  return CudaStatus(cuda_, err, std::string(what) + " on rank " + std::to_string(options_.rank));
 }
 
 Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
@@ -198,16 +197,7 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
                                    std::to_string(device) + "; keep each rank on one device");
   }
   Status s = CudaCheck(cuda_->SetDevice(device_), "cudaSetDevice");
-  for (void* producer : streams) {  // the inputs are ready when their streams get there
-    if (!s.ok()) break;
-    cudaEvent_t ready;
-    s = CudaCheck(cuda_->EventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    if (!s.ok()) break;
-    s = CudaCheck(cuda_->EventRecord(ready, static_cast<cudaStream_t>(producer)),
-                  "cudaEventRecord");
-    if (s.ok()) s = CudaCheck(cuda_->StreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
-    cuda_->EventDestroy(ready);  // released once the wait has passed
-  }
+  if (s.ok()) s = WaitForStreams(cuda_, stream_, streams);  // the inputs are ready there
   keep_.clear();
   return s;
 }
@@ -228,16 +218,7 @@ std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
 }
 
 Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {
-  void* p = nullptr;
-  Status s = CudaCheck(cuda_->Malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
-                       "cudaMalloc (output)");
-  if (!s.ok()) return s;
-  const CudaApi* cuda = cuda_;
-  out->data = p;
-  out->bytes = bytes;
-  out->device = device_;
-  out->owner = std::shared_ptr<void>(p, [cuda](void* q) { cuda->Free(q); });
-  return Status::OK();
+  return AllocateDevice(cuda_, device_, bytes, out);
 }
 
 Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {

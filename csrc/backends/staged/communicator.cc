@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "backends/nccl/cuda_util.h"
+
 namespace spark_hvd {
 namespace {
 
@@ -41,9 +43,7 @@ StagedCommunicator::~StagedCommunicator() {
 }
 
 Status StagedCommunicator::Check(cudaError_t err, const char* what) const {
-  if (err == cudaSuccess) return Status::OK();
-  return Status::Internal(std::string("CUDA ") + what + " failed (staged GPU op): " +
-                          cuda_->GetErrorString(err));
+  return nccl::CudaStatus(cuda_, err, std::string(what) + " (staged GPU op)");
 }
 
 Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& streams) {
@@ -62,17 +62,8 @@ Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& str
   }
   if (!s.ok()) return s;
   device_ = device;
-  for (void* producer : streams) {
-    cudaEvent_t ready;
-    s = Check(cuda_->EventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    if (!s.ok()) return s;
-    s = Check(cuda_->EventRecord(ready, static_cast<cudaStream_t>(producer)), "cudaEventRecord");
-    if (s.ok()) s = Check(cuda_->StreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
-    cuda_->EventDestroy(ready);
-    if (!s.ok()) return s;
-  }
   pinned_.clear();
-  return Status::OK();
+  return nccl::WaitForStreams(cuda_, stream_, streams);
 }
 
 Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
@@ -114,16 +105,7 @@ Status StagedCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
 }
 
 Status StagedCommunicator::Allocate(int64_t bytes, Buffer* out) {
-  void* p = nullptr;
-  Status s = Check(cuda_->Malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
-                   "cudaMalloc");
-  if (!s.ok()) return s;
-  const nccl::CudaApi* cuda = cuda_;
-  out->data = p;
-  out->bytes = bytes;
-  out->device = device_;
-  out->owner = std::shared_ptr<void>(p, [cuda](void* q) { cuda->Free(q); });
-  return Status::OK();
+  return nccl::AllocateDevice(cuda_, device_, bytes, out);
 }
 
 std::unique_ptr<PendingWork> StagedCommunicator::TakePending() {
