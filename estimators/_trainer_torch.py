@@ -168,17 +168,24 @@ def _write_checkpoint(store: Any, run_id: str, which: str, state: Dict[str, Any]
 
 
 def _pick_device(use_gpu: Optional[bool], hvd: Any) -> Any:
+    """The GPU of this local rank when training on GPUs (use_gpu=True, or None where torch
+    sees one and spark_hvd can allreduce on it: NCCL, or staged through host memory when
+    only the CUDA runtime loads), else the CPU."""
     import torch
     has_cuda = torch.cuda.is_available()
-    if use_gpu is False or (use_gpu is None and not (has_cuda and hvd.nccl_built())):
+    gpu_collectives = has_cuda and (hvd.nccl_built() or hvd.cuda_built())
+    if use_gpu is False or (use_gpu is None and not gpu_collectives):
         return torch.device("cpu")
     if not has_cuda:
         raise RuntimeError("use_gpu=True but torch sees no CUDA device on this executor; "
                            "use use_gpu=None or False, or give the executors GPUs "
                            "(spark.executor.resource.gpu.amount)")
-    if not hvd.nccl_built():
-        raise RuntimeError("use_gpu=True but this spark_hvd build has no NCCL, so gradients "
-                           "on the GPU cannot be allreduced; use use_gpu=False")
+    if not gpu_collectives:
+        from spark_hvd import _core
+        raise RuntimeError("use_gpu=True but spark_hvd cannot load the CUDA runtime or NCCL "
+                           f"({_core.nccl_unavailable_reason()}), so gradients on the GPU "
+                           "cannot be allreduced; set SPARK_HVD_NCCL_LIBRARY / "
+                           "SPARK_HVD_CUDA_LIBRARY, or use use_gpu=False")
     count = torch.cuda.device_count()
     device = torch.device("cuda", hvd.local_rank() % count if count > 1 else 0)
     torch.cuda.set_device(device)
