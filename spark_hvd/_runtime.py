@@ -75,17 +75,20 @@ RUNTIME = _Runtime()
 
 def explain_failure(exc: SparkHvdError) -> SparkHvdError:
     """Adds what the rendezvous service knows to a PeerLostError the core could not
-    name the lost ranks of: which peers had already shut down cleanly, or else which
-    ones vanished."""
+    name the lost ranks of: which peers vanished (crashed or unreachable: the cause),
+    or else which had already shut down cleanly (often ranks that stopped on the same
+    failure first, or a rank that left while others still ran collectives)."""
     if not isinstance(exc, PeerLostError) or exc.ranks:
         return exc
     me = _core.rank() if _core.is_initialized() else -1
-    exited = [r for r in RUNTIME.exited_ranks() if r != me]
+    lost = [r for r in RUNTIME.lost_ranks(0.0) if r != me]
+    exited = [] if lost else [r for r in RUNTIME.exited_ranks() if r != me]
     if exited:
         return PeerLostError(f"{exc.message} -- {format_ranks(exited)} had already shut down "
                              "(called shutdown() or exited); every rank must run the same "
                              "collectives", ranks=exited, tensor=exc.tensor)
-    lost = RUNTIME.lost_ranks(_config.lost_rank_wait_s())
+    if not lost:
+        lost = RUNTIME.lost_ranks(_config.lost_rank_wait_s())
     if lost:
         return PeerLostError(f"{exc.message} -- lost {format_ranks(lost)} (the process "
                              "exited or its host is unreachable)", ranks=lost, tensor=exc.tensor)

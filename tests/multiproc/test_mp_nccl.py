@@ -38,17 +38,36 @@ def test_case(case_runs, gpu_env, case, np, mode):
     case_runs.get("cases_nccl", np, env=dict(gpu_env, **MODES[mode])).check(case)
 
 
-KILL_SCRIPT = r'''
+# What both fault scripts start with: imports, init, `out` (the results folder), `me`,
+# and report(handle).
+PRELUDE = r'''
 import json, os, signal, sys, time
 here = os.environ["SHVD_TESTS_MULTIPROC"]
 sys.path[:0] = [here, os.path.dirname(here)]
 import numpy as np
 import spark_hvd as hvd
+from spark_hvd import _ops
+from spark_hvd._types import OpType, numpy_code
 import cases_nccl as g
 
 out = sys.argv[1]
 hvd.init()
 me = hvd.rank()
+
+
+def report(h):
+    """Waits for h and writes result<me>: the error it raised (if any) and when."""
+    try:
+        hvd.synchronize(h)
+        res = {"error": None}
+    except Exception as e:
+        res = {"error": type(e).__name__, "message": str(e), "ranks": getattr(e, "ranks", [])}
+    res["at"] = time.time()
+    with open(os.path.join(out, f"result{me}"), "w") as f:
+        json.dump(res, f)
+'''
+
+KILL_SCRIPT = PRELUDE + r'''
 for i in range(3):
     g.wait_for(g.allreduce_async(np.ones(1 << 16, np.float32), f"warm.{i}"), 20, "warm-up")
 hvd.barrier()
@@ -61,14 +80,7 @@ if me == 2:
     with open(os.path.join(out, "killed_at"), "w") as f:
         json.dump({"at": time.time()}, f)
     os.kill(os.getpid(), signal.SIGKILL)
-try:
-    hvd.synchronize(h)
-    res = {"error": None}
-except Exception as e:
-    res = {"error": type(e).__name__, "message": str(e), "ranks": getattr(e, "ranks", [])}
-res["at"] = time.time()
-with open(os.path.join(out, f"result{me}"), "w") as f:
-    json.dump(res, f)
+report(h)
 '''
 
 
@@ -91,5 +103,42 @@ def test_rank_killed_mid_gpu_allreduce(gpu_env, tmp_path):
             assert res["error"] == "PeerLostError", (res, logs)
             assert 2 in res["ranks"] and "2" in res["message"], res
             assert res["at"] - killed < DEADLINE_S, (res["at"] - killed, res)
+    finally:
+        job.close()
+
+
+INIT_FAIL_SCRIPT = PRELUDE + r'''
+x = g.DeviceArray(np.ones(8, np.float32))
+# Rank 1 names a GPU it does not have: its first GPU op fails before it joins the NCCL
+# communicator, and it exits; rank 0 is already waiting in ncclCommInitRank for it.
+h = _ops.submit(OpType.ALLREDUCE, "first", numpy_code(np.float32), (8,), x.ptr, x.ptr, x,
+                lambda r: None, device=7 if me == 1 else 0)
+report(h)
+if me == 1:
+    os._exit(3)
+'''
+
+
+def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
+    """ncclCommInitRank waits for every member: a member that fails first (and exits) must
+    end the wait with PeerLostError naming it, not hang the survivor's engine."""
+    script = tmp_path / "init_fail.py"
+    script.write_text(INIT_FAIL_SCRIPT)
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    job = DirectJob(2, [PYTHON, str(script), str(tmp_path)], env=env)
+    try:
+        started = time.time()
+        codes = job.wait(DEADLINE_S + 30)
+        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(2))
+        assert codes[1] == 3, (codes, logs)
+        failed = json.loads((tmp_path / "result1").read_text())
+        assert failed["error"] and "7" in failed["message"], failed
+        path = tmp_path / "result0"
+        assert path.exists(), f"rank 0 did not report (exit {codes[0]})\n{logs}"
+        res = json.loads(path.read_text())
+        print(f"rank 0: {res['at'] - failed['at']:.2f} s after rank 1 failed: {res}")
+        assert res["error"] == "PeerLostError" and res["ranks"] == [1], (res, logs)
+        assert res["at"] - failed["at"] < DEADLINE_S, res
+        assert res["at"] - started < DEADLINE_S + 20
     finally:
         job.close()

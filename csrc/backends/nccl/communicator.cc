@@ -1,7 +1,10 @@
 #include "backends/nccl/communicator.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <thread>
 
 #include "backends/members.h"
 #include "backends/nccl/cuda_util.h"
@@ -146,7 +149,8 @@ Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
 }
 
 Status NcclCommunicator::Connect(int32_t device) {
-  Status s = CudaCheck(cuda_->SetDevice(device), "cudaSetDevice");
+  Status s = CudaCheck(cuda_->SetDevice(device),
+                       ("cudaSetDevice(" + std::to_string(device) + ")").c_str());
   if (!s.ok()) return s;
   ncclUniqueId id;
   const std::string key = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/id";
@@ -164,14 +168,11 @@ Status NcclCommunicator::Connect(int32_t device) {
   } catch (const StatusError& e) {
     return e.status();
   }
-  comm_ = std::make_shared<CommHandle>();
-  comm_->nccl = nccl_;
-  s = NcclCheck(nccl_->CommInitRank(&comm_->comm, size(), id, rank_), "ncclCommInitRank");
-  if (!s.ok()) {
-    comm_->comm = nullptr;
-    comm_.reset();
-    return s;
-  }
+  auto handle = std::make_shared<CommHandle>();
+  handle->nccl = nccl_;
+  s = InitRank(handle, device, id);
+  if (!s.ok()) return s;
+  comm_ = handle;
   s = CudaCheck(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
                 "cudaStreamCreateWithFlags");
   if (!s.ok()) return s;
@@ -179,6 +180,57 @@ Status NcclCommunicator::Connect(int32_t device) {
   SHVD_LOG(kDebug, "nccl") << "rank " << rank_ << " of " << size() << " (set " << set_id_
                            << ") on GPU " << device;
   return Status::OK();
+}
+
+// ncclCommInitRank blocks until every member joins, and a member that died (or
+// failed before it) never does. So it runs on a thread of its own while this one
+// watches: a member the rendezvous service reports lost, or the start deadline
+// (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang; the
+// abandoned init thread keeps what it uses alive and exits with the process.
+Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int32_t device,
+                                  const ncclUniqueId& id) {
+  struct Init {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    ncclResult_t result = ncclSuccess;
+  };
+  auto init = std::make_shared<Init>();
+  std::thread([init, handle, cuda = cuda_, nccl = nccl_, device, id, n = size(), r = rank_] {
+    cuda->SetDevice(device);  // the current device is per thread; NCCL takes it from here
+    ncclComm_t comm = nullptr;
+    const ncclResult_t result = nccl->CommInitRank(&comm, n, id, r);
+    std::lock_guard<std::mutex> lock(init->mu);
+    handle->comm = result == ncclSuccess ? comm : nullptr;
+    init->result = result;
+    init->done = true;
+    init->cv.notify_all();
+  }).detach();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(options_.connect_timeout_s);
+  std::unique_lock<std::mutex> lock(init->mu);
+  while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
+    std::vector<int32_t> lost;
+    if (options_.lost_ranks) {
+      for (int32_t r : options_.lost_ranks()) {
+        if (std::binary_search(members_.begin(), members_.end(), r)) lost.push_back(r);
+      }
+    }
+    if (!lost.empty()) {
+      std::string who;
+      for (int32_t r : lost) who += (who.empty() ? "" : ",") + std::to_string(r);
+      return Status::PeerLost("ncclCommInitRank on rank " + std::to_string(options_.rank) +
+                                  " stopped waiting: the rendezvous service lost rank(s) " + who,
+                              lost);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Timeout("ncclCommInitRank on rank " + std::to_string(options_.rank) +
+                             " waited " + std::to_string(options_.connect_timeout_s) +
+                             " s (SPARK_HVD_START_TIMEOUT_S) for the other ranks of the GPU "
+                             "communicator; one failed before its first GPU op or is stuck");
+    }
+  }
+  return NcclCheck(init->result, "ncclCommInitRank");
 }
 
 Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& streams) {

@@ -65,6 +65,8 @@ class NcclCommunicator : public Communicator {
 
  private:
   Status Connect(int32_t device);  // the NCCL communicator, collectively
+  Status InitRank(const std::shared_ptr<CommHandle>& handle, int32_t device,
+                  const ncclUniqueId& id);
   Status CudaCheck(cudaError_t err, const char* what) const;
   Status NcclCheck(ncclResult_t err, const char* what) const;
 
