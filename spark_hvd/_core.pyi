@@ -100,7 +100,11 @@ def set_library_dirs(dirs: List[str]) -> None:
     """Directories searched first for libcudart and libnccl (before the first load)."""
 def settings() -> List[Dict[str, Union[str, int, float]]]:
     """Every SPARK_HVD_* setting as the core compiled it (spark_hvd/settings.def): dicts
-    of name, type, default, unit, meaning."""
+    of name, type, default, unit, meaning, alias (Horovod's variable, or "")."""
+def setting_value(name: str) -> Union[str, int, float]:
+    """The value the core uses for setting ``name`` (SPARK_HVD_...): read from the
+    environment, or its Horovod alias, at first use and cached. InvalidArgumentError
+    for a name that is no setting."""
 def init(rank: int, size: int, controller: str = "gloo", store: Optional[_Store] = None,
          store_prefix: str = "spark_hvd", bind_host: str = "127.0.0.1",
          connect_timeout_s: float = 60.0, timeline_path: str = "") -> None:

@@ -15,12 +15,11 @@ namespace {
 std::atomic<int> g_log_rank{-1};
 
 LogLevel ParseLevel() {
-  std::string s = env::LogLevelName();
-  for (auto& c : s) c = static_cast<char>(std::tolower(c));
+  const std::string& s = env::LogLevelName();  // lower case (a Name)
   if (s == "trace") return LogLevel::kTrace;
   if (s == "debug") return LogLevel::kDebug;
   if (s == "info") return LogLevel::kInfo;
-  if (s == "error") return LogLevel::kError;
+  if (s == "error" || s == "fatal") return LogLevel::kError;  // fatal: Horovod's level
   return LogLevel::kWarning;
 }
 

@@ -213,12 +213,25 @@ PYBIND11_MODULE(_core, m) {
         for (const auto& s : env::Settings()) {
           out.append(py::dict(py::arg("name") = s.name, py::arg("type") = s.type,
                               py::arg("default") = s.default_value, py::arg("unit") = s.unit,
-                              py::arg("meaning") = s.meaning));
+                              py::arg("meaning") = s.meaning, py::arg("alias") = s.alias));
         }
         return out;
       },
       "Every SPARK_HVD_* setting as the core compiled it (spark_hvd/settings.def): dicts of "
-      "name, type, default, unit, meaning.");
+      "name, type, default, unit, meaning, alias (Horovod's name, or '').");
+  m.def(
+      "setting_value",
+      [](const std::string& name) {
+        env::Value value;
+        if (!env::Effective(name, &value)) {
+          Raise(Status::InvalidArgument("no setting is named " + name +
+                                        " (spark_hvd/settings.def)"));
+        }
+        return value;
+      },
+      py::arg("name"),
+      "The value the core uses for setting `name` (SPARK_HVD_...), read from the environment "
+      "(or its Horovod alias) at first use and cached.");
 
   m.def(
       "init",

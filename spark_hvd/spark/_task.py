@@ -55,6 +55,7 @@ class TaskSpec:
     use_gpu: bool
     start_timeout_s: float
     kill_grace_s: float
+    executable: str = ""            # the rank's Python; "": the executor's own
 
 
 def visible_devices(addresses: Iterable[str], existing: Optional[str]) -> str:
@@ -214,7 +215,8 @@ def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: Rendezvou
 
         sink = Sink(logs)
         try:
-            proc = group.spawn(rank, [sys.executable, os.path.abspath(_child.__file__),
+            proc = group.spawn(rank, [spec.executable or sys.executable,
+                                      os.path.abspath(_child.__file__),
                                       payload_path, result_path, str(os.getpid())],
                                env, _Tagged(P.STDOUT, sink), _Tagged(P.STDERR, sink))
             threading.Thread(target=watch_stop, daemon=True,

@@ -32,7 +32,8 @@ import threading
 import time
 from collections import deque
 from functools import partial
-from typing import Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, TextIO,
+                    Tuple)
 
 from spark_hvd import _config
 from spark_hvd._job.store import MAX_TIMEOUT_S
@@ -71,10 +72,17 @@ def check_launch(num_proc: Optional[int] = None, use_gpu: Optional[bool] = None,
     return _plan(spark, _checks.read_conf(spark), num_proc, use_gpu).num_proc
 
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
-        num_proc: Optional[int] = None, env: Optional[Mapping[str, str]] = None,
-        start_timeout: Optional[float] = None, use_gpu: Optional[bool] = None,
-        verbose: int = 1, spark=None, kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> List[Any]:
+        num_proc: Optional[int] = None, start_timeout: Optional[float] = None,
+        use_mpi: Optional[bool] = None, use_gloo: Optional[bool] = None,
+        extra_mpi_args: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+        stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None, verbose: int = 1,
+        nics: Optional[Sequence[str]] = None, prefix_output_with_timestamp: bool = False,
+        executable: Optional[str] = None, *, use_gpu: Optional[bool] = None, spark=None,
+        kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> List[Any]:
     """Run ``fn(*args, **kwargs)`` as one distributed job of ``num_proc`` ranks.
+
+    The arguments up to ``executable`` are ``horovod.spark.run``'s, in its order;
+    those this runtime cannot honour raise InvalidArgumentError saying why.
 
     Each rank is one Spark barrier task (rank = partition id) that runs ``fn`` in a
     child process whose environment is the executor's plus the rank's
@@ -88,18 +96,34 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         defined in ``__main__`` or a notebook work.
     num_proc:
         Number of ranks; None uses every task slot of the cluster.
-    env:
-        Variables added to every rank's environment.
     start_timeout:
         Seconds for all tasks to be scheduled and register (also the ranks'
-        ``SPARK_HVD_START_TIMEOUT_S``); default: that variable on the driver, else
-        600.
+        ``SPARK_HVD_START_TIMEOUT_S``); default: that variable (or Horovod's
+        ``HOROVOD_START_TIMEOUT``) on the driver, else 600.
+    use_mpi, use_gloo, extra_mpi_args:
+        The ranks always use the Gloo-style controller (there is no ``mpirun`` under
+        Spark): ``use_gloo`` may be None or True, ``use_mpi`` None or False, and
+        ``extra_mpi_args`` empty.
+    env:
+        Variables added to every rank's environment.
+    stdout, stderr:
+        Where the ranks' standard output and error lines go (anything with
+        ``write``), each line prefixed ``[rank]``; default ``sys.stdout`` /
+        ``sys.stderr``. A stream given here receives the lines even with
+        ``verbose=0``.
+    verbose:
+        0: the ranks' output only goes to ``stdout`` / ``stderr`` when given;
+        1: print every rank's output on the driver; 2: also say what the launch does.
+    nics:
+        Not supported: each rank talks on its address on the route to the driver.
+    prefix_output_with_timestamp:
+        Put the time the driver received each line in front of it.
+    executable:
+        The Python each rank's process runs (on the executors); default the
+        executor's own ``sys.executable``.
     use_gpu:
         Pin each rank to the GPUs Spark assigned its task (needs a whole-number
         ``spark.task.resource.gpu.amount``); None: when that conf is set.
-    verbose:
-        0: silent; 1: print every rank's output on the driver as ``[rank] line``;
-        2: also say what the launch does.
     spark:
         The SparkSession (classic or Connect); default the active one.
     kill_grace_s:
@@ -123,6 +147,11 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     """
     if not callable(fn):
         raise InvalidArgumentError(f"fn must be callable, got {type(fn).__name__}")
+    _check_controller(use_mpi, use_gloo, extra_mpi_args, nics)
+    output = _Output.make(stdout, stderr, verbose, prefix_output_with_timestamp)
+    if executable is not None and (not isinstance(executable, str) or not executable):
+        raise InvalidArgumentError(f"executable must be a path to a Python interpreter on the "
+                                   f"executors, got {executable!r}")
     user_env = _check_env(env)
     start_timeout_s = _start_timeout(start_timeout)
     if isinstance(kill_grace_s, bool) or not isinstance(kill_grace_s, (int, float)) \
@@ -139,10 +168,67 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
         spec = _task.TaskSpec(addr=addr, port=server.port, secret=server.secret,
                               run_id=server.run_id, size=plan.num_proc, payload=payload,
                               env=tuple(sorted(user_env.items())), use_gpu=plan.use_gpu,
-                              start_timeout_s=start_timeout_s, kill_grace_s=float(kill_grace_s))
-        return _Job(spark, server, spec, verbose).run()
+                              start_timeout_s=start_timeout_s, kill_grace_s=float(kill_grace_s),
+                              executable=executable or "")
+        return _Job(spark, server, spec, output, verbose).run()
     finally:
         server.stop()
+
+
+def _check_controller(use_mpi: Optional[bool], use_gloo: Optional[bool],
+                      extra_mpi_args: Optional[str], nics: Optional[Sequence[str]]) -> None:
+    """Horovod's controller and network arguments: what this runtime can honour."""
+    if use_mpi:
+        raise InvalidArgumentError(
+            "use_mpi=True: spark_hvd.spark.run starts each rank in its Spark task, where no "
+            "mpirun launches it, so the ranks always use the Gloo-style controller (leave "
+            "use_mpi unset; for MPI, launch outside Spark with `spark-hvdrun --mpi`)")
+    if use_gloo is not None and not use_gloo:
+        raise InvalidArgumentError(
+            "use_gloo=False: under Spark the Gloo-style controller is the only one (leave "
+            "use_gloo unset or True)")
+    if extra_mpi_args:
+        raise InvalidArgumentError(
+            f"extra_mpi_args={extra_mpi_args!r}: spark_hvd.spark.run runs no mpirun to pass "
+            "them to (for MPI, launch outside Spark with `spark-hvdrun --mpi`)")
+    if nics:
+        raise InvalidArgumentError(
+            f"nics={nics!r} cannot be honoured: each rank connects on its address on the "
+            "route to the driver (spark.driver.host); leave nics unset")
+
+
+class _Output:
+    """Where the ranks' output lines go on the driver."""
+
+    def __init__(self, out: Optional[TextIO], err: Optional[TextIO], timestamp: bool) -> None:
+        self.out, self.err, self.timestamp = out, err, timestamp
+
+    @classmethod
+    def make(cls, stdout: Optional[TextIO], stderr: Optional[TextIO], verbose: int,
+             timestamp: bool) -> "_Output":
+        if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
+            raise InvalidArgumentError(f"verbose must be 0, 1 or 2, got {verbose!r}")
+        for arg, stream in (("stdout", stdout), ("stderr", stderr)):
+            if stream is not None and not callable(getattr(stream, "write", None)):
+                raise InvalidArgumentError(f"{arg} must be a stream with write(), got "
+                                           f"{type(stream).__name__}")
+        if verbose >= 1:
+            stdout = stdout if stdout is not None else sys.stdout
+            stderr = stderr if stderr is not None else sys.stderr
+        return cls(stdout, stderr, bool(timestamp))
+
+    def write(self, rank: int, lines: Sequence[Tuple[bytes, str]]) -> None:
+        """Lines of rank ``rank``, as (P.STDOUT or P.STDERR, text)."""
+        stamp = time.strftime("%a %b %d %H:%M:%S %Y ") if self.timestamp else ""
+        used = set()
+        for stream, text in lines:
+            out = self.out if stream == P.STDOUT else self.err
+            if out is not None:
+                out.write(f"{stamp}[{rank}] {text}\n")
+                used.add(id(out))
+        for out in (self.out, self.err):
+            if out is not None and id(out) in used and callable(getattr(out, "flush", None)):
+                out.flush()
 
 
 def _check_env(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -159,7 +245,9 @@ def _check_env(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
 
 def _start_timeout(value: Optional[float]) -> float:
     if value is None:
-        if os.environ.get(_config.START_TIMEOUT_S_ENV_VAR):
+        setting = _config.BY_NAME[_config.START_TIMEOUT_S_ENV_VAR]
+        var = setting.source()
+        if var and os.environ[var]:  # set on the driver (or Horovod's name for it)
             return _config.start_timeout_s()
         return DEFAULT_SPARK_START_TIMEOUT_S
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -215,8 +303,9 @@ class _Job:
     """One launch: the Spark stage, the rank readers, the wait for the outcome."""
 
     def __init__(self, spark, server: RendezvousServer, spec: _task.TaskSpec,
-                 verbose: int) -> None:
+                 output: _Output, verbose: int) -> None:
         self.spark, self.server, self.spec, self.verbose = spark, server, spec, verbose
+        self.output = output
         self.size = spec.size
         self.store = server.store
         self.connect = _checks.is_connect(spark)
@@ -290,15 +379,10 @@ class _Job:
             if message[:1] != P.KIND_LINES:
                 self.events.put(("report", rank, pickle.loads(message[1:])))
                 return
+            lines = list(P.parse_lines(message[1:]))
+            tail.extend(text for _, text in lines)
             with self._print_lock:
-                for stream, text in P.parse_lines(message[1:]):
-                    tail.append(text)
-                    if self.verbose >= 1:
-                        out = sys.stdout if stream == P.STDOUT else sys.stderr
-                        out.write(f"[{rank}] {text}\n")
-                if self.verbose >= 1:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
+                self.output.write(rank, lines)
 
     def _say(self, text: str) -> None:
         with self._print_lock:

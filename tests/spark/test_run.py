@@ -92,6 +92,11 @@ def _print_and_return(n_lines):
     return rank
 
 
+def _print_and_show_env(n_lines):
+    rank = _print_and_return(n_lines)
+    return rank, os.environ.get("SHVD_TEST_WRAPPED"), os.environ.get("SHVD_TEST_ENV")
+
+
 def _wait_until_seen(flag_path, timeout_s):
     """Rank 0 prints, then waits for the driver to have shown that line."""
     import time
@@ -322,6 +327,30 @@ def test_run_checks_its_arguments_first():
         spark_hvd.spark.run(print, env={"A": 1})
     with pytest.raises(InvalidArgumentError, match="start_timeout"):
         spark_hvd.spark.run(print, start_timeout=0)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"use_mpi": True}, "use_mpi=True: .* no mpirun"),
+    ({"use_gloo": False}, "use_gloo=False"),
+    ({"extra_mpi_args": "-x FOO"}, "extra_mpi_args='-x FOO': .* no mpirun"),
+    ({"nics": ["eth0"]}, r"nics=\['eth0'\] cannot be honoured"),
+    ({"stdout": 42}, "stdout must be a stream"),
+    ({"verbose": -1}, "verbose must be"),
+    ({"executable": ""}, "executable must be a path"),
+])
+def test_run_refuses_horovod_arguments_it_cannot_honour(kwargs, match):
+    with pytest.raises(InvalidArgumentError, match=match):
+        spark_hvd.spark.run(print, **kwargs)
+
+
+def test_run_start_timeout_reads_horovod_s_name_too(monkeypatch):
+    monkeypatch.delenv("SPARK_HVD_START_TIMEOUT_S", raising=False)
+    monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
+    assert runner._start_timeout(None) == runner.DEFAULT_SPARK_START_TIMEOUT_S
+    monkeypatch.setenv("HOROVOD_START_TIMEOUT", "50")
+    assert runner._start_timeout(None) == 50.0
+    monkeypatch.setenv("SPARK_HVD_START_TIMEOUT_S", "40")
+    assert runner._start_timeout(None) == 40.0
 
 
 # -- local[2], in this process -------------------------------------------------------
@@ -568,3 +597,32 @@ def test_settings_that_cannot_work_fail_before_anything_starts(spark_cluster, mo
         with pytest.raises(InvalidArgumentError, match=message):
             spark_hvd.spark.run(_describe_rank, args=("x",), num_proc=2)
     assert _no_active_jobs(spark_cluster)
+
+
+@pytest.mark.spark
+def test_run_takes_horovod_s_arguments_in_horovod_s_order(spark_local, tmp_path, capsys):
+    """horovod.spark.run(fn, args, kwargs, num_proc, start_timeout, use_mpi, use_gloo,
+    extra_mpi_args, env, stdout, stderr, verbose, nics, prefix_output_with_timestamp,
+    executable): the streams get the ranks' lines (even at verbose=0), timestamped; the
+    ranks run ``executable`` with ``env``."""
+    import io
+    import re
+
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nSHVD_TEST_WRAPPED=1 exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    out, err = io.StringIO(), io.StringIO()
+    results = spark_hvd.spark.run(_print_and_show_env, (2,), None, 2, 120.0, False, True, None,
+                                  {"SHVD_TEST_ENV": "from-env"}, out, err, 0, None, True,
+                                  str(wrapper))
+    assert results == [("0", "1", "from-env"), ("1", "1", "from-env")]
+    stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} "
+    for rank in (0, 1):
+        lines = [l for l in out.getvalue().splitlines() if f"[{rank}] " in l]
+        assert [re.sub(f"^{stamp}", "", l) for l in lines] \
+            == [f"[{rank}] line {i} of rank {rank}" for i in range(2)]
+        assert all(re.match(stamp, l) for l in lines)
+        assert any(l.endswith(f"[{rank}] warning from rank {rank}")
+                   for l in err.getvalue().splitlines())
+    printed = capsys.readouterr()
+    assert "line 0" not in printed.out and "warning from" not in printed.err

@@ -3,7 +3,11 @@ README's Settings table agree on it, and no SPARK_HVD_* name is used without bei
 declared there (or in the launch contract, spark_hvd/_job/env.py). That the launchers
 read the settings without loading the core is checked in test_imports.py."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,9 +18,11 @@ from spark_hvd.exceptions import InvalidArgumentError
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"(?<![A-Za-z0-9_])SPARK_HVD_[A-Z0-9_]*[A-Z0-9]")
+HOROVOD_NAME = re.compile(r"(?<![A-Za-z0-9_])HOROVOD_[A-Z0-9_]*[A-Z0-9]")
 LITERAL = re.compile(r"""["'](SPARK_HVD_[A-Z0-9_]*[A-Z0-9])["']""")
 SOURCES = ("*.py", "*.h", "*.cc", "*.def", "*.in")
 DECLARED = {s.name for s in _config.SETTINGS}
+ALIASES = {s.alias for s in _config.SETTINGS if s.alias}
 CONTRACT = set(renv.LAUNCH_ENV_VARS)
 
 
@@ -50,7 +56,7 @@ def test_the_core_was_compiled_from_the_same_table():
 
     assert _core.settings() == [
         {"name": s.name, "type": s.type, "default": s.default, "unit": s.unit,
-         "meaning": s.meaning} for s in _config.SETTINGS]
+         "meaning": s.meaning, "alias": s.alias} for s in _config.SETTINGS]
 
 
 def test_every_spark_hvd_name_in_the_code_is_declared():
@@ -92,11 +98,91 @@ def test_python_reads_like_the_core():
 
 
 def test_table_entries_must_be_literal():
-    entry = 'SHVD_SETTING(Getter, "SPARK_HVD_X_S", Float, {}, "s", "m")\n'
+    entry = 'SHVD_SETTING(Getter, "SPARK_HVD_X_S", Float, {}, "s", "m", "")\n'
     assert _config.parse_table("// comment\n" + entry.format("1.5"))[0].default == 1.5
     assert _config.parse_table(entry.format('"a" "b"').replace("Float", "String"))[0].default \
         == "ab"
     for bad in ("1", "os.getpid()", "2 ** 4"):
         with pytest.raises(ValueError, match="settings.def:1"):
             _config.parse_table(entry.format(bad))
+    with pytest.raises(ValueError, match="the alias HOROVOD_"):
+        _config.parse_table(entry.format("1.5").replace('"m", ""', '"m", "MY_X"'))
 
+
+def test_horovod_aliases_are_declared_once_and_only_in_the_table():
+    """Each Horovod name stands for one setting, and code names no other HOROVOD_
+    variable (which would be a knob read outside the table)."""
+    aliases = [s.alias for s in _config.SETTINGS if s.alias]
+    assert len(aliases) == len(set(aliases)) == len(_config.BY_ALIAS)
+    assert all(a.startswith(_config.ALIAS_PREFIX) for a in aliases)
+    unknown, literal = {}, {}
+    for path in _files("spark_hvd", "csrc", "estimators", "bench"):
+        text, where = path.read_text(), str(path.relative_to(ROOT))
+        for name in set(HOROVOD_NAME.findall(text)) - ALIASES:
+            unknown.setdefault(name, []).append(where)
+        quoted = re.search(r"[\"']HOROVOD_[A-Z0-9_]*[A-Z0-9][\"']", text)
+        if quoted and where != "spark_hvd/settings.def":
+            literal[where] = quoted.group()
+    assert not unknown, f"HOROVOD_* names no row of spark_hvd/settings.def has: {unknown}"
+    assert not literal, f"Horovod names spelled out outside spark_hvd/settings.def: {literal}"
+
+
+def test_python_reads_the_horovod_alias_when_the_name_is_unset():
+    cycle = _config.BY_NAME[_config.CYCLE_TIME_MS_ENV_VAR]
+    assert cycle.alias == "HOROVOD_CYCLE_TIME" and cycle.unit == "ms"
+    assert _config.cycle_time_ms({"HOROVOD_CYCLE_TIME": "3.5"}) == 3.5
+    assert cycle.source({"HOROVOD_CYCLE_TIME": "3.5"}) == "HOROVOD_CYCLE_TIME"
+    both = {"HOROVOD_CYCLE_TIME": "3.5", cycle.name: "2"}
+    assert _config.cycle_time_ms(both) == 2.0 and cycle.source(both) == cycle.name
+    assert _config.cycle_time_ms({"HOROVOD_CYCLE_TIME": ""}) == _config.DEFAULT_CYCLE_TIME_MS
+    with pytest.raises(InvalidArgumentError, match="HOROVOD_CACHE_CAPACITY='x' is not"):
+        _config.cache_capacity({"HOROVOD_CACHE_CAPACITY": "x"})
+    # Horovod spells choices in upper case; a Name is read in lower case, a path as it is.
+    assert _config.cpu_operations({"HOROVOD_CPU_OPERATIONS": "GLOO"}) == "gloo"
+    assert _config.controller({"HOROVOD_CONTROLLER": "MPI"}) == "mpi"
+    assert _config.timeline({"HOROVOD_TIMELINE": "/T/Line.json"}) == "/T/Line.json"
+
+
+# Horovod's variables as a job configured for Horovod sets them (plus one SPARK_HVD_
+# name that must win over its alias): the core and _config must agree on every value.
+_HOROVOD_ENV = {
+    "HOROVOD_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "3.5",
+    "HOROVOD_CACHE_CAPACITY": "9", "SPARK_HVD_CACHE_CAPACITY": "7",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS": "120", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "240",
+    "HOROVOD_GLOO_TIMEOUT_SECONDS": "45", "HOROVOD_CPU_OPERATIONS": "GLOO",
+    "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_LOG_LEVEL": "ERROR",
+    "HOROVOD_START_TIMEOUT": "50", "HOROVOD_TIMELINE": "/tmp/Horovod_Timeline.json",
+    "HOROVOD_CONTROLLER": "GLOO",
+}
+_READ_BOTH = """
+import json
+from spark_hvd import _config, _core
+print(json.dumps({s.name: [_core.setting_value(s.name), s.read()] for s in _config.SETTINGS}))
+"""
+
+
+def test_the_core_reads_the_horovod_aliases_like_python():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith((_config.PREFIX, _config.ALIAS_PREFIX))}
+    env.update(_HOROVOD_ENV, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _READ_BOTH], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    values = json.loads(out.splitlines()[-1])
+    assert {name: core for name, (core, _) in values.items()} \
+        == {name: python for name, (_, python) in values.items()}
+    assert values["SPARK_HVD_CYCLE_TIME_MS"][0] == 3.5
+    assert values["SPARK_HVD_FUSION_THRESHOLD"][0] == 1048576
+    assert values["SPARK_HVD_CACHE_CAPACITY"][0] == 7  # the SPARK_HVD_ name wins
+    assert values["SPARK_HVD_CPU_OPERATIONS"][0] == "gloo"
+    assert values["SPARK_HVD_GPU_OPERATIONS"][0] == "nccl"
+    assert values["SPARK_HVD_LOG_LEVEL"][0] == "error"
+    assert values["SPARK_HVD_TIMELINE"][0] == "/tmp/Horovod_Timeline.json"
+    aliased = {s.name for s in _config.SETTINGS if s.alias in _HOROVOD_ENV}
+    assert aliased == {s.name for s in _config.SETTINGS if s.alias}  # every alias tried
+
+
+def test_setting_value_rejects_an_unknown_name():
+    from spark_hvd import _core
+
+    with pytest.raises(InvalidArgumentError, match="no setting is named SPARK_HVD_NOPE"):
+        _core.setting_value("SPARK_HVD_NOPE")
