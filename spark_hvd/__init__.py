@@ -11,7 +11,8 @@ so drivers that only launch jobs or prepare data never need it.
 
 import importlib
 
-from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, InvalidArgumentError,
+from spark_hvd.exceptions import (CollectiveTimeoutError, HorovodInternalError,
+                                  HostsUpdatedInterrupt, InternalError, InvalidArgumentError,
                                   NotInitializedError, PeerLostError, SparkHvdError,
                                   TensorMismatchError)
 
@@ -36,6 +37,7 @@ _LAZY = {**{n: "spark_hvd._basics" for n in _BASICS}, **{n: "spark_hvd._ops" for
 __all__ = list(_BASICS) + list(_OPS) + [
     "ReduceOp", "SparkHvdError", "InvalidArgumentError", "TensorMismatchError",
     "NotInitializedError", "CollectiveTimeoutError", "PeerLostError", "InternalError",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from spark_hvd import _core
-from spark_hvd._runtime import RUNTIME, ProcessSet, explain_failure, global_process_set
+from spark_hvd._runtime import RUNTIME, ProcessSet, explain_failure, global_process_set, rank
 from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 
@@ -91,11 +91,14 @@ def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, ou
            group_size: int = 0, stream: int = 0) -> Handle:
     """Queues one op on the core (or on the enclosing ``submit_together`` block);
     raises at once for invalid input. ``owner`` keeps in_ptr/out_ptr valid; a device
-    tensor gives the CUDA ``stream`` that produced it (0: the default stream)."""
+    tensor gives the CUDA ``stream`` that produced it (0: the default stream).
+    ``root`` (broadcast) is a global rank; the core gets its rank within the set."""
+    set_id = process_set._require()
+    if op == OpType.BROADCAST:
+        root = process_set._set_rank_of(int(root))
     spec = (int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr), int(out_ptr),
-            int(reduce_op), float(prescale), float(postscale), int(root),
-            process_set._require(), int(device), [int(s) for s in splits], group,
-            int(group_size), owner, int(stream))
+            int(reduce_op), float(prescale), float(postscale), int(root), set_id, int(device),
+            [int(s) for s in splits], group, int(group_size), owner, int(stream))
     handle = Handle(None, finish)
     pending = getattr(_batch, "pending", None)
     if pending is not None:
@@ -342,7 +345,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, name: Optional[str] = 
     import cloudpickle
 
     name = _name(name, "broadcast_object", process_set)
-    is_root = process_set.rank() == root_rank
+    is_root = rank() == root_rank  # a global rank, as in Horovod
     payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8) if is_root else \
         np.zeros(0, dtype=np.uint8)
     length = broadcast(np.array([payload.size], dtype=np.int64), root_rank, name + ".len",

@@ -174,6 +174,15 @@ class ProcessSet:
     def included(self) -> bool:
         return rank() in self.ranks
 
+    def _set_rank_of(self, global_rank: int) -> int:
+        """The set rank of ``global_rank``: a broadcast's root_rank is a global rank,
+        as in Horovod, and the core takes the root's rank within the set."""
+        if global_rank not in self.ranks:
+            raise InvalidArgumentError(
+                f"root_rank {global_rank} is not a member of process set {self.ranks}: "
+                "root_rank is a global rank (as in Horovod); pass one of the set's ranks")
+        return self.ranks.index(global_rank)
+
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
 
@@ -194,6 +203,9 @@ class _GlobalProcessSet(ProcessSet):
 
     def included(self) -> bool:
         return True
+
+    def _set_rank_of(self, global_rank: int) -> int:
+        return global_rank
 
     def __repr__(self) -> str:
         return "global_process_set"

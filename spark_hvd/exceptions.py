@@ -17,6 +17,16 @@ Each class's ``code`` is the value of that enum member (the rendezvous protocol
 sends the same values); this module does not import the core, so launchers can
 use it without loading the native library, and tests/unit/test_exceptions.py checks
 the mapping against the enum.
+
+Horovod compatibility: Horovod raises ``HorovodInternalError`` (a RuntimeError) when
+a collective fails, tensor mismatches included, and ``ValueError`` when used before
+``init()``; code written for it catches those. So the failures of a collective
+(TensorMismatchError, CollectiveTimeoutError, PeerLostError, InternalError) are also
+HorovodInternalError, InvalidArgumentError is a RuntimeError as well as a ValueError
+(Horovod's core refuses a bad root rank or process set with a RuntimeError), and
+NotInitializedError is a ValueError as well as a RuntimeError. HostsUpdatedInterrupt
+exists for ``except`` clauses written for Horovod's elastic mode; spark_hvd does not
+raise it.
 """
 
 from __future__ import annotations
@@ -45,31 +55,49 @@ class SparkHvdError(Exception):
         return self.message
 
 
-class InvalidArgumentError(SparkHvdError, ValueError):
+class HorovodInternalError(SparkHvdError, RuntimeError):
+    """A collective failed (Horovod's name for it): the base of the errors an op's
+    ``synchronize`` raises when the op, not its arguments on this rank, went wrong."""
+
+
+class HostsUpdatedInterrupt(SparkHvdError, RuntimeError):
+    """Horovod's elastic-mode interrupt (the set of hosts changed); ``skip_sync`` as in
+    Horovod. Exported so Horovod-style handlers import; spark_hvd does not raise it."""
+
+    def __init__(self, skip_sync: bool = False, message: str = "", *,
+                 ranks: Optional[Sequence[int]] = None, tensor: str = "") -> None:
+        super().__init__(message, ranks=ranks, tensor=tensor)
+        self.skip_sync = skip_sync
+
+    def __reduce__(self):
+        return (type(self), (self.skip_sync, self.message), dict(self.__dict__))
+
+
+class InvalidArgumentError(SparkHvdError, ValueError, RuntimeError):
     """Bad input: a wrong dtype, a shape that does not fit, an unknown op..."""
 
     code = 2
 
 
-class TensorMismatchError(InvalidArgumentError):
+class TensorMismatchError(InvalidArgumentError, HorovodInternalError):
     """The same tensor name was submitted with different properties on two ranks."""
 
     code = 3
 
 
-class NotInitializedError(SparkHvdError, RuntimeError):
+class NotInitializedError(SparkHvdError, RuntimeError, ValueError):
     """An operation needs ``init()`` first (or ran after ``shutdown()``)."""
 
     code = 4
 
 
-class CollectiveTimeoutError(SparkHvdError, TimeoutError):
+class CollectiveTimeoutError(HorovodInternalError, TimeoutError):
     """A collective, a rendezvous lookup or a launch did not finish in time."""
 
     code = 5
 
 
-class PeerLostError(SparkHvdError, ConnectionError):
+class PeerLostError(HorovodInternalError, ConnectionError):
     """A peer rank died or its connection broke; ``ranks`` names the lost ones when known."""
 
     code = 6
@@ -91,7 +119,7 @@ class AuthenticationError(StoreError):
     code = 8
 
 
-class InternalError(SparkHvdError, RuntimeError):
+class InternalError(HorovodInternalError):
     """An internal invariant failed: a bug in spark_hvd; please report it."""
 
     code = 9

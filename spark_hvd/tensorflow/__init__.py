@@ -13,7 +13,8 @@ from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_si
                                mpi_enabled, nccl_built, rank, remove_process_set, shutdown, size,
                                start_timeline, stop_timeline)
 from spark_hvd._types import ReduceOp
-from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, InvalidArgumentError,
+from spark_hvd.exceptions import (CollectiveTimeoutError, HorovodInternalError,
+                                  HostsUpdatedInterrupt, InternalError, InvalidArgumentError,
                                   NotInitializedError, PeerLostError, SparkHvdError,
                                   TensorMismatchError)
 from spark_hvd.tensorflow.compression import Compression
@@ -82,4 +83,5 @@ __all__ = [
     "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
     "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
     "CollectiveTimeoutError", "PeerLostError", "InternalError",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
 ]

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from spark_hvd import _ops as _np
-from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size
+from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size, rank
 from spark_hvd._types import OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
@@ -293,7 +293,7 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
 
         def grad(dy):
             total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
-            return total if process_set.rank() == root_rank else tf.zeros_like(total)
+            return total if rank() == root_rank else tf.zeros_like(total)  # global rank
         return y, grad
 
     return forward(tensor)

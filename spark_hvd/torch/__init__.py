@@ -12,7 +12,8 @@ from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_si
                                mpi_built, mpi_enabled, nccl_built, rank, remove_process_set,
                                shutdown, size, start_timeline, stop_timeline)
 from spark_hvd._types import ReduceOp
-from spark_hvd.exceptions import (CollectiveTimeoutError, InternalError, InvalidArgumentError,
+from spark_hvd.exceptions import (CollectiveTimeoutError, HorovodInternalError,
+                                  HostsUpdatedInterrupt, InternalError, InvalidArgumentError,
                                   NotInitializedError, PeerLostError, SparkHvdError,
                                   TensorMismatchError)
 from spark_hvd.torch.compression import Compression
@@ -68,4 +69,5 @@ __all__ = [
     "Compression", "DistributedOptimizer", "GradientsPendingError", "SyncBatchNorm",
     "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
     "CollectiveTimeoutError", "PeerLostError", "InternalError",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from spark_hvd import _ops
+from spark_hvd._basics import rank
 from spark_hvd._types import ReduceOp
 from spark_hvd.torch._gather_ops import (allgather_async, alltoall_async, grouped_allgather_async,
                                          grouped_reducescatter_async, reducescatter_async)
@@ -122,7 +123,7 @@ class BroadcastFn(torch.autograd.Function):
         root_rank, name, process_set = ctx.args
         summed = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name),
                                              ReduceOp.SUM, process_set=process_set))
-        if process_set.rank() != root_rank:
+        if rank() != root_rank:  # a global rank, as in Horovod
             summed = torch.zeros_like(summed)
         return summed, None, None, None
 

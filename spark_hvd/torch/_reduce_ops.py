@@ -133,10 +133,21 @@ def grouped_allreduce_(tensors, average=None, name: Optional[str] = None, op=Non
 
 # -- sparse allreduce (allgather of indices and values) --------------------------------------
 
+class SparseHandle(GroupHandle):
+    """sparse_allreduce_async's handle: call it for the result, as Horovod's (a
+    function there), or pass it to ``synchronize``/``poll`` like any handle."""
+
+    __slots__ = ()
+
+    def __call__(self) -> torch.Tensor:
+        return synchronize(self)
+
+
 def sparse_allreduce_async(tensor, name: Optional[str] = None, op=Average,
-                           process_set: ProcessSet = global_process_set) -> GroupHandle:
+                           process_set: ProcessSet = global_process_set) -> SparseHandle:
     """Reduces a sparse COO tensor by gathering every rank's indices and values
-    (Sum or Average); ``synchronize`` returns a coalesced sparse tensor."""
+    (Sum or Average); ``handle()`` (or ``synchronize(handle)``) returns a coalesced
+    sparse tensor."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise InvalidArgumentError("sparse_allreduce_async takes a sparse COO tensor")
     if op not in (Sum, Average):
@@ -156,7 +167,7 @@ def sparse_allreduce_async(tensor, name: Optional[str] = None, op=Average,
         out = torch.sparse_coo_tensor(idx.t(), val, sp.shape, dtype=sp.dtype).coalesce()
         return out / n if op == Average else out
 
-    return GroupHandle([h_idx, h_val], finish)
+    return SparseHandle([h_idx, h_val], finish)
 
 
 # -- broadcast -------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Any, List, Optional
 import torch
 
 from spark_hvd import _ops
-from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd._basics import ProcessSet, global_process_set, rank
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.torch.mpi_ops import broadcast_async_, synchronize
 
@@ -115,7 +115,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError("broadcast_optimizer_state takes a torch.optim.Optimizer, "
                                    f"got {type(optimizer).__name__}")
-    is_root = process_set.rank() == root_rank
+    is_root = rank() == root_rank  # a global rank, as in Horovod
     tensors: list = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
     skeleton = broadcast_object(skeleton, root_rank, "broadcast_optimizer_state.structure",

@@ -377,10 +377,10 @@ def _check_in_set(ctx, ps, tag):
     got = hvd.allgather(values(dt, ctx.rank, (ctx.rank + 1,)), name=f"{tag}.ag",
                         process_set=ps)
     assert_same(got, np.concatenate([values(dt, r, (r + 1,)) for r in members]), "allgather")
-    root = m - 1  # set-relative
+    root = members[-1]  # a global rank, as in Horovod
     got = hvd.broadcast(values(dt, ctx.rank, (4,)), root_rank=root, name=f"{tag}.bc",
                         process_set=ps)
-    assert_same(got, values(dt, members[root], (4,)), "broadcast")
+    assert_same(got, values(dt, root, (4,)), "broadcast")
     rows = 2 * m + 1
     got = hvd.reducescatter(values(dt, ctx.rank, (rows,)), op=hvd.Sum, name=f"{tag}.rs",
                             process_set=ps)
@@ -390,7 +390,7 @@ def _check_in_set(ctx, ps, tag):
     out, splits = hvd.alltoall(np.full(m, ctx.rank, np.int64), name=f"{tag}.a2a",
                                process_set=ps)
     assert_same(out, np.array(members, np.int64), "alltoall")
-    assert hvd.broadcast_object(("hi", members[0]), 0, name=f"{tag}.obj",
+    assert hvd.broadcast_object(("hi", ctx.rank), members[0], name=f"{tag}.obj",
                                 process_set=ps) == ("hi", members[0])
 
 

@@ -16,8 +16,6 @@ DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.
 NUMERIC = [d for d in DTYPES if d != torch.bool]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 SHAPES = [(), (0,), (7,), (3, 5), (2, 3, 4)]
-# Core bug (reported): a shape mismatch between ranks hangs instead of raising.
-MISMATCH_FIXED = False
 
 
 class Skip(Exception):
@@ -490,9 +488,6 @@ def check_invalid_arguments():
         else:
             raise AssertionError(f"no error ({words})")
     if n > 1:
-        if not MISMATCH_FIXED:
-            raise Skip("mismatched shapes hang in the core (Controller::Build returns an error "
-                       "response without its tensor, so no handle completes)")
         try:
             hvd.allreduce(torch.ones(r + 1), name="mismatch")
         except TensorMismatchError as exc:
