@@ -100,8 +100,9 @@ def _fill(x, tensors: list):
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
+                              model: Optional[torch.nn.Module] = None,
                               process_set: ProcessSet = global_process_set) -> None:
-    """Makes every rank's optimizer state equal to root_rank's.
+    """Makes every rank's optimizer state equal to root_rank's (Horovod's signature).
 
     The whole ``state_dict()`` travels: per-parameter state (tensors such as
     Adam's moments and ``step``, and scalars) and every param_group option (lr,
@@ -111,10 +112,22 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     nothing changes the parameters; an optimizer whose state is still empty on
     root_rank (before its first step) leaves every rank with an empty state,
     which the first step then initializes identically everywhere.
+
+    Parameters that do not require grad have no state, so only the others' state
+    travels, and a parameter frozen on some ranks only is no obstacle.
+
+    ``model`` (Horovod's argument) is accepted and checked: Horovod uses it to give
+    a sparse ``nn.Embedding`` a sparse zero gradient for the optimizer step it takes
+    to initialize an empty state. Here no step is taken, so nothing depends on it.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError("broadcast_optimizer_state takes a torch.optim.Optimizer, "
                                    f"got {type(optimizer).__name__}")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        hint = (" (process_set is the fourth argument, as in Horovod: pass it by keyword)"
+                if isinstance(model, ProcessSet) else "")
+        raise InvalidArgumentError("broadcast_optimizer_state: model must be a "
+                                   f"torch.nn.Module, got {type(model).__name__}{hint}")
     is_root = rank() == root_rank  # a global rank, as in Horovod
     tensors: list = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None

@@ -40,8 +40,21 @@ Average = ReduceOp.AVERAGE
 Adasum = ReduceOp.ADASUM
 
 
+# Begins as Horovod's, so warnings filters written for it match.
+STEP_AFTER_SYNCHRONIZE_WARNING = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). step() allreduces every gradient again, which slows "
+    "training (and with op=Sum sums the sums); wrap step() in optimizer.skip_synchronize() "
+    "when you call optimizer.synchronize() yourself.")
+
+
 class GradientsPendingError(SparkHvdError, RuntimeError):
     """An optimizer call that would race with in-flight gradient allreduces."""
+
+
+def _horovod_attribute(attr: str, doc: str) -> property:
+    """A read-only view of ``attr`` under the name Horovod's optimizer gives it."""
+    return property(lambda self: getattr(self, attr), doc=doc)
 
 
 class _DistributedOptimizer:
@@ -52,14 +65,33 @@ class _DistributedOptimizer:
     def step(self, closure=None):
         if self._hvd_should_sync:
             if self._hvd_synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "optimizer.skip_synchronize(); the gradients are synchronized "
-                              "once only, wrap step() in skip_synchronize() to say so")
+                warnings.warn(STEP_AFTER_SYNCHRONIZE_WARNING)
             self.synchronize()
         self._hvd_synchronized = False
         return super().step(closure)
 
     step.hooked = True  # type: ignore[attr-defined]
+
+    # -- the attributes of Horovod's DistributedOptimizer, for code that reads them -------
+    _parameter_names = _horovod_attribute(
+        "_hvd_names", "parameter -> name (model.named_parameters()' names, or Horovod's "
+        "'allreduce.noname.<group>.<index>')")
+    op = _horovod_attribute("_hvd_op", "the ReduceOp gradients are combined with")
+    gradient_predivide_factor = _horovod_attribute("_hvd_predivide", "see DistributedOptimizer")
+    sparse_as_dense = _horovod_attribute("_hvd_sparse_as_dense", "see DistributedOptimizer")
+    process_set = _horovod_attribute("_hvd_process_set", "the ranks that average")
+    _compression = _horovod_attribute("_hvd_compression", "the gradient compression")
+    _synchronized = _horovod_attribute("_hvd_synchronized", "synchronize() ran since step()")
+    _should_synchronize = _horovod_attribute("_hvd_should_sync",
+                                             "False within skip_synchronize()")
+
+    @property
+    def backward_passes_per_step(self) -> int:
+        return self._hvd_passes
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, passes: int) -> None:  # Horovod code assigns it
+        self.set_backward_passes_per_step(passes)
 
     # -- setup -------------------------------------------------------------------
     def _hvd_init(self, named_parameters, compression, backward_passes_per_step: int, op,
@@ -75,6 +107,9 @@ class _DistributedOptimizer:
         self._hvd_sparse_as_dense = bool(sparse_as_dense)
         self._hvd_process_set = process_set
         self._hvd_names = _parameter_names(self.param_groups, named_parameters)
+        # op names: Horovod's, "allreduce.noname.<group>.<index>" for unnamed parameters
+        prefix = "" if named_parameters is None else "allreduce."
+        self._hvd_op_names = {p: prefix + n for p, n in self._hvd_names.items()}
         self._hvd_params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
         self._hvd_group_of, self._hvd_groups = _make_groups(self._hvd_params, groups)
         self._hvd_delay: Dict[torch.Tensor, int] = {}
@@ -133,12 +168,14 @@ class _DistributedOptimizer:
         if p.grad is None:  # no gradient here this step, but other ranks may have one
             p.grad = torch.zeros_like(p)
         if p.grad.is_sparse and self._hvd_sparse_as_dense:
-            p.grad = p.grad.to_dense()
+            # Only the allreduce is dense: synchronize() turns the result back into a
+            # sparse p.grad (Horovod), so optimizers that need one (SparseAdam) still step.
+            return p.grad.to_dense()
         return p.grad
 
     def _hvd_submit(self, p: torch.Tensor, group: str = "", group_size: int = 0) -> tuple:
         grad = self._hvd_grad(p)
-        name = f"allreduce.{self._hvd_names[p]}"
+        name = self._hvd_op_names[p]
         if grad.is_sparse:
             if group:
                 raise InvalidArgumentError(
@@ -189,11 +226,13 @@ class _DistributedOptimizer:
             except Exception as exc:  # noqa: BLE001 - wait for the rest, then re-raise
                 error = error or exc
                 continue
-            if sent is None:  # sparse: the result is a new sparse tensor
+            if sent is None:  # sparse: the result is a new, coalesced sparse tensor
                 p.grad = out
                 continue
             result = self._hvd_compression.decompress(out, ctx)
-            if result is not p.grad:
+            if p.grad.is_sparse:  # sparse_as_dense: sparse again, coalesced
+                p.grad = result.to_sparse(p.grad.sparse_dim())
+            elif result is not p.grad:
                 p.grad.copy_(result)
         if error is not None:
             raise error
@@ -264,11 +303,8 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
 def _parameter_names(param_groups, named_parameters) -> Dict[torch.Tensor, str]:
     in_optimizer = [p for g in param_groups for p in g["params"]]
     if named_parameters is None:
-        names = {}
-        for gi, g in enumerate(param_groups):
-            for i, p in enumerate(g["params"]):
-                names[p] = f"param.{gi}.{i}"
-        return names
+        return {p: f"allreduce.noname.{gi}.{i}" for gi, g in enumerate(param_groups)
+                for i, p in enumerate(g["params"])}  # Horovod's names
     named = list(named_parameters)
     if any(not isinstance(x, tuple) or len(x) != 2 for x in named):
         raise InvalidArgumentError("named_parameters must be (name, parameter) pairs, as "
@@ -337,7 +373,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         subclass of its class sharing its param_groups and state.
     named_parameters : iterable of (str, Parameter), optional
         Typically ``model.named_parameters()``: names the allreduce of each
-        gradient ``allreduce.<name>``.
+        gradient ``allreduce.<name>``. Without it, as in Horovod, the j-th parameter
+        of param_group i is named ``allreduce.noname.<i>.<j>`` (``_parameter_names``).
     compression : Compression.none, Compression.fp16 or Compression.bf16
     backward_passes_per_step : int
         Backward passes accumulated locally between allreduces (call ``step()``
@@ -353,8 +390,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
         once all of them are ready (int: that many groups of consecutive
         parameters). ``num_groups`` is the deprecated Horovod spelling.
     sparse_as_dense : bool
-        Densify sparse gradients before the allreduce (else they are gathered
-        as indices and values).
+        Allreduce sparse gradients as dense tensors (else they are gathered as
+        indices and values). Either way ``p.grad`` ends sparse and coalesced, as in
+        Horovod, so optimizers that need sparse gradients (SparseAdam) step.
     process_set : ProcessSet
         Ranks that average among themselves.
     """

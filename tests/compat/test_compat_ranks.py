@@ -1,6 +1,6 @@
-"""Horovod behaviours that need peers, run under spark-hvdrun: rank_compat.py (torch)
-at 2 and 3 ranks through tests/torch's rank entry, rank_compat_tf.py at 3 ranks
-through tests/tensorflow's."""
+"""Horovod behaviours that need peers, run under spark-hvdrun: rank_compat.py and
+rank_compat_optimizer.py (torch) at 2 and 3 ranks through tests/torch's rank entry,
+rank_compat_tf.py at 3 ranks through tests/tensorflow's."""
 
 import os
 import sys
@@ -14,8 +14,10 @@ TESTS = os.path.dirname(HERE)
 # The entries resolve a spec's file against their own directory; an absolute path stays.
 ENTRIES = {"torch": os.path.join(TESTS, "torch", "rank_entry.py"),
            "tensorflow": os.path.join(TESTS, "tensorflow", "tf_rank_entry.py")}
-MODULES = {"torch": "rank_compat.py", "tensorflow": "rank_compat_tf.py"}
-SPECS = {fw: _ranks.specs(HERE, os.path.join(HERE, m)) for fw, m in MODULES.items()}
+MODULES = {"torch": ("rank_compat.py", "rank_compat_optimizer.py"),
+           "tensorflow": ("rank_compat_tf.py",)}
+SPECS = {fw: _ranks.specs(HERE, *(os.path.join(HERE, m) for m in ms))
+         for fw, ms in MODULES.items()}
 _RUNS = {}
 
 

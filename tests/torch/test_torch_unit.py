@@ -115,7 +115,7 @@ def test_parameter_names_validation():
     groups = [{"params": list(model.parameters())}]
     names = _parameter_names(groups, model.named_parameters())
     assert sorted(names.values()) == ["0.bias", "0.weight", "1.bias", "1.weight"]
-    assert sorted(_parameter_names(groups, None).values())[0] == "param.0.0"
+    assert sorted(_parameter_names(groups, None).values())[0] == "allreduce.noname.0.0"
     with pytest.raises(InvalidArgumentError, match="does not name"):
         _parameter_names(groups, list(model.named_parameters())[:2])
     with pytest.raises(InvalidArgumentError, match="unique"):

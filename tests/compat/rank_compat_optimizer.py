@@ -1,0 +1,169 @@
+"""Rank functions for test_compat_ranks.py: DistributedOptimizer and
+broadcast_optimizer_state behave as Horovod's. Each holds at any number of ranks."""
+
+import warnings
+
+import torch
+
+import spark_hvd.torch as hvd
+
+VOCAB, DIM, BATCH = 12, 3, 4
+
+
+def _batch(rank: int):
+    """Rank ``rank``'s embedding indices: overlapping and distinct rows across ranks."""
+    g = torch.Generator().manual_seed(100 + rank)
+    return torch.randint(0, VOCAB, (BATCH,), generator=g)
+
+
+def _embedding_loss(emb, idx):
+    out = emb(idx)
+    return ((out - 1.0) ** 2).mean()
+
+
+# -- 1. sparse gradients stay sparse: SparseAdam steps --------------------------------
+
+def check_sparse_gradient_stays_sparse_for_sparse_adam():
+    for as_dense in (False, True):  # Horovod: sparse again after a dense allreduce
+        _train_sparse_adam(as_dense)
+
+
+def _train_sparse_adam(sparse_as_dense: bool):
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(7)
+    emb = torch.nn.Embedding(VOCAB, DIM, sparse=True)
+    ref = torch.nn.Embedding(VOCAB, DIM, sparse=True)
+    ref.load_state_dict(emb.state_dict())
+    opt = hvd.DistributedOptimizer(torch.optim.SparseAdam(emb.parameters(), lr=0.1),
+                                   named_parameters=emb.named_parameters(),
+                                   sparse_as_dense=sparse_as_dense)
+    ref_opt = torch.optim.SparseAdam(ref.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        _embedding_loss(emb, _batch(r * 10 + step)).backward()
+        opt.synchronize()
+        grad = emb.weight.grad
+        assert grad.is_sparse and grad.is_coalesced(), (sparse_as_dense, grad)
+        with opt.skip_synchronize():
+            opt.step()
+        # single process on the concatenated batch: the mean over it is the mean of the
+        # per-rank means (equal batch sizes), Horovod's Average
+        ref_opt.zero_grad()
+        everyone = torch.cat([_batch(k * 10 + step) for k in range(n)])
+        _embedding_loss(ref, everyone).backward()
+        ref_opt.step()
+        torch.testing.assert_close(emb.weight.detach(), ref.weight.detach())
+    gathered = hvd.allgather(emb.weight.detach().unsqueeze(0),
+                             name=f"compat.opt.sparse.w.{sparse_as_dense}")
+    for k in range(n):
+        assert torch.equal(gathered[k], gathered[0]), f"rank {k} differs"
+
+
+# -- 2. broadcast_optimizer_state: frozen parameters, model= --------------------------
+
+class _Frozen(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(VOCAB, DIM, sparse=True)
+        self.frozen = torch.nn.Linear(DIM, DIM)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, idx):
+        return self.frozen(self.emb(idx))
+
+
+def check_broadcast_optimizer_state_frozen_params_and_model():
+    r, n = hvd.rank(), hvd.size()
+    root = n - 1
+    torch.manual_seed(11 + r)  # different weights and state on every rank
+    model = _Frozen()
+    opt = torch.optim.SparseAdam([model.emb.weight], lr=0.05 * (r + 1))
+    dense = torch.optim.Adam(model.parameters(), lr=0.01)  # frozen ones included
+    for _ in range(r + 1):  # a state that differs per rank
+        opt.zero_grad()
+        dense.zero_grad()
+        _embedding_loss(model, _batch(r)).backward()
+        opt.step()
+    hvd.broadcast_parameters(model.state_dict(), root)
+    hvd.broadcast_optimizer_state(opt, root, model=model)  # Horovod's positional order
+    hvd.broadcast_optimizer_state(dense, root, model)  # empty state on every rank
+    assert len(dense.state) == 0
+    want = hvd.broadcast_object(opt.state_dict(), root, name="compat.opt.state")
+    got = opt.state_dict()
+    assert got["param_groups"] == want["param_groups"], got["param_groups"]
+    for k, st in want["state"].items():
+        for key, v in st.items():
+            torch.testing.assert_close(got["state"][k][key], v, msg=f"{k}.{key}")
+    try:
+        hvd.broadcast_optimizer_state(opt, root, hvd.global_process_set)
+    except hvd.InvalidArgumentError as exc:
+        assert "process_set" in str(exc), str(exc)
+    else:
+        raise AssertionError("a process set given as model was accepted")
+    # training on together keeps every rank equal
+    dopt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    for step in range(2):
+        dopt.zero_grad()
+        _embedding_loss(model, _batch(r * 10 + step)).backward()
+        dopt.step()
+    w = hvd.allgather(model.emb.weight.detach().unsqueeze(0), name="compat.opt.frozen.w")
+    for k in range(n):
+        assert torch.equal(w[k], w[0]), f"rank {k} differs"
+
+
+# -- 3. without named_parameters; Horovod's attributes and warning ------------------
+
+def check_optimizer_without_names_has_horovods_attributes_and_warning():
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    hvd.broadcast_parameters(model.state_dict(), 0)
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    ref.load_state_dict(model.state_dict())
+    head = [model[1].weight, model[1].bias]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(
+        [{"params": [model[0].weight, model[0].bias]}, {"params": head, "lr": 0.05}], lr=0.1))
+    names = opt._parameter_names
+    assert names[model[0].bias] == "allreduce.noname.0.1", names
+    assert names[model[1].weight] == "allreduce.noname.1.0", names
+    assert (opt.op, opt.gradient_predivide_factor, opt.sparse_as_dense) == \
+        (hvd.Average, 1.0, False)
+    assert opt.process_set is hvd.global_process_set
+    assert opt._compression is hvd.Compression.none
+    assert opt.backward_passes_per_step == 1
+    opt.backward_passes_per_step = 2  # Horovod code assigns it
+    assert opt.backward_passes_per_step == 2
+    opt.set_backward_passes_per_step(1)
+    x = torch.arange(8 * n, dtype=torch.float32).reshape(2 * n, 4) / 10
+    opt.zero_grad()
+    model(x[2 * r:2 * r + 2]).pow(2).mean().backward()
+    opt.synchronize()
+    assert opt._synchronized
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with opt.skip_synchronize():
+            assert not opt._should_synchronize
+            opt.step()
+    assert not caught, [str(w.message) for w in caught]
+    ref_opt = torch.optim.SGD([{"params": [ref[0].weight, ref[0].bias]},
+                               {"params": [ref[1].weight, ref[1].bias], "lr": 0.05}], lr=0.1)
+    # mean over the whole batch = mean of the per-rank means (equal shards)
+    ref(x).pow(2).mean().backward()
+    ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach())
+    opt.zero_grad()
+    model(x[2 * r:2 * r + 2]).pow(2).mean().backward()
+    opt.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # a filter written for Horovod's message matches
+        warnings.filterwarnings("error", message=r"optimizer\.step\(\) called without "
+                                r"optimizer\.skip_synchronize\(\) context after")
+        try:
+            opt.step()
+        except UserWarning:
+            pass
+        else:
+            raise AssertionError("no warning for step() after synchronize()")
+    opt.synchronize()  # the warning ended step() before its allreduce: catch up together
