@@ -1,17 +1,20 @@
-"""Gradients of the collectives: each backward is the dual collective.
+"""Gradients of the collectives, as Horovod's torch autograd Functions define them.
 
-With ranks r = 0..n-1 each holding x_r and a loss L = sum_r L_r(outputs on r):
+With ranks r = 0..n-1 of the process set each holding x_r, these are Horovod's
+formulas (horovod/torch/mpi_ops.py, HorovodAllreduce ... HorovodGroupedReducescatter),
+kept exactly even where they are not the true gradient of a global loss sum_r L_r:
 
-* allreduce (Sum / Average, with scale factors): dL/dx_r is the same allreduce
-  of the output gradients (Min, Max, Product and Adasum use their own op too,
-  as Horovod does; that is not a true gradient for them).
-* allgather: rank r's rows of the *summed* output gradient.
-* broadcast: the summed gradient on the root, zero on every other rank (their
-  input does not reach the output).
+* allreduce (any op, with scale factors): the same allreduce of the output
+  gradients.
+* allgather (and each tensor of a grouped allgather): rank r's rows of the
+  *Average* allreduce of the output gradients, i.e. 1/n of the true gradient.
+* broadcast: the Average allreduce of the output gradients on the root (a global
+  rank, compared with ``rank()``), zero on every other rank.
 * alltoall: the output gradient sent back with an alltoall over the received
   splits.
-* reducescatter: the allgather of the block gradients, times the forward's
-  total scale (1/size for Average, prescale * postscale).
+* reducescatter (and each tensor of a grouped one): the allgather of the block
+  gradients times prescale * postscale, and times n as well for Sum; so Sum gives
+  n times the true gradient and Average the true one times n * (1/n) = 1.
 
 Backward ops are named ``<forward name>.grad`` when the forward was named, so
 repeated steps hit the core's response cache; otherwise they get generated
@@ -29,7 +32,6 @@ from spark_hvd.torch._gather_ops import (allgather_async, alltoall_async, groupe
                                          grouped_reducescatter_async, reducescatter_async)
 from spark_hvd.torch._handles import synchronize
 from spark_hvd.torch._reduce_ops import allreduce_async, broadcast_async, grouped_allreduce_async
-from spark_hvd.torch._tensors import row_offsets
 
 
 def _grad_name(name):
@@ -67,16 +69,26 @@ class GroupedAllreduceFn(torch.autograd.Function):
         return (None, None, None, None, None, *gs)
 
 
-def _allgather_backward(grad, rows, name, process_set):
-    """This rank's rows of the summed gradient of an allgather output."""
-    sizes = synchronize(allgather_async(
+def _own_rows(grads, rows, name, process_set):
+    """This rank's rows of the Average allreduce of each allgather output gradient.
+
+    ``rows`` are this rank's first dimensions, one per gathered tensor; one
+    allgather of them gives every rank's offsets.
+    """
+    k = len(rows)
+    every = synchronize(allgather_async(
         torch.tensor([rows], dtype=torch.int64), f"{name}.sizes" if name else None,
-        process_set)).tolist()
-    summed = synchronize(allreduce_async(grad.contiguous(), None, name, ReduceOp.SUM,
-                                         process_set=process_set))
+        process_set)).reshape(-1, k)
+    averaged = synchronize(grouped_allreduce_async(
+        [g.contiguous() for g in grads], None, name, ReduceOp.AVERAGE,
+        process_set=process_set))
     me = process_set.rank()
-    start = row_offsets(sizes)[me]
-    return summed.narrow(0, start, sizes[me])
+    starts = every[:me].sum(dim=0).tolist()
+    return [g.narrow(0, start, n) for g, start, n in zip(averaged, starts, rows)]
+
+
+def _rows(shape):
+    return shape[0] if len(shape) else 1
 
 
 class AllgatherFn(torch.autograd.Function):
@@ -89,8 +101,7 @@ class AllgatherFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         name, process_set = ctx.args
-        rows = ctx.shape[0] if len(ctx.shape) else 1
-        g = _allgather_backward(grad, rows, _grad_name(name), process_set)
+        g, = _own_rows([grad], [_rows(ctx.shape)], _grad_name(name), process_set)
         return g.reshape(ctx.shape), None, None
 
 
@@ -104,12 +115,9 @@ class GroupedAllgatherFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         name, process_set = ctx.args
-        base = _grad_name(name) or _ops._name(None, "grouped_allgather.grad")
-        out = []
-        for i, (g, shape) in enumerate(zip(grads, ctx.shapes)):
-            rows = shape[0] if len(shape) else 1
-            out.append(_allgather_backward(g, rows, f"{base}.{i}", process_set).reshape(shape))
-        return (None, None, *out)
+        name = _grad_name(name) or _ops._name(None, "grouped_allgather.grad", process_set)
+        gs = _own_rows(grads, [_rows(s) for s in ctx.shapes], name, process_set)
+        return (None, None, *[g.reshape(s) for g, s in zip(gs, ctx.shapes)])
 
 
 class BroadcastFn(torch.autograd.Function):
@@ -121,11 +129,11 @@ class BroadcastFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         root_rank, name, process_set = ctx.args
-        summed = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name),
-                                             ReduceOp.SUM, process_set=process_set))
+        averaged = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name),
+                                               ReduceOp.AVERAGE, process_set=process_set))
         if rank() != root_rank:  # a global rank, as in Horovod
-            summed = torch.zeros_like(summed)
-        return summed, None, None, None
+            averaged = torch.zeros_like(averaged)
+        return averaged, None, None, None
 
 
 class AlltoallFn(torch.autograd.Function):
@@ -146,9 +154,11 @@ class AlltoallFn(torch.autograd.Function):
 
 
 def _reducescatter_scale(op, process_set, prescale, postscale):
+    """Horovod's factor on a reducescatter's allgathered gradient: the set's size
+    for Sum (none for Average), times both scale factors."""
     scale = prescale * postscale
-    if op == ReduceOp.AVERAGE:
-        scale /= process_set.size()
+    if op == ReduceOp.SUM:
+        scale *= process_set.size()
     return scale
 
 

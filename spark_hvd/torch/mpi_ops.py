@@ -76,15 +76,16 @@ def grouped_allreduce(tensors, average=None, name: Optional[str] = None,
 
 def broadcast(tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    """Returns root_rank's tensor on every rank. Differentiable: the gradient is
-    the sum of every rank's gradient on root_rank, zero elsewhere."""
+    """Returns root_rank's tensor on every rank. Differentiable as in Horovod: the
+    gradient is the average of every rank's gradient on root_rank, zero elsewhere."""
     return BroadcastFn.apply(tensor, root_rank, name, process_set)
 
 
 def allgather(tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Concatenates every rank's tensor along the first dimension (sizes may
-    differ). Differentiable: a rank's gradient is its rows of the summed gradient."""
+    differ). Differentiable as in Horovod: a rank's gradient is its rows of the
+    averaged output gradient."""
     return AllgatherFn.apply(tensor, name, process_set)
 
 
@@ -109,7 +110,8 @@ def reducescatter(tensor, name: Optional[str] = None, compression=Compression.no
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """Reduces across ranks (default Average) and returns this rank's block of
-    rows. Differentiable: the gradient is the allgather of the blocks' gradients."""
+    rows. Differentiable as in Horovod: the gradient is the allgather of the blocks'
+    gradients, times the scale factors and, for Sum, the process set's size."""
     compressed, ctx = compression.compress(tensor)
     out = ReducescatterFn.apply(compressed, name, _ops._reduce_op(op, None), process_set,
                                 prescale_factor, postscale_factor)

@@ -1,6 +1,6 @@
 """Rank functions for test_compat_ranks.py: Horovod-style code runs unchanged.
 
-Each holds at any number of ranks (the process-set one needs 3 and skips below).
+Each holds at any number of ranks (the process-set broadcast needs 3 and skips below).
 """
 
 import numpy as np
@@ -81,10 +81,11 @@ def _broadcasts_from_global_root(ps, r, root):
     t = torch.full((3,), mine)
     hvd.synchronize(hvd.broadcast_async_(t, root, "compat.ps.ta_", ps))
     assert torch.equal(t, want), t
-    # gradient: the root gets the sum over the set, the other member zero
+    # gradient: the root gets the average over the set, the other member zero
     x = torch.full((3,), mine, requires_grad=True)
-    hvd.broadcast(x, root, "compat.ps.grad", ps).sum().backward()
-    assert torch.equal(x.grad, torch.full((3,), 2.0 if r == root else 0.0)), x.grad
+    (hvd.broadcast(x, root, "compat.ps.grad", ps) * (r + 1)).sum().backward()
+    want = (2.0 + root + 1) / 2 if r == root else 0.0  # members 1 and root: (r + 1) = 2, root + 1
+    assert torch.equal(x.grad, torch.full((3,), want)), x.grad
     # objects, parameters, optimizer state
     assert hvd.broadcast_object({"from": r}, root, process_set=ps) == {"from": root}
     torch.manual_seed(r)
@@ -117,3 +118,104 @@ def check_sparse_allreduce_async_returns_a_callable():
     assert hvd.synchronize(handle) is out  # the spark_hvd form still works
     avg = hvd.sparse_allreduce_async(dense.to_sparse(), "compat.sparse.avg", hvd.Average)
     assert torch.allclose(hvd.synchronize(avg).to_dense(), want / n)
+
+
+# -- 4. gradients are Horovod's (horovod/torch/mpi_ops.py autograd Functions) ----------
+# Each rank weighs its outputs by (r + 1), so an Average over ranks 0..n-1 of the
+# output gradients is (n + 1) / 2 times the weights: halves, exact in float64.
+
+F64 = torch.float64
+
+
+def _weights(rows, cols=2):
+    return torch.arange(rows * cols, dtype=F64).reshape(rows, cols) + 1
+
+
+def check_broadcast_grad_is_the_average_on_the_root():
+    r, n = hvd.rank(), hvd.size()
+    for root in (0, n - 1):
+        x = torch.full((3, 2), float(r), dtype=F64, requires_grad=True)
+        y = hvd.broadcast(x, root, name=f"compat.grad.bcast.{root}")
+        (y * _weights(3) * (r + 1)).sum().backward()
+        want = _weights(3) * ((n + 1) / 2) if r == root else torch.zeros(3, 2, dtype=F64)
+        assert torch.equal(x.grad, want), (root, x.grad)
+
+
+def _own_rows_of_average(rows, r, mean_weight):
+    start = sum(rows[:r])
+    return _weights(sum(rows))[start:start + rows[r]] * mean_weight
+
+
+def check_allgather_grad_is_own_rows_of_the_average():
+    r, n = hvd.rank(), hvd.size()
+    rows = [k % 2 + 1 for k in range(n)]  # uneven first dimensions
+    x = torch.zeros(rows[r], 2, dtype=F64, requires_grad=True)
+    y = hvd.allgather(x, name="compat.grad.ag")
+    (y * _weights(sum(rows)) * (r + 1)).sum().backward()
+    assert torch.equal(x.grad, _own_rows_of_average(rows, r, (n + 1) / 2)), x.grad
+    # a process set: offsets and the average are the set's (members 1..n-1)
+    if n < 2:
+        return
+    members = list(range(1, n))
+    ps = hvd.add_process_set(members)
+    try:
+        if r in members:
+            m = len(members)
+            set_rows = [rows[k] for k in members]
+            x = torch.zeros(rows[r], 2, dtype=F64, requires_grad=True)
+            y = hvd.allgather(x, name="compat.grad.ag.ps", process_set=ps)
+            (y * _weights(sum(set_rows)) * (r + 1)).sum().backward()
+            mean_weight = sum(k + 1 for k in members) / m
+            want = _own_rows_of_average(set_rows, ps.rank(), mean_weight)
+            assert torch.equal(x.grad, want), x.grad
+    finally:
+        hvd.remove_process_set(ps)
+
+
+def check_grouped_allgather_grad_is_own_rows_of_the_average():
+    r, n = hvd.rank(), hvd.size()
+    rows_a = [k % 2 + 1 for k in range(n)]
+    rows_b = [k + 1 for k in range(n)]
+    a = torch.zeros(rows_a[r], 2, dtype=F64, requires_grad=True)
+    b = torch.zeros(rows_b[r], 2, dtype=F64, requires_grad=True)
+    ya, yb = hvd.grouped_allgather([a, b], name="compat.grad.gag")
+    loss = ((ya * _weights(sum(rows_a))).sum() + (yb * _weights(sum(rows_b))).sum() * 2) * (r + 1)
+    loss.backward()
+    mean = (n + 1) / 2
+    assert torch.equal(a.grad, _own_rows_of_average(rows_a, r, mean)), a.grad
+    assert torch.equal(b.grad, _own_rows_of_average(rows_b, r, mean * 2)), b.grad
+
+
+def _reducescatter_cases(n):
+    """(op, prescale, postscale, Horovod's factor on the allgathered gradient)."""
+    return [(hvd.Sum, 1.0, 1.0, float(n)), (hvd.Average, 1.0, 1.0, 1.0),
+            (hvd.Sum, 0.5, 1.5, n * 0.75), (hvd.Average, 0.5, 1.5, 0.75)]
+
+
+def _gathered_block_grads(rows, n, scale):
+    """Rank k weighs its block by (k + 1); the allgather stacks those blocks."""
+    sizes = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    return torch.cat([torch.full((sizes[k], 2), (k + 1) * scale, dtype=F64) for k in range(n)])
+
+
+def check_reducescatter_grad_is_the_allgather_times_size_for_sum():
+    r, n = hvd.rank(), hvd.size()
+    rows = 2 * n + 1  # uneven blocks
+    for i, (op, pre, post, factor) in enumerate(_reducescatter_cases(n)):
+        x = torch.zeros(rows, 2, dtype=F64, requires_grad=True)
+        y = hvd.reducescatter(x, name=f"compat.grad.rs.{i}", op=op, prescale_factor=pre,
+                              postscale_factor=post)
+        (y * (r + 1)).sum().backward()
+        assert torch.equal(x.grad, _gathered_block_grads(rows, n, factor)), (op, x.grad)
+
+
+def check_grouped_reducescatter_grad_is_the_allgather_times_size_for_sum():
+    r, n = hvd.rank(), hvd.size()
+    for i, (op, pre, post, factor) in enumerate(_reducescatter_cases(n)):
+        a = torch.zeros(2 * n + 1, 2, dtype=F64, requires_grad=True)
+        b = torch.zeros(n, 2, dtype=F64, requires_grad=True)
+        ya, yb = hvd.grouped_reducescatter([a, b], name=f"compat.grad.grs.{i}", op=op,
+                                           prescale_factor=pre, postscale_factor=post)
+        ((ya.sum() + yb.sum() * 2) * (r + 1)).backward()
+        assert torch.equal(a.grad, _gathered_block_grads(2 * n + 1, n, factor)), (op, a.grad)
+        assert torch.equal(b.grad, _gathered_block_grads(n, n, factor * 2)), (op, b.grad)

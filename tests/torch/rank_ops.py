@@ -396,8 +396,8 @@ def check_grad_allgather():
     y = hvd.allgather(x)
     w = torch.arange(total * 2, dtype=torch.float64).reshape(total, 2)
     (y * w * (r + 1)).sum().backward()
-    start = sum(rows[:r])
-    same(x.grad, w[start:start + rows[r]] * (n * (n + 1) / 2), "allgather grad")
+    start = sum(rows[:r])  # Horovod: the Average allreduce of the gradients, then own rows
+    same(x.grad, w[start:start + rows[r]] * ((n + 1) / 2), "allgather grad")
 
 
 def check_grad_broadcast():
@@ -406,7 +406,7 @@ def check_grad_broadcast():
     x = torch.ones(2, 2, dtype=torch.float64, requires_grad=True)
     y = hvd.broadcast(x, root)
     (y * (r + 1)).sum().backward()
-    expected = n * (n + 1) / 2 if r == root else 0.0
+    expected = (n + 1) / 2 if r == root else 0.0  # Horovod: the average on the root
     same(x.grad, torch.full((2, 2), expected, dtype=torch.float64), "broadcast grad")
 
 
@@ -425,7 +425,8 @@ def check_grad_reducescatter():
     r, n = rn()
     rows = 2 * n + 1
     sizes = [rows // n + (1 if j < rows % n else 0) for j in range(n)]
-    for op, factor in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    # Horovod: the allgathered gradient, times the size for Sum
+    for op, factor in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
         x = torch.randn(rows, 2, dtype=torch.float64, requires_grad=True)
         y = hvd.reducescatter(x, op=op)
         (y * (r + 1)).sum().backward()
