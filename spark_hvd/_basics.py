@@ -10,6 +10,7 @@ collectives (``spark_hvd._ops``); the state they share lives below both, in
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 from typing import Optional, Sequence
@@ -133,9 +134,11 @@ def mpi_built() -> bool:
     return _core.mpi_built()
 
 
+@functools.lru_cache(maxsize=None)
 def _library_dirs() -> None:
     """Points the core at the CUDA runtime and NCCL of the nvidia-* wheels that GPU
-    builds of PyTorch install, when they are there (before the first load)."""
+    builds of PyTorch install, when they are there (once: the core loads the libraries
+    once)."""
     import importlib.util
     import os
 

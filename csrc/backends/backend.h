@@ -59,4 +59,9 @@ class Backend {
   virtual void Finalize() {}
 };
 
+// Does the backend run CPU collectives (what SPARK_HVD_CPU_OPERATIONS can name)?
+inline bool TakesCpuOps(const Backend& b) {
+  return b.Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32);
+}
+
 }  // namespace spark_hvd

@@ -128,7 +128,7 @@ std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) con
     const bool on = b->Enabled(options);
     if (b->name() == options.cpu_operations) {
       cpu_named = true;
-      if (!on || !b->Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32)) {
+      if (!on || !TakesCpuOps(*b)) {
         throw StatusError(Status::InvalidArgument(
             "SPARK_HVD_CPU_OPERATIONS=" + options.cpu_operations +
             ": that backend cannot run CPU operations in this job (launched with controller '" +
@@ -140,7 +140,7 @@ std::vector<Backend*> BackendRegistry::Select(const BackendOptions& options) con
   if (!cpu_named) {
     std::vector<std::string> cpu;
     for (const auto& b : backends_) {
-      if (b->Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32)) cpu.push_back(b->name());
+      if (TakesCpuOps(*b)) cpu.push_back(b->name());
     }
     throw StatusError(Status::InvalidArgument(
         "SPARK_HVD_CPU_OPERATIONS (or its older name SPARK_HVD_GLOO_DATA_PLANE)='" +

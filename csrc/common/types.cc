@@ -72,6 +72,14 @@ const char* OpTypeName(OpType op) {
   return "unknown";
 }
 
+std::string JoinRanks(const std::vector<int32_t>& ranks, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? sep : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+std::string RankList(const std::vector<int32_t>& ranks) { return "[" + JoinRanks(ranks) + "]"; }
+
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::ostringstream os;
   os << "(";

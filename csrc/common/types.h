@@ -53,6 +53,9 @@ const char* DataTypeName(DataType dtype);
 const char* ReduceOpName(ReduceOp op);
 const char* OpTypeName(OpType op);
 std::string ShapeString(const std::vector<int64_t>& shape);
+// Ranks as messages name them: "0,2,3" (sep between), RankList: "[0,2,3]".
+std::string JoinRanks(const std::vector<int32_t>& ranks, const char* sep = ",");
+std::string RankList(const std::vector<int32_t>& ranks);
 int64_t NumElements(const std::vector<int64_t>& shape);
 
 }  // namespace spark_hvd

@@ -23,12 +23,6 @@ std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-std::string RankList(const std::vector<int32_t>& ranks) {
-  std::string s = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
-  return s + "]";
-}
-
 bool CycleRecords::AnyFlagOrBit() const {
   for (size_t r = 0; r < headers.size(); ++r) {
     if (headers[r].flags != 0) return true;

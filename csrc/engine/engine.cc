@@ -71,7 +71,7 @@ void Engine::Connect() {
   }
   bo.connect_backend = [this](const std::string& name, const BackendOptions& o) {
     Backend* b = registry_.Find(name);
-    if (b == nullptr || !b->Accepts(kCpuDevice, OpType::kAllreduce, DataType::kFloat32)) {
+    if (b == nullptr || !TakesCpuOps(*b)) {
       throw StatusError(Status::InvalidArgument(
           "'" + name + "' is not a CPU backend to stage GPU tensors on (SPARK_HVD_GPU_OPERATIONS"
           " takes nccl, or a CPU backend: tcp, gloo, mpi)"));
@@ -136,9 +136,7 @@ void Engine::Loop(std::promise<Status>* ready) {
     }
     if (cr.shutdown) {
       if (want_shutdown) break;  // our own shutdown(): ops after it are "not initialized"
-      std::string who;
-      for (auto r : cr.shutdown_ranks) who += (who.empty() ? "" : ",") + std::to_string(r);
-      stop = Status::PeerLost("rank(s) " + who +
+      stop = Status::PeerLost("rank(s) " + JoinRanks(cr.shutdown_ranks) +
                               " shut down (called shutdown() or exited) while this operation "
                               "was pending on rank " + std::to_string(rank_) +
                               "; every rank must run the same collectives",

@@ -6,17 +6,9 @@
 
 #include "common/env.h"
 #include "common/logging.h"
+#include "engine/timeline.h"
 
 namespace spark_hvd {
-namespace {
-
-double NowS() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 InFlight::InFlight(Completions* completions) : completions_(completions) {
   thread_ = std::thread([this] {
 #ifdef __linux__
@@ -40,7 +32,7 @@ void InFlight::Add(std::unique_ptr<PendingWork> work,
                    std::vector<std::unique_ptr<TensorEntry>> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back(Item{std::move(work), std::move(entries), NowS()});
+    items_.push_back(Item{std::move(work), std::move(entries), NowMicros()});
   }
   cv_.notify_all();
 }
@@ -69,7 +61,7 @@ void InFlight::Loop() {
     Item& item = items_.front();
     Status status;
     bool done = item.work->Poll(&status);
-    if (!done && NowS() - item.started_s > env::TimeoutS()) {
+    if (!done && NowMicros() - item.started_us > env::TimeoutS() * 1e6) {
       done = true;
       status = Status::Timeout("a GPU collective did not finish within SPARK_HVD_TIMEOUT_S=" +
                                std::to_string(env::TimeoutS()) +

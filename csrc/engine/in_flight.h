@@ -36,7 +36,7 @@ class InFlight {
   struct Item {
     std::unique_ptr<PendingWork> work;
     std::vector<std::unique_ptr<TensorEntry>> entries;
-    double started_s;
+    int64_t started_us;  // NowMicros()
   };
   void Loop();
   void Finish(Item& item, const Status& status);

@@ -50,6 +50,4 @@ struct TableEntry {
 };
 using MessageTable = std::map<std::string, TableEntry>;  // by TensorKey
 
-std::string RankList(const std::vector<int32_t>& ranks);
-
 }  // namespace spark_hvd

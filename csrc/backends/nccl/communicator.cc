@@ -217,10 +217,9 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
       }
     }
     if (!lost.empty()) {
-      std::string who;
-      for (int32_t r : lost) who += (who.empty() ? "" : ",") + std::to_string(r);
       return Status::PeerLost("ncclCommInitRank on rank " + std::to_string(options_.rank) +
-                                  " stopped waiting: the rendezvous service lost rank(s) " + who,
+                                  " stopped waiting: the rendezvous service lost rank(s) " +
+                                  JoinRanks(lost),
                               lost);
     }
     if (std::chrono::steady_clock::now() > deadline) {
@@ -257,12 +256,8 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
 std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
   if (!queued_) return nullptr;
   queued_ = false;
-  cudaEvent_t done;
-  if (cuda_->EventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) return nullptr;
-  if (cuda_->EventRecord(done, stream_) != cudaSuccess) {
-    // Cannot observe the work: wait for it here rather than release its buffers early.
-    cuda_->EventDestroy(done);
-    cuda_->StreamSynchronize(stream_);
+  cudaEvent_t done = EventAfterQueuedWork(cuda_, stream_);
+  if (done == nullptr) {
     keep_.clear();
     return nullptr;
   }

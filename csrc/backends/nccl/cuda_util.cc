@@ -26,6 +26,17 @@ Status WaitForStreams(const CudaApi* cuda, cudaStream_t stream,
   return Status::OK();
 }
 
+cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream) {
+  cudaEvent_t done = nullptr;
+  if (cuda->EventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess) {
+    if (cuda->EventRecord(done, stream) == cudaSuccess) return done;
+    cuda->EventDestroy(done);
+  }
+  // Cannot observe the work: wait for it here rather than release its buffers early.
+  cuda->StreamSynchronize(stream);
+  return nullptr;
+}
+
 Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out) {
   void* p = nullptr;
   Status s = CudaStatus(cuda, cuda->Malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),

@@ -15,6 +15,9 @@ Status CudaStatus(const CudaApi* cuda, cudaError_t err, const std::string& what)
 // Orders work queued on `stream` after what is queued on each of `producers` now.
 Status WaitForStreams(const CudaApi* cuda, cudaStream_t stream,
                       const std::vector<void*>& producers);
+// An event recorded behind everything queued on `stream` so far, for polling; null
+// if none could be made, after waiting for the stream (the work is then finished).
+cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream);
 // `bytes` of device memory on `device` (cudaFree when the Buffer's owner goes).
 Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out);
 

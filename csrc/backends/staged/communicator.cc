@@ -114,10 +114,8 @@ std::unique_ptr<PendingWork> StagedCommunicator::TakePending() {
     return nullptr;
   }
   queued_ = false;
-  cudaEvent_t done;
-  if (cuda_->EventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
-      cuda_->EventRecord(done, stream_) != cudaSuccess) {
-    Wait();  // cannot observe the copies: let them finish before the buffers go
+  cudaEvent_t done = nccl::EventAfterQueuedWork(cuda_, stream_);
+  if (done == nullptr) {
     pinned_.clear();
     return nullptr;
   }

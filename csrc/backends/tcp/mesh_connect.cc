@@ -57,12 +57,6 @@ std::string NewToken() {
   return t;
 }
 
-std::string RankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (int p : ranks) s += (s.empty() ? "" : ",") + std::to_string(p);
-  return s;
-}
-
 int MillisUntil(Clock::time_point t) {
   const double ms = std::chrono::duration<double, std::milli>(t - Clock::now()).count();
   return ms <= 0 ? 0 : static_cast<int>(ms) + 1;
@@ -164,7 +158,7 @@ class MeshSetup {
     if (lost.empty()) return;
     Throw(Status::PeerLost("rank " + std::to_string(rank_) + " stopped connecting to its peers: " +
                            "the rendezvous service lost rank" + (lost.size() > 1 ? "s " : " ") +
-                           RankList(lost) + " during init (the process exited or its host is " +
+                           JoinRanks(lost) + " during init (the process exited or its host is " +
                            "unreachable)",
                            std::vector<int32_t>(lost.begin(), lost.end())));
   }
@@ -257,7 +251,7 @@ class MeshSetup {
     const char* sep = " ";
     const std::vector<int> missing = desk.Missing();
     if (!missing.empty()) {
-      os << sep << "connections from rank(s) " << RankList(missing);
+      os << sep << "connections from rank(s) " << JoinRanks(missing);
       sep = "; ";
     }
     for (int p = 0; p < rank_; ++p) {

@@ -57,19 +57,17 @@ Status TcpMesh::PeerClosed(int peer, const char* what) {
     }
   }
   std::sort(closed.begin(), closed.end());
-  std::string who;
-  for (int p : closed) who += (who.empty() ? "" : ",") + std::to_string(p);
   return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
-                               " lost rank" + (closed.size() > 1 ? "s " : " ") + who +
+                               " lost rank" + (closed.size() > 1 ? "s " : " ") +
+                               JoinRanks(closed) +
                                ": connection closed (the process exited or was killed, or "
                                "stopped after losing another rank)"));
 }
 
 Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {
-  std::string who;
-  for (int p : peers) who += (who.empty() ? "" : ", ") + std::to_string(p);
   std::ostringstream os;
-  os << what << " on rank " << rank_ << " heard nothing from rank(s) " << who << " for "
+  os << what << " on rank " << rank_ << " heard nothing from rank(s) " << JoinRanks(peers, ", ")
+     << " for "
      << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S)";
   return Fail(Status::Timeout(os.str()));
 }
