@@ -16,6 +16,7 @@ import os
 from typing import Optional, Sequence
 
 from spark_hvd import _config, _core
+from spark_hvd._job import elastic
 from spark_hvd._job import env as job_env
 from spark_hvd._job.topology import Topology, assign
 from spark_hvd._ops import allgather_object, run_control
@@ -55,24 +56,35 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
             controller = "mpi" if (under_mpirun and _core.mpi_built()
                                    and job_env.RENDEZVOUS_ADDR_ENV_VAR not in os.environ) \
                 else "gloo"
-        rank_, size_ = job_env.rank_and_size()
+        elastic_job = job_env.elastic_from_env()
+        if elastic_job is not None and controller != "gloo":
+            raise InvalidArgumentError(f"an elastic job needs the gloo controller, not "
+                                       f"SPARK_HVD_CONTROLLER={controller}")
+        rank_, size_ = job_env.rank_and_size() if elastic_job is None else (0, 1)
         client = job_env.client_from_env() if controller == "gloo" else None
-        if controller == "gloo" and size_ > 1 and client is None:
+        if controller == "gloo" and (size_ > 1 or elastic_job) and client is None:
             raise InvalidArgumentError(
                 f"{job_env.SIZE_ENV_VAR}={size_} but no rendezvous service is configured "
                 f"({job_env.RENDEZVOUS_ADDR_ENV_VAR}/{job_env.RENDEZVOUS_PORT_ENV_VAR} unset): "
                 "launch the job with spark-hvdrun or spark_hvd.spark.run")
-        bind_host = client.local_address() if client is not None else "127.0.0.1"
         run_id = os.environ.get(job_env.RUN_ID_ENV_VAR, "local")
         RUNTIME.init_count += 1
         RUNTIME.name_counters = {}
         RUNTIME.store_prefix = f"{run_id}/init{RUNTIME.init_count}"
         RUNTIME.client = client
+        group, topology = "", None
         try:
+            if elastic_job is not None:
+                epoch = _join_elastic(client, *elastic_job)
+                topology = epoch.topology_of(RUNTIME.elastic_worker)
+                rank_, size_ = topology.rank, topology.size
+                group = elastic.epoch_group(epoch.number)
+                RUNTIME.store_prefix = f"{run_id}/{group}"
+            bind_host = client.local_address() if client is not None else "127.0.0.1"
             if client is not None:
                 # Before connecting: if this process dies during init, the rendezvous
                 # service reports it lost, and the peers waiting for it stop waiting.
-                client.register_rank(rank_)
+                client.register_rank(rank_, group=group)
             _library_dirs()
             _core.init(rank=rank_, size=size_, controller=controller, store=client,
                        store_prefix=RUNTIME.store_prefix, bind_host=bind_host,
@@ -89,9 +101,28 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
         if not RUNTIME.atexit_registered:
             atexit.register(shutdown)
             RUNTIME.atexit_registered = True
-        RUNTIME.topology = _discover_topology()
+        RUNTIME.topology = topology or _discover_topology()
     for ps in process_sets or []:
         add_process_set(ps)
+
+
+def _join_elastic(client, worker: Optional[int], timeout_s: float) -> "elastic.Epoch":
+    """This elastic worker's next epoch. The first call registers the worker for the
+    life of the process (the coordinator reads from that registration whether it is
+    alive) on a client of its own, which shutdown() leaves open."""
+    if RUNTIME.worker_client is None:
+        worker_client = job_env.client_from_env()
+        if worker is None:
+            worker = worker_client.add(elastic.NEXT_WORKER, 1)
+        worker_client.register_rank(worker, host=job_env.hostname(),
+                                    group=elastic.WORKER_GROUP)
+        RUNTIME.worker_client, RUNTIME.elastic_worker = worker_client, worker
+        atexit.register(worker_client.close)  # a goodbye: this worker left, it did not crash
+    RUNTIME.elastic_requests += 1
+    epoch = elastic.join(client, RUNTIME.elastic_worker, RUNTIME.elastic_requests,
+                         job_env.hostname(), timeout_s + _config.start_timeout_s())
+    RUNTIME.epoch = epoch
+    return epoch
 
 
 def _discover_topology() -> Topology:

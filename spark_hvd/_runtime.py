@@ -30,6 +30,12 @@ class _Runtime:
         self.init_count = 0
         self.atexit_registered = False
         self.name_counters: dict = {}
+        # An elastic job's worker: its own registration (kept across resets), its id,
+        # how many places it asked for, and the epoch it is in.
+        self.worker_client: Optional[RendezvousClient] = None
+        self.elastic_worker: Optional[int] = None
+        self.elastic_requests = 0
+        self.epoch = None
 
     # -- names -------------------------------------------------------------
     def auto_name(self, op: str, process_set_id: Optional[int] = 0) -> str:

@@ -169,6 +169,7 @@ class RendezvousClient:
         self._lock = threading.Lock()
         self._idle: List[_Connection] = [self._connect()]
         self._registration: Optional[_Connection] = None
+        self._group = ""
         self._closed = False
 
     def _connect(self) -> _Connection:
@@ -257,30 +258,37 @@ class RendezvousClient:
 
     # -- ranks -----------------------------------------------------------------------
 
-    def register_rank(self, rank: int, host: Optional[str] = None) -> None:
+    def register_rank(self, rank: int, host: Optional[str] = None, group: str = "") -> None:
         """Register ``rank`` on a dedicated connection the server watches.
 
         If that connection drops before :meth:`close`, the server records the rank as
         lost.  ``host`` (default: :meth:`local_address`) is stored as ``__host__/<rank>``.
+        ``group`` (no ``/``) gives the rank numbers a namespace of their own (an elastic
+        job's workers, each of its membership epochs); :meth:`lost_ranks` then answers
+        for that group.
         """
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise InvalidArgumentError(f"rank must be an int >= 0, got {rank!r}")
+        if not isinstance(group, str) or "/" in group:
+            raise InvalidArgumentError(f"group must be a str without '/', got {group!r}")
         conn = self._connect()
         try:
             host = host if host is not None else conn.sock.getsockname()[0]
-            conn.request(Op.REGISTER, [str(rank).encode(), host.encode("utf-8")],
+            args = [str(rank).encode(), host.encode("utf-8")]
+            conn.request(Op.REGISTER, args + [group.encode("utf-8")] if group else args,
                          self._request_timeout_s)
         except BaseException:
             conn.close()
             raise
         with self._lock:
-            old, self._registration = self._registration, conn
+            old, self._registration, self._group = self._registration, conn, group
         if old is not None:
             old.close()
 
     def lost_ranks(self) -> List[int]:
-        """Ranks the server has recorded as lost."""
-        return [int(r) for r in self._call(Op.LOST, [])]
+        """Ranks of this client's registration group the server has recorded as lost."""
+        group = self._group
+        return [int(r) for r in self._call(Op.LOST, [group.encode("utf-8")] if group else [])]
 
     def local_address(self) -> str:
         """This side's IP address on the route to the server: where other ranks reach us."""

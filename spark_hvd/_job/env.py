@@ -30,9 +30,16 @@ RENDEZVOUS_PORT_ENV_VAR = "SPARK_HVD_RENDEZVOUS_PORT"
 SECRET_ENV_VAR = "SPARK_HVD_SECRET"            # hex of the job's HMAC secret
 RUN_ID_ENV_VAR = "SPARK_HVD_RUN_ID"
 HOSTNAME_ENV_VAR = "SPARK_HVD_HOSTNAME"        # optional override of the host identity
+# An elastic job's workers get these instead of a rank and size: the coordinator assigns
+# those at each init() (spark_hvd/_job/elastic.py).
+ELASTIC_ENV_VAR = "SPARK_HVD_ELASTIC"          # "1" in an elastic job
+ELASTIC_WORKER_ENV_VAR = "SPARK_HVD_ELASTIC_WORKER"  # the worker id; unset: one is allocated
+ELASTIC_TIMEOUT_S_ENV_VAR = "SPARK_HVD_ELASTIC_TIMEOUT_S"  # how long a worker waits for a place
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 LAUNCH_ENV_VARS = (RANK_ENV_VAR, SIZE_ENV_VAR, LOCAL_RANK_ENV_VAR, LOCAL_SIZE_ENV_VAR,
                    CROSS_RANK_ENV_VAR, CROSS_SIZE_ENV_VAR, RENDEZVOUS_ADDR_ENV_VAR,
-                   RENDEZVOUS_PORT_ENV_VAR, SECRET_ENV_VAR, RUN_ID_ENV_VAR, HOSTNAME_ENV_VAR)
+                   RENDEZVOUS_PORT_ENV_VAR, SECRET_ENV_VAR, RUN_ID_ENV_VAR, HOSTNAME_ENV_VAR,
+                   ELASTIC_ENV_VAR, ELASTIC_WORKER_ENV_VAR, ELASTIC_TIMEOUT_S_ENV_VAR)
 
 # Values of SPARK_HVD_CONTROLLER.
 CONTROLLER_GLOO = "gloo"
@@ -113,6 +120,41 @@ def rank_and_size(environ: Optional[Mapping[str, str]] = None) -> Tuple[int, int
         raise InvalidArgumentError(
             f"{RANK_ENV_VAR}={rank} and {SIZE_ENV_VAR}={size} are inconsistent")
     return rank, size
+
+
+def elastic_from_env(environ: Optional[Mapping[str, str]] = None
+                     ) -> Optional[Tuple[Optional[int], float]]:
+    """``(worker id or None, elastic timeout)`` when this process is a worker of an elastic
+    job, else None."""
+    environ = os.environ if environ is None else environ
+    if environ.get(ELASTIC_ENV_VAR, "") in ("", "0"):
+        return None
+    worker = _read_int(ELASTIC_WORKER_ENV_VAR, environ)
+    if worker is not None and worker < 0:
+        raise InvalidArgumentError(f"{ELASTIC_WORKER_ENV_VAR}={worker} must be >= 0")
+    value = environ.get(ELASTIC_TIMEOUT_S_ENV_VAR) or str(DEFAULT_ELASTIC_TIMEOUT_S)
+    try:
+        timeout_s = float(value)
+    except ValueError:
+        raise InvalidArgumentError(f"{ELASTIC_TIMEOUT_S_ENV_VAR}={value!r} is not a number") \
+            from None
+    return worker, timeout_s
+
+
+def elastic_env(addr: str, port: int, secret: bytes, run_id: str, worker: Optional[int],
+                elastic_timeout_s: float, start_timeout_s: float) -> Dict[str, str]:
+    """The variables an elastic job's worker is started with (no rank or size: each
+    init() gets those from the coordinator)."""
+    env = {
+        **rendezvous_env(addr, port, secret, run_id),
+        ELASTIC_ENV_VAR: "1",
+        ELASTIC_TIMEOUT_S_ENV_VAR: f"{elastic_timeout_s:g}",
+        _config.CONTROLLER_ENV_VAR: CONTROLLER_GLOO,
+        _config.START_TIMEOUT_S_ENV_VAR: f"{start_timeout_s:g}",
+    }
+    if worker is not None:
+        env[ELASTIC_WORKER_ENV_VAR] = str(worker)
+    return env
 
 
 def topology_from_env(rank: int, size: int,

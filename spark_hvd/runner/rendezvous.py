@@ -75,6 +75,7 @@ class _ConnState(Connection):
         self.nonce = _wire.new_nonce()
         self.next_seq = 1
         self.rank: Optional[int] = None
+        self.group = ""
         self.goodbye = False
 
 
@@ -130,8 +131,10 @@ class RendezvousServer:
         self._lock = threading.Lock()
         self._lsock: Optional[socket.socket] = None
         self._conns: Optional[ConnectionLoop] = None
-        self._lost: Set[int] = set()
-        self._rank_owner: Dict[int, _ConnState] = {}
+        # Registrations are per group: "" for a fixed job's ranks; an elastic job
+        # registers its workers and each membership epoch's ranks in groups of their own.
+        self._lost: Set[Tuple[str, int]] = set()
+        self._rank_owner: Dict[Tuple[str, int], _ConnState] = {}
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------------
@@ -185,10 +188,16 @@ class RendezvousServer:
 
     # -- in-process access for the launcher ----------------------------------------
 
-    def lost_ranks(self) -> List[int]:
-        """Ranks whose registration connection dropped without a goodbye."""
+    def lost_ranks(self, group: str = "") -> List[int]:
+        """Ranks of ``group`` whose registration connection dropped without a goodbye."""
         with self._lock:
-            return sorted(self._lost)
+            return sorted(r for g, r in self._lost if g == group)
+
+    def registered_ranks(self, group: str = "") -> List[int]:
+        """Ranks of ``group`` registered now (their connection open, no goodbye yet)."""
+        with self._lock:
+            return sorted(r for (g, r), conn in self._rank_owner.items()
+                          if g == group and not conn.goodbye)
 
     def connection_counts(self) -> Tuple[int, int]:
         """``(authenticated, authenticating)`` connections now; ``(0, 0)`` before start."""
@@ -252,16 +261,17 @@ class RendezvousServer:
 
     def _connection_ended(self, state: _ConnState) -> None:
         with self._lock:
-            rank = state.rank
-            if rank is None or state.goodbye or self._stopping \
-                    or self._rank_owner.get(rank) is not state:
+            rank, key = state.rank, (state.group, state.rank)
+            if rank is None or self._stopping or self._rank_owner.get(key) is not state:
                 return
-            del self._rank_owner[rank]
-            self._lost.add(rank)
-        logger.info("rendezvous: rank %d (%s) lost its connection without a goodbye",
-                    rank, state.peer)
+            del self._rank_owner[key]
+            if state.goodbye:
+                return
+            self._lost.add(key)
+        logger.info("rendezvous: rank %d%s (%s) lost its connection without a goodbye",
+                    rank, f" of {state.group}" if state.group else "", state.peer)
         try:
-            self.store.set(f"{LOST_KEY_PREFIX}{rank}",
+            self.store.set(f"{LOST_KEY_PREFIX}{_group_path(state.group)}{rank}",
                            f"connection from {state.peer} dropped".encode())
         except StoreError:
             pass
@@ -325,26 +335,37 @@ class RendezvousServer:
         if op == Op.KEYS:
             need(1)
             return [k.encode("utf-8") for k in store.keys(text(args[0]))]
-        if op == Op.REGISTER:
-            need(2)
-            return self._register(state, number(args[0]), text(args[1]))
+        if op == Op.REGISTER:  # rank, host[, group]
+            if len(args) not in (2, 3):
+                raise InvalidArgumentError(f"REGISTER takes 2 or 3 arguments, got {len(args)}")
+            return self._register(state, number(args[0]), text(args[1]),
+                                  text(args[2]) if len(args) == 3 else "")
         if op == Op.GOODBYE:
             need(0)
             state.goodbye = True
             return []
-        if op == Op.LOST:
-            need(0)
-            return [str(r).encode("ascii") for r in self.lost_ranks()]
+        if op == Op.LOST:  # [group]
+            if len(args) > 1:
+                raise InvalidArgumentError(f"LOST takes at most 1 argument, got {len(args)}")
+            group = text(args[0]) if args else ""
+            return [str(r).encode("ascii") for r in self.lost_ranks(group)]
         raise InvalidArgumentError(f"unknown rendezvous op {op}")
 
-    def _register(self, state: _ConnState, rank: int, host: str) -> List[bytes]:
+    def _register(self, state: _ConnState, rank: int, host: str, group: str) -> List[bytes]:
         if rank < 0:
             raise InvalidArgumentError(f"rank must be >= 0, got {rank}")
+        if "/" in group:
+            raise InvalidArgumentError(f"a registration group has no '/', got {group!r}")
         _keepalive(state.sock)
         with self._lock:
-            state.rank = rank
-            self._rank_owner[rank] = state
-            self._lost.discard(rank)
-        self.store.delete(f"{LOST_KEY_PREFIX}{rank}")
-        self.store.set(f"{HOST_KEY_PREFIX}{rank}", host.encode("utf-8"))
+            state.rank, state.group = rank, group
+            self._rank_owner[(group, rank)] = state
+            self._lost.discard((group, rank))
+        self.store.delete(f"{LOST_KEY_PREFIX}{_group_path(group)}{rank}")
+        self.store.set(f"{HOST_KEY_PREFIX}{_group_path(group)}{rank}", host.encode("utf-8"))
         return []
+
+
+def _group_path(group: str) -> str:
+    """The key segment of a registration group: none for the default group."""
+    return f"{group}/" if group else ""
