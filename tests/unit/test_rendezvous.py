@@ -11,6 +11,7 @@ import time
 import pytest
 
 from spark_hvd._job import env
+from spark_hvd._job.elastic import wait_until
 from spark_hvd._job import wire as _wire
 from spark_hvd._job.store import InMemoryStore
 from spark_hvd.exceptions import (AuthenticationError, CollectiveTimeoutError,
@@ -377,6 +378,27 @@ class TestLostRanks:
         assert server.lost_ranks() == [] and not client.check(["__lost__/0"])
         second.close()
         first.close()
+
+    def test_groups_keep_their_lost_ranks_apart(self, server, client):
+        """An elastic job's epochs register the same rank numbers in groups of their own:
+        rank 1 lost in epoch e1 is not lost in e2, nor in the default group."""
+        old = connect(server)
+        old.register_rank(1, group="e1")
+        old._registration.sock.close()
+        client.get("__lost__/e1/1", WAIT_S)
+        new = connect(server)
+        new.register_rank(1, group="e2")
+        assert server.lost_ranks("e1") == [1] and old.lost_ranks() == [1]
+        assert server.lost_ranks("e2") == [] and new.lost_ranks() == []
+        assert server.lost_ranks() == [] and client.lost_ranks() == []
+        assert server.registered_ranks("e2") == [1] and server.registered_ranks("e1") == []
+        assert client.get("__host__/e2/1", 1.0) == b"127.0.0.1"
+        new.close()
+        assert wait_until(lambda: server.registered_ranks("e2") == [], WAIT_S)
+        assert server.lost_ranks("e2") == []  # a goodbye is not a loss
+        with pytest.raises(InvalidArgumentError, match="without '/'"):
+            client.register_rank(0, group="a/b")
+        old.close()
 
     def test_stopping_the_server_loses_nobody(self):
         s = RendezvousServer(host="127.0.0.1")
