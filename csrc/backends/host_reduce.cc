@@ -37,28 +37,22 @@ bool Overlap(const ReduceArgs& a) {
   return false;
 }
 
-// Float Average without a postscale: the backend multiplies by 1 / ranks as it
-// finishes each element; otherwise 1, and Finish() runs after.
-double BackendScale(const ReduceArgs& a) {
-  const bool float_average = a.op == ReduceOp::kAverage && a.postscale == 1.0 &&
-                             (a.dtype == DataType::kFloat32 || a.dtype == DataType::kFloat64);
-  return float_average ? 1.0 / static_cast<double>(std::max<int64_t>(1, a.ranks)) : 1.0;
+// float32/float64: the backend applies the factor as it finishes each element; the
+// other dtypes get it after the reduction.
+bool BackendScales(DataType dtype) {
+  return dtype == DataType::kFloat32 || dtype == DataType::kFloat64;
 }
 
-void Finish(const ReduceArgs& a, void* buf, int64_t n) {
-  if (a.op == ReduceOp::kAverage) DivideBuffer(buf, static_cast<size_t>(n), a.dtype, a.ranks);
-  ScaleBuffer(buf, static_cast<size_t>(n), a.dtype, a.postscale);
-}
-
-// Reduces prepared segments (inputs prescaled, neutral values in place), then
-// applies what the backend did not (integer Average, postscale).
+// Reduces prepared segments (inputs prescaled, neutral values in place) and applies
+// the post factor.
 Status ReducePrepared(const ReduceArgs& a, const std::vector<Segment>& segments,
                       const SegmentReduce& reduce) {
-  const double scale = BackendScale(a);
-  Status s = reduce(segments, scale);
+  const double post = PostFactor(a);
+  const bool in_backend = BackendScales(a.dtype);
+  Status s = reduce(segments, in_backend ? post : 1.0);
   if (!s.ok()) return s;
-  if (scale == 1.0) {
-    for (const auto& seg : segments) Finish(a, seg.data, seg.count);
+  if (!in_backend && post != 1.0) {
+    for (const auto& seg : segments) ScaleBuffer(seg.data, static_cast<size_t>(seg.count), a.dtype, post);
   }
   return Status::OK();
 }
@@ -97,6 +91,12 @@ Status Packed(const ReduceArgs& a, const SegmentReduce& reduce) {
 }
 
 }  // namespace
+
+double PostFactor(const ReduceArgs& a) {
+  return a.op == ReduceOp::kAverage
+             ? a.postscale / static_cast<double>(std::max<int64_t>(1, a.ranks))
+             : a.postscale;
+}
 
 Status HostAllreduce(const ReduceArgs& a, const SegmentReduce& reduce) {
   if (Overlap(a)) return Packed(a, reduce);

@@ -69,10 +69,19 @@ ReduceFn ForOp(ReduceOp op) {
   return &Kernel<Conv, OpSum>;
 }
 
+// Horovod's arithmetic, bit for bit: float32 multiplies by the factor rounded to float32,
+// float64 by the factor; integers go through double and are truncated.
 template <typename T>
 void ScaleTyped(void* xv, size_t n, double factor) {
   T* x = static_cast<T*>(xv);
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<double>(x[i]) * factor);
+}
+
+template <>
+void ScaleTyped<float>(void* xv, size_t n, double factor) {
+  float* x = static_cast<float*>(xv);
+  const float f = static_cast<float>(factor);
+  for (size_t i = 0; i < n; ++i) x[i] = f * x[i];
 }
 
 template <typename Conv>
@@ -80,12 +89,6 @@ void ScaleHalf(void* xv, size_t n, double factor) {
   auto* x = static_cast<uint16_t*>(xv);
   const float f = static_cast<float>(factor);
   for (size_t i = 0; i < n; ++i) x[i] = Conv::Store(Conv::Load(x[i]) * f);
-}
-
-template <typename T>
-void DivideInt(void* xv, size_t n, int64_t d) {
-  T* x = static_cast<T*>(xv);
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<int64_t>(x[i]) / d);
 }
 
 template <typename T>
@@ -151,7 +154,8 @@ template <typename T>
 void ScaleCopyTyped(void* dv, const void* sv, size_t n, double factor) {
   T* d = static_cast<T*>(dv);
   const T* x = static_cast<const T*>(sv);
-  for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<double>(x[i]) * factor);
+  const T f = static_cast<T>(factor);  // as ScaleTyped: float32 scales by a float32 factor
+  for (size_t i = 0; i < n; ++i) d[i] = f * x[i];
 }
 
 bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor) {
@@ -159,19 +163,6 @@ bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double fact
     case DataType::kFloat32: ScaleCopyTyped<float>(dst, src, n, factor); return true;
     case DataType::kFloat64: ScaleCopyTyped<double>(dst, src, n, factor); return true;
     default: return false;
-  }
-}
-
-void DivideBuffer(void* x, size_t n, DataType dtype, int64_t divisor) {
-  if (divisor == 1) return;
-  switch (dtype) {
-    case DataType::kUInt8: DivideInt<uint8_t>(x, n, divisor); return;
-    case DataType::kInt8: DivideInt<int8_t>(x, n, divisor); return;
-    case DataType::kInt16: DivideInt<int16_t>(x, n, divisor); return;
-    case DataType::kInt32: DivideInt<int32_t>(x, n, divisor); return;
-    case DataType::kInt64: DivideInt<int64_t>(x, n, divisor); return;
-    case DataType::kBool: return;
-    default: ScaleBuffer(x, n, dtype, 1.0 / static_cast<double>(divisor)); return;
   }
 }
 

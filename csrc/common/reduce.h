@@ -17,11 +17,11 @@ inline void ReduceInto(void* x, const void* y, size_t n, DataType dtype, ReduceO
   GetReduceFn(dtype, op)(x, y, n);
 }
 
-// x[i] *= factor (integers: truncated toward zero). No-op for factor == 1.
+// x[i] *= factor, as Horovod computes it: float32 by the factor rounded to float32,
+// float16/bfloat16 in float32, integers through double, truncated toward zero.
+// No-op for factor == 1.
 void ScaleBuffer(void* x, size_t n, DataType dtype, double factor);
 
-// x[i] /= divisor: exact integer division for integer types, 1/divisor multiply for floats.
-void DivideBuffer(void* x, size_t n, DataType dtype, int64_t divisor);
 // dst = src * factor for float32/float64, element for element as ScaleBuffer
 // computes it (one pass instead of a copy plus a scale). Other dtypes: false, and
 // nothing is written.

@@ -219,3 +219,40 @@ def check_grouped_reducescatter_grad_is_the_allgather_times_size_for_sum():
         ((ya.sum() + yb.sum() * 2) * (r + 1)).backward()
         assert torch.equal(a.grad, _gathered_block_grads(2 * n + 1, n, factor)), (op, a.grad)
         assert torch.equal(b.grad, _gathered_block_grads(n, n, factor * 2)), (op, b.grad)
+
+
+# -- 8. prescale / postscale are Horovod's arithmetic, bit for bit ---------------------------
+
+def _horovod_scaled(x: np.ndarray, n: int, op, pre: float, post: float) -> np.ndarray:
+    """Horovod's CPU allreduce of x (the same on all n ranks): each rank multiplies by the
+    prescale (float32 by the factor rounded to float32, float16 in float32, integers in
+    float64 truncated), the ranks sum, then the sum is multiplied by postscale (divided by
+    n first for Average) the same way. Equal inputs make the sum's order irrelevant."""
+    def scale(a, f):
+        if a.dtype == np.float16:
+            return (np.float32(f) * a.astype(np.float32)).astype(np.float16)
+        if a.dtype.kind == "f":
+            return (a.dtype.type(f) * a).astype(a.dtype)
+        return np.trunc(np.float64(f) * a.astype(np.float64)).astype(a.dtype)
+
+    p = scale(x, pre)
+    total = p
+    for _ in range(n - 1):
+        total = (total.astype(np.float32) + p.astype(np.float32)).astype(np.float16) \
+            if x.dtype == np.float16 else (total + p).astype(x.dtype)
+    return scale(total, post / n if op == hvd.Average else post)
+
+
+def check_scaled_allreduce_is_bit_exact():
+    n = hvd.size()
+    rng = np.random.default_rng(7)
+    for dtype in (np.float32, np.float64, np.float16, np.int32, np.int64):
+        x = (rng.standard_normal(257) * 100).astype(dtype)
+        for op in (hvd.Sum, hvd.Average):
+            for pre, post in ((0.1, 0.3), (1.0, 1.0 / 3.0), (3.7, 1.0)):
+                want = _horovod_scaled(x, n, op, pre, post)
+                got = hvd.allreduce(torch.from_numpy(x.copy()), op=op, prescale_factor=pre,
+                                    postscale_factor=post,
+                                    name=f"compat.scale.{np.dtype(dtype).name}.{op}.{pre}.{post}")
+                assert np.array_equal(got.numpy(), want), \
+                    (np.dtype(dtype).name, op, pre, post, got.numpy()[:4], want[:4])

@@ -62,7 +62,7 @@ def _wide(a: np.ndarray) -> np.ndarray:
 def reduce(arrays: List[np.ndarray], op: str, dt, count: Optional[int] = None,
            prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
     """The reduction of `arrays` (one per contributing rank) with the core's rules:
-    integer Average truncates toward zero, bool Sum/Max = or, Min/Product = and,
+    Average multiplies the sum by postscale / count (integers: truncated toward zero), bool Sum/Max = or, Min/Product = and,
     Average divides by `count` (default: the number of arrays)."""
     dt = np.dtype(dt)
     stack = np.stack([_wide(a) for a in arrays])
@@ -79,13 +79,11 @@ def reduce(arrays: List[np.ndarray], op: str, dt, count: Optional[int] = None,
         stack = stack * prescale
         if not is_float(dt):
             stack = np.trunc(stack).astype(np.int64)
+    # Average is Sum times postscale / count, in one multiply (Horovod's arithmetic):
+    # integers go through float64 and are truncated toward zero.
+    factor = postscale / count if op == "Average" else postscale
     if op == "Sum" or op == "Average":
         out = stack.sum(axis=0)
-        if op == "Average":
-            if is_float(dt):
-                out = out / count
-            else:
-                out = np.sign(out) * (np.abs(out) // count)
     elif op == "Min":
         out = stack.min(axis=0)
     elif op == "Max":
@@ -94,8 +92,8 @@ def reduce(arrays: List[np.ndarray], op: str, dt, count: Optional[int] = None,
         out = stack.prod(axis=0)
     else:
         raise ValueError(op)
-    if postscale != 1.0:
-        out = out * postscale
+    if factor != 1.0:
+        out = out * factor
         if not is_float(dt):
             out = np.trunc(out).astype(np.int64)
     return np.asarray(out).astype(dt)

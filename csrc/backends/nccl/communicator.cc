@@ -6,6 +6,7 @@
 #include <cstring>
 #include <thread>
 
+#include "backends/host_reduce.h"
 #include "backends/members.h"
 #include "backends/nccl/cuda_util.h"
 #include "common/half.h"
@@ -409,8 +410,7 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
   }
   if (s.ok()) s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
   if (!s.ok()) return s;
-  if (a.op == ReduceOp::kAverage) DivideBuffer(host.data(), count, a.dtype, a.ranks);
-  ScaleBuffer(host.data(), count, a.dtype, a.postscale);
+  ScaleBuffer(host.data(), count, a.dtype, PostFactor(a));
   offset = 0;
   for (const auto& t : a.tensors) {
     if (!s.ok()) return s;
