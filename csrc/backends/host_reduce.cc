@@ -57,11 +57,12 @@ Status ReducePrepared(const ReduceArgs& a, const std::vector<Segment>& segments,
   return Status::OK();
 }
 
-// Puts tensor t's contribution at dst: its input prescaled, or the neutral value.
+// Puts tensor t's contribution at dst: its input prescaled, or, for a rank that has
+// joined, zeros (Horovod's join tensor, whatever the op).
 void Prepare(const ReduceArgs& a, const ReduceTensor& t, void* dst) {
   const size_t n = static_cast<size_t>(t.count);
   if (t.input == nullptr) {
-    FillNeutral(dst, n, a.dtype, a.op);
+    std::memset(dst, 0, n * DataTypeSize(a.dtype));
     return;
   }
   if (t.input != dst) std::memmove(dst, t.input, n * DataTypeSize(a.dtype));

@@ -91,30 +91,6 @@ void ScaleHalf(void* xv, size_t n, double factor) {
   for (size_t i = 0; i < n; ++i) x[i] = Conv::Store(Conv::Load(x[i]) * f);
 }
 
-template <typename T>
-void Fill(void* xv, size_t n, T value) {
-  std::fill_n(static_cast<T*>(xv), n, value);
-}
-
-template <typename T>
-void FillLimits(void* x, size_t n, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kProduct: Fill<T>(x, n, T(1)); return;
-    case ReduceOp::kMin: Fill<T>(x, n, std::numeric_limits<T>::has_infinity ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max()); return;
-    case ReduceOp::kMax: Fill<T>(x, n, std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest()); return;
-    default: Fill<T>(x, n, T(0)); return;
-  }
-}
-
-template <typename Conv>
-void FillHalf(void* x, size_t n, ReduceOp op) {
-  float v = 0.0f;
-  if (op == ReduceOp::kProduct) v = 1.0f;
-  if (op == ReduceOp::kMin) v = std::numeric_limits<float>::infinity();
-  if (op == ReduceOp::kMax) v = -std::numeric_limits<float>::infinity();
-  Fill<uint16_t>(x, n, Conv::Store(v));
-}
-
 }  // namespace
 
 ReduceFn GetReduceFn(DataType dtype, ReduceOp op) {
@@ -166,21 +142,5 @@ bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double fact
   }
 }
 
-void FillNeutral(void* x, size_t n, DataType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DataType::kUInt8: FillLimits<uint8_t>(x, n, op); return;
-    case DataType::kInt8: FillLimits<int8_t>(x, n, op); return;
-    case DataType::kInt16: FillLimits<int16_t>(x, n, op); return;
-    case DataType::kInt32: FillLimits<int32_t>(x, n, op); return;
-    case DataType::kInt64: FillLimits<int64_t>(x, n, op); return;
-    case DataType::kFloat16: FillHalf<Half>(x, n, op); return;
-    case DataType::kBFloat16: FillHalf<BHalf>(x, n, op); return;
-    case DataType::kFloat32: FillLimits<float>(x, n, op); return;
-    case DataType::kFloat64: FillLimits<double>(x, n, op); return;
-    case DataType::kBool:
-      Fill<uint8_t>(x, n, (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? 1 : 0);
-      return;
-  }
-}
 
 }  // namespace spark_hvd

@@ -27,7 +27,5 @@ void ScaleBuffer(void* x, size_t n, DataType dtype, double factor);
 // nothing is written.
 bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor);
 
-// Fill with op's identity (Sum/Average: 0, Product: 1, Min: max value, Max: lowest value).
-void FillNeutral(void* x, size_t n, DataType dtype, ReduceOp op);
 
 }  // namespace spark_hvd

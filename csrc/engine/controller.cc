@@ -134,17 +134,17 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
     for (int32_t m : set->ranks) {
       if (joined_[static_cast<size_t>(m)]) joined.push_back(m);
     }
-    if (first.op == OpType::kBroadcast &&
-        joined_[static_cast<size_t>(set->ranks[static_cast<size_t>(first.root)])]) {
-      r.error = StatusCode::kInvalidArgument;
-      r.error_message = what + ": its root rank has already called join()";
-      return r;
-    }
-    if (first.op == OpType::kAlltoall || first.op == OpType::kReducescatter ||
-        first.reduce_op == ReduceOp::kAdasum) {
+    // As Horovod: only allreduce (the joined ranks add zeros) and barrier go on.
+    if (first.op != OpType::kAllreduce && first.op != OpType::kBarrier) {
       r.error = StatusCode::kInvalidArgument;
       r.error_message = what + " is not supported while ranks " + RankList(joined) +
-                        " have joined; only allreduce, allgather, broadcast and barrier are";
+                        " have joined (as in Horovod); only allreduce and barrier are";
+      return r;
+    }
+    if (first.reduce_op == ReduceOp::kAdasum) {
+      r.error = StatusCode::kInvalidArgument;
+      r.error_message = what + ": Adasum is not supported while ranks " + RankList(joined) +
+                        " have joined";
       return r;
     }
   }

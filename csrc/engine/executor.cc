@@ -115,7 +115,7 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   args.op = r.reduce_op;
   args.prescale = r.prescale;
   args.postscale = r.postscale;
-  args.ranks = static_cast<int64_t>(r.active.size());
+  args.ranks = comm->size();  // Average divides by every member, joined ones too (Horovod)
   for (size_t i = 0; i < r.tensors.size(); ++i) {
     const int64_t n = NumElements(r.tensors[i].shape);
     args.tensors.push_back(es[i] ? ReduceTensor{es[i]->input, es[i]->output, n}

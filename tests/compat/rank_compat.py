@@ -256,3 +256,40 @@ def check_scaled_allreduce_is_bit_exact():
                                     name=f"compat.scale.{np.dtype(dtype).name}.{op}.{pre}.{post}")
                 assert np.array_equal(got.numpy(), want), \
                     (np.dtype(dtype).name, op, pre, post, got.numpy()[:4], want[:4])
+
+
+# -- 9. join: joined ranks add zeros and count in an Average; allgather/broadcast fail -----
+
+def check_join_average_counts_the_joined_rank():
+    r, n = hvd.rank(), hvd.size()
+    if n < 2:
+        raise Skip("join needs 2 or more ranks")
+    for first in (0, 1):
+        for dtype in (torch.float32, torch.float64, torch.int32, torch.int64):
+            torch.manual_seed(1234)
+            a = torch.randint(-100, 100, (5, 5)).to(dtype)
+            b = torch.randint(-100, 100, (17,)).to(dtype)
+            tag = f"compat.join.{first}.{dtype}"
+            if r == first:
+                assert hvd.join() in range(n)
+                continue
+            ha = hvd.allreduce_async(a, name=f"{tag}.a", op=hvd.Average)
+            hb = hvd.allreduce_async(b, name=f"{tag}.b", op=hvd.Average)
+            got_a, got_b = hvd.synchronize(ha), hvd.synchronize(hb)
+            for got, t in ((got_a, a), (got_b, b)):
+                if dtype.is_floating_point:
+                    want = (t * (n - 1) / n).to(dtype)
+                    assert torch.allclose(got, want), (dtype, got, want)
+                else:  # through double, truncated toward zero
+                    want = torch.trunc(t.double() * (n - 1) * (1.0 / n)).to(dtype)
+                    assert torch.equal(got, want), (dtype, got, want)
+            for call in (lambda: hvd.allgather(a, name=f"{tag}.ag"),
+                         lambda: hvd.broadcast(a, 1 - first, name=f"{tag}.bc")):
+                try:
+                    call()
+                except RuntimeError as exc:
+                    assert "joined" in str(exc), exc
+                else:
+                    raise AssertionError("a collective other than allreduce ran while a "
+                                         "rank had joined")
+            assert hvd.join() in range(n)

@@ -320,16 +320,29 @@ def _(ctx):
 
 
 def _join_round(ctx, tag, steps, dt, ops, expect_last):
-    """Rank r runs steps(r) steps of allreduce (each op) and allgather, then joins."""
+    """Rank r runs steps(r) steps of allreduce (each op) and allgather, then joins.
+
+    As in Horovod, a rank that has joined adds zeros to every allreduce (whatever the
+    op) and still counts in an Average; an allgather or broadcast while a rank has
+    joined fails on the others, which go on."""
     n, me = ctx.size, ctx.rank
     for s in range(steps(me)):
         active = [r for r in range(n) if steps(r) > s]
         for op in ops:
             x = values(dt, me, (5,), salt=s)
             got = hvd.allreduce(x, op=OP[op], name=f"{tag}.{op}.{s}")
-            want = reduce([values(dt, r, (5,), salt=s) for r in active], op, dt)
+            want = reduce([values(dt, r, (5,), salt=s) if r in active
+                           else np.zeros(5, dt) for r in range(n)], op, dt)
             assert_same(got, want, f"step {s} {op} (active ranks {active})")
-        got = hvd.allgather(values(dt, me, (me % 2 + 1, 2), salt=s), name=f"{tag}.ag.{s}")
+        x = values(dt, me, (me % 2 + 1, 2), salt=s)
+        if len(active) < n:
+            for call in (lambda: hvd.allgather(x, name=f"{tag}.ag.{s}"),
+                         lambda: hvd.broadcast(values(dt, me, (3,)), active[0],
+                                               name=f"{tag}.bc.{s}")):
+                err = expect_error(hvd.InvalidArgumentError, call)
+                assert "have joined" in str(err), err
+            continue
+        got = hvd.allgather(x, name=f"{tag}.ag.{s}")
         want = _concat([values(dt, r, (r % 2 + 1, 2), salt=s) for r in active], (2,), dt)
         assert_same(got, want, f"step {s} allgather (active ranks {active})")
     last = hvd.join()

@@ -345,10 +345,8 @@ Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclR
     char* dst = static_cast<char*>(buf) + offset;
     if (t.input != nullptr) {
       s = Copy(dst, t.input, static_cast<int64_t>(bytes));
-    } else {  // joined: the neutral value, from host memory kept until the copy ran
+    } else {  // joined: zeros (Horovod's), from host memory kept until the copy ran
       keep_.emplace_back(bytes);
-      FillNeutral(keep_.back().data(), static_cast<size_t>(t.count), a.dtype,
-                  op == ncclSum || op >= ncclNumOps ? ReduceOp::kSum : a.op);
       s = CudaCheck(cuda_->MemcpyAsync(dst, keep_.back().data(), bytes, cudaMemcpyHostToDevice,
                                        stream_),
                     "cudaMemcpyAsync");
@@ -386,7 +384,7 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
                                        cudaMemcpyDeviceToHost, stream_),
                     "cudaMemcpyAsync");
     } else {
-      FillNeutral(host.data() + offset, static_cast<size_t>(t.count), a.dtype, a.op);
+      std::memset(host.data() + offset, 0, bytes);  // joined: zeros, as Horovod
     }
     offset += bytes;
   }
