@@ -103,14 +103,8 @@ def _allreduce_dense(tensor, op, prescale, postscale, name, process_set):
     def forward(x):
         y = _allreduce_raw(x, op, prescale, postscale, name, process_set)
 
-        def grad(dy):
-            if op in (Sum, Average):
-                return _allreduce_dense(dy, op, prescale, postscale, name + ".grad", process_set)
-            if op in (Min, Max):  # the rank(s) holding the extreme get the summed gradient
-                total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
-                mask = tf.cast(tf.equal(_scaled(x, prescale * postscale), y), dy.dtype)
-                return total * mask * tf.cast(prescale * postscale, dy.dtype)
-            raise InvalidArgumentError(f"allreduce with op={ReduceOp(op).name} has no gradient")
+        def grad(dy):  # Horovod's: the same allreduce (op and factors) of the gradient
+            return _allreduce_dense(dy, op, prescale, postscale, name + ".grad", process_set)
         return y, grad
 
     return forward(tensor)
@@ -134,8 +128,8 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
     """Reduces ``tensor`` over the ranks of ``process_set`` (default op: Average).
 
     ``tf.IndexedSlices`` are allgathered (values and indices) instead, and averaged by
-    dividing the values. Differentiable: the gradient is the same allreduce of the
-    upstream gradient (Min/Max: the summed gradient where this rank held the extreme).
+    dividing the values. Differentiable as in Horovod: the gradient is the same allreduce
+    (op, prescale and postscale) of the upstream gradient.
     ``device_*`` and ``ignore_name_scope`` are accepted for Horovod compatibility.
     """
     rop = _reduce_op(op, average)
@@ -161,7 +155,7 @@ def _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set):
 
 
 def _grouped_allreduce_dense(tensors, op, prescale, postscale, name, process_set):
-    if not any(_differentiable(t.dtype) for t in tensors) or op not in (Sum, Average):
+    if not any(_differentiable(t.dtype) for t in tensors):
         return _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set)
 
     @tf.custom_gradient
@@ -237,8 +231,8 @@ def _own_rows(full, x, name, process_set):
 def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set):
     """Concatenates every rank's tensor along the first dimension (its size may differ
-    between ranks; a scalar counts as one row). Differentiable: the gradient is the
-    Sum-allreduce of the upstream gradient, sliced to this rank's rows."""
+    between ranks; a scalar counts as one row). Differentiable as in Horovod: the gradient
+    is the Average-allreduce of the upstream gradient, sliced to this rank's rows."""
     name = collective_name(name, "allgather")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
@@ -250,7 +244,7 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
         y = _allgather_raw(x, name, process_set)
 
         def grad(dy):
-            total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
+            total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
             return _own_rows(total, x, name + ".grad.rows", process_set)
         return y, grad
 
@@ -279,8 +273,8 @@ def _broadcast_raw(tensor, root_rank, name, process_set):
 @_not_autograph
 def broadcast(tensor, root_rank: int, name: Optional[str] = None,
               ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set):
-    """Returns root_rank's tensor on every rank. Differentiable: root_rank gets the
-    Sum-allreduce of every rank's upstream gradient, the other ranks zero."""
+    """Returns root_rank's tensor on every rank. Differentiable as in Horovod: root_rank
+    gets the Average-allreduce of every rank's upstream gradient, the other ranks zero."""
     name = collective_name(name, "broadcast")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
@@ -292,7 +286,7 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
         y = _broadcast_raw(x, root_rank, name, process_set)
 
         def grad(dy):
-            total = _allreduce_dense(dy, Sum, 1.0, 1.0, name + ".grad", process_set)
+            total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
             return total if rank() == root_rank else tf.zeros_like(total)  # global rank
         return y, grad
 
@@ -385,8 +379,9 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0):
     """Reduces over the ranks (default: Average), then gives rank i the i-th block of rows
-    (the first ``rows % size`` ranks get one extra row). Differentiable: the gradient is the
-    allgather of the upstream gradient, scaled like the reduction."""
+    (the first ``rows % size`` ranks get one extra row). Differentiable as in Horovod: the
+    gradient is the allgather of the upstream gradient, times the size for Sum (and the
+    prescale and postscale)."""
     rop = _reduce_op(op, None)
     name = collective_name(name, "reducescatter")
     tensor = tf.convert_to_tensor(tensor)
@@ -406,8 +401,8 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
         def grad(dy):
             full = allgather(dy, name=name + ".grad", process_set=process_set)
             factor = prescale_factor * postscale_factor
-            if rop == Average:
-                factor /= process_set.size()
+            if rop == Sum:
+                factor *= process_set.size()
             return tf.reshape(_scaled(full, factor), tf.shape(x))
         return y, grad
 

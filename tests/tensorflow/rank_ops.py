@@ -266,13 +266,15 @@ def expected_gradients(dtype):
     return {
         "allreduce_sum": ones * c(tri),
         "allreduce_average": ones * c(tri / n),
-        # the max is held by the last rank; it gets the sum of all weights times its scale
-        "allreduce_max": ones * c(tri * n if r == n - 1 else 0),
+        # Horovod's: the Max-allreduce of the weights (n), times this rank's scale
+        "allreduce_max": ones * c(n * (r + 1)),
         "grouped": ones * c(tri + 2 * n),
-        "allgather": c(rows) * c(tri),
-        "broadcast": ones * c(tri if r == 0 else 0),
-        "reducescatter_sum": c(rs_rows),
-        "reducescatter_average": c(rs_rows) / c(n),
+        # Horovod's: Average-allreduce of the gradient, this rank's rows
+        "allgather": c(rows) * c(tri / n),
+        "broadcast": ones * c(tri / n if r == 0 else 0),
+        # Horovod's: allgather of the gradient, times the size for Sum
+        "reducescatter_sum": c(rs_rows) * c(n),
+        "reducescatter_average": c(rs_rows),
         "alltoall": c(a2a),
     }
 
