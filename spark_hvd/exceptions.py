@@ -61,8 +61,10 @@ class HorovodInternalError(SparkHvdError, RuntimeError):
 
 
 class HostsUpdatedInterrupt(SparkHvdError, RuntimeError):
-    """Horovod's elastic-mode interrupt (the set of hosts changed); ``skip_sync`` as in
-    Horovod. Exported so Horovod-style handlers import; spark_hvd does not raise it."""
+    """Horovod's elastic-mode interrupt: the job's membership changed (workers wait to
+    join or are to leave). ``State.commit()`` / ``check_host_updates()`` raise it on every
+    rank at once in an elastic job (``spark_hvd.elastic``); ``skip_sync`` as in Horovod
+    (True when the change only removed workers)."""
 
     def __init__(self, skip_sync: bool = False, message: str = "", *,
                  ranks: Optional[Sequence[int]] = None, tensor: str = "") -> None:

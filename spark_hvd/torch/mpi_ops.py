@@ -41,6 +41,8 @@ from spark_hvd.torch._reduce_ops import (allreduce_, allreduce_async, allreduce_
 from spark_hvd.torch.compression import Compression
 
 from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401 - re-exported
+# Horovod's torch.mpi_ops has these names too (scripts import them from there).
+from spark_hvd.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401,E402
 
 
 # -- the differentiable forms (gradients: _autograd) -------------------------------------

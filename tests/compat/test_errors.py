@@ -66,6 +66,14 @@ def test_horovod_names_are_exported(module):
         assert name in mod.__all__
 
 
+@pytest.mark.parametrize("module", ["spark_hvd.common.exceptions", "spark_hvd.torch.mpi_ops"])
+def test_horovod_names_are_where_horovod_keeps_them(module):
+    """horovod.common.exceptions and horovod.torch.mpi_ops have them too."""
+    mod = pytest.importorskip(module)
+    for name in ("HorovodInternalError", "HostsUpdatedInterrupt"):
+        assert getattr(mod, name) is getattr(E, name)
+
+
 def test_a_broadcast_root_outside_the_set_names_the_set():
     ps = spark_hvd.ProcessSet([2, 1])
     assert ps._set_rank_of(2) == 1 and ps._set_rank_of(1) == 0
