@@ -12,10 +12,13 @@
 
     results = spark_hvd.spark.run(train, args=(0.1,), num_proc=4)  # by rank
 
-Each rank is one task of a Spark barrier stage; see :func:`run`.  pyspark is
-imported only when ``run`` is called.
+Each rank is one task of a Spark barrier stage; see :func:`run`.
+:func:`run_elastic` runs an elastic job instead (workers may fail or join while it
+trains), each worker a plain Spark task.  pyspark is imported only when one of them
+is called.
 """
 
+from spark_hvd.spark._elastic import run_elastic
 from spark_hvd.spark.runner import check_launch, run
 
-__all__ = ["check_launch", "run"]
+__all__ = ["check_launch", "run", "run_elastic"]

@@ -163,36 +163,45 @@ def _check_gpu(conf: Mapping[str, Optional[str]], use_gpu: Optional[bool]) -> bo
 
 def plan(conf: Mapping[str, Optional[str]], num_proc: Optional[int],
          use_gpu: Optional[bool] = None,
-         registered: Callable[[], Optional[int]] = lambda: None) -> Plan:
-    """Validate a launch of ``num_proc`` ranks against the Spark conf."""
+         registered: Callable[[], Optional[int]] = lambda: None, *,
+         barrier: bool = True, name: str = "num_proc") -> Plan:
+    """Validate a launch of ``num_proc`` ranks against the Spark conf.
+
+    ``barrier=False`` is an elastic launch (:func:`spark_hvd.spark.run_elastic`): its
+    tasks need no barrier, so dynamic allocation is fine (and then executors still to
+    come count, so the slots are not checked); ``num_proc`` is then the number of
+    workers that must run at once for the job to start, named ``name`` in messages.
+    """
     if num_proc is not None and (isinstance(num_proc, bool) or not isinstance(num_proc, int)
                                  or num_proc < 1):
-        raise InvalidArgumentError(f"num_proc must be an int >= 1 (or None for every task "
+        raise InvalidArgumentError(f"{name} must be an int >= 1 (or None for every task "
                                    f"slot), got {num_proc!r}")
-    if str(conf.get(DYNAMIC_ALLOCATION) or "").strip().lower() == "true":
+    dynamic = str(conf.get(DYNAMIC_ALLOCATION) or "").strip().lower() == "true"
+    if dynamic and barrier:
         raise InvalidArgumentError(
             f"{DYNAMIC_ALLOCATION}=true: Spark's barrier mode, which spark_hvd.spark.run uses "
             f"to start all ranks together, does not work with dynamic allocation; set "
-            f"{DYNAMIC_ALLOCATION}=false")
+            f"{DYNAMIC_ALLOCATION}=false (or use spark_hvd.spark.run_elastic)")
     gpu = _check_gpu(conf, use_gpu)
-    slots = task_slots(conf, registered)
+    slots = None if dynamic else task_slots(conf, registered)
     master = conf.get(MASTER) or "?"
     if num_proc is None:
         if slots is None:
             raise InvalidArgumentError(
                 f"cannot tell how many tasks {MASTER}={master} can run at once (no executor "
-                f"has registered and {EXECUTOR_INSTANCES}/{EXECUTOR_CORES} are not set): pass "
-                f"num_proc")
+                f"has registered, {EXECUTOR_INSTANCES}/{EXECUTOR_CORES} are not set, or "
+                f"{DYNAMIC_ALLOCATION} is on): pass {name}")
         num_proc = slots
     if slots is not None and num_proc > slots:
         how = f"{MASTER}={master}, {TASK_CPUS}={conf.get(TASK_CPUS) or 1}"
         if gpu:
             how += f", {TASK_GPU_AMOUNT}={conf.get(TASK_GPU_AMOUNT)}"
+        need = "every rank needs its own task slot at the same time" if barrier else \
+            "the job starts only once that many workers run at the same time"
         raise InvalidArgumentError(
-            f"num_proc={num_proc} is more than the {slots} tasks the cluster can run at once "
-            f"({how}); every rank needs its own task slot at the same time: lower num_proc or "
-            f"give the cluster more executors/cores ({EXECUTOR_INSTANCES}, {EXECUTOR_CORES}, "
-            f"{TASK_CPUS})")
+            f"{name}={num_proc} is more than the {slots} tasks the cluster can run at once "
+            f"({how}); {need}: lower {name} or give the cluster more executors/cores "
+            f"({EXECUTOR_INSTANCES}, {EXECUTOR_CORES}, {TASK_CPUS})")
     if num_proc < 1:
         raise InvalidArgumentError(f"the cluster has no task slot ({MASTER}={master}, "
                                    f"{TASK_CPUS}={conf.get(TASK_CPUS) or 1})")

@@ -7,7 +7,7 @@ A task's report (see :mod:`spark_hvd.spark._task`) says how its rank ended:
 
 from __future__ import annotations
 
-from typing import Callable, Deque, Dict, List, Mapping
+from typing import Callable, Deque, Dict, Iterable, List, Mapping, Optional
 
 from spark_hvd import _config
 from spark_hvd.exceptions import (CollectiveTimeoutError, RankFailedError, SparkHvdError,
@@ -15,6 +15,7 @@ from spark_hvd.exceptions import (CollectiveTimeoutError, RankFailedError, Spark
 from spark_hvd.runner._procs import describe_exit
 
 PROG = "spark_hvd.spark.run"
+ELASTIC_PROG = "spark_hvd.spark.run_elastic"
 _EFFECTS = ("peer_lost", "stopped")
 
 
@@ -83,25 +84,15 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
             f"the cluster may be busy or short of task slots (each rank needs one at the same "
             f"time); raise start_timeout (or {_config.START_TIMEOUT_S_ENV_VAR}) or lower num_proc")
     failed = {r: rep for r, rep in reports.items() if not ok(rep)}
-    # The root failure: the first rank to fail on its own account (a lost peer or a
-    # stop by the driver is an effect), by when the failure happened.
-    causes = [r for r, rep in failed.items() if kind(rep) not in _EFFECTS] or list(failed)
-    roots = sorted(causes, key=lambda r: failure_time(failed[r]))[:1]
-    others = sorted((r for r in failed if r not in roots),
-                    key=lambda r: (kind(failed[r]) in _EFFECTS, failure_time(failed[r]), r))
+    order = _root_first(failed)
+    roots, others = order[:1], order[1:]
     if roots:
         head = f"rank {roots[0]} failed: {describe(failed[roots[0]])}"
     elif failure[0] == "spark":
-        first = (str(failure[1]).strip().splitlines() or [""])[0]
-        head = f"the Spark job failed before every rank reported: " \
-               f"{type(failure[1]).__name__}: {first}"
+        head = f"the Spark job failed before every rank reported: {spark_failure(failure[1])}"
     else:
         head = f"{format_ranks(failure[1])} ended without a report"
-    lines = [f"{PROG}: {head}"]
-    by_text: Dict[str, List[int]] = {}
-    for r in others:
-        by_text.setdefault(describe(failed[r]), []).append(r)
-    lines += [f"{format_ranks(ranks)}: {text}" for text, ranks in by_text.items()]
+    lines = [f"{PROG}: {head}"] + _grouped(others, failed, format_ranks)
     missing = [r for r in range(size) if r not in reports]
     retried = [r for r in missing if attempts(r) > 1]
     if retried:
@@ -111,10 +102,58 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
     if missing:
         lines.append(f"{format_ranks(missing)}: no report (not started, or the task was lost "
                      f"with its executor)")
-    failures = {r: tail(tails.get(r, ()), failed[r]) for r in roots + others}
+    return _error(lines, order, failed, tails, "rank",
+                  failure[1] if failure[0] == "spark" else None)
+
+
+def elastic_error(head: str, reports: Mapping[int, dict], tails: Mapping[int, Deque[str]],
+                  cause: Optional[BaseException] = None) -> RankFailedError:
+    """The error ``run_elastic`` raises: ``head``, then how each failed worker ended
+    (``reports`` and ``tails`` by worker id), root failure first; ``failures`` is keyed
+    by worker id."""
+    failed = {w: rep for w, rep in reports.items() if not ok(rep)}
+    order = _root_first(failed)
+    lines = [f"{ELASTIC_PROG}: {head}"] + _grouped(order, failed, format_workers)
+    return _error(lines, order, failed, tails, "worker", cause)
+
+
+def format_workers(workers: Iterable[int]) -> str:
+    """``[worker 3]`` or ``[workers 1,2]``."""
+    ws = sorted(set(workers))
+    return f"[worker{'s' if len(ws) > 1 else ''} {','.join(map(str, ws))}]"
+
+
+def spark_failure(exc: BaseException) -> str:
+    """A Spark job's exception in one line."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def _root_first(failed: Mapping[int, dict]) -> List[int]:
+    """The root failure first: the first to fail on its own account (a lost peer or a
+    stop by the driver is an effect), by when the failure happened; then the others,
+    effects last."""
+    causes = [r for r, rep in failed.items() if kind(rep) not in _EFFECTS] or list(failed)
+    roots = sorted(causes, key=lambda r: failure_time(failed[r]))[:1]
+    return roots + sorted((r for r in failed if r not in roots),
+                          key=lambda r: (kind(failed[r]) in _EFFECTS, failure_time(failed[r]), r))
+
+
+def _grouped(ids: List[int], failed: Mapping[int, dict],
+             fmt: Callable[[Iterable[int]], str]) -> List[str]:
+    """One line per way of failing, naming who failed that way."""
+    by_text: Dict[str, List[int]] = {}
+    for r in ids:
+        by_text.setdefault(describe(failed[r]), []).append(r)
+    return [f"{fmt(ranks)}: {text}" for text, ranks in by_text.items()]
+
+
+def _error(lines: List[str], order: List[int], failed: Mapping[int, dict],
+           tails: Mapping[int, Deque[str]], noun: str,
+           cause: Optional[BaseException]) -> RankFailedError:
+    failures = {r: tail(tails.get(r, ()), failed[r]) for r in order}
     for r, text in failures.items():
-        lines += [f"--- last output of rank {r} ---", text or "(no output)"]
+        lines += [f"--- last output of {noun} {r} ---", text or "(no output)"]
     error = RankFailedError("\n".join(lines), failures)
-    if failure[0] == "spark":
-        error.__cause__ = failure[1]
+    if cause is not None:
+        error.__cause__ = cause
     return error

@@ -22,12 +22,25 @@ The exchange, in order:
 5. ``stop/<rank>`` tells a task to stop its child: the driver sets it to
    :data:`ABORT` when another rank failed, the task itself to :data:`DONE` when
    its child has ended (which releases the task's watcher thread).
+
+An elastic job (``run_elastic``: plain tasks, one per possible worker) has no ranks
+to key on: each task's output is a *stream* named ``<partition>.<attempt>``
+(``attempt/<partition>`` counts the attempts; a retried task is a new worker).
+Steps 3 to 5 hold with the stream in place of the rank; instead of 1 and 2:
+
+1. The task takes a worker id (``__elastic__/next_worker``, the counter the elastic
+   protocol allocates ids from), sets ``stream/<stream>`` to ``{"worker", "host"}``,
+   then, unless ``finish`` is set, starts its child at once: the job's coordinator,
+   not the driver's start key, decides when the workers train.
+2. The driver sets ``finish`` when the job is over (done or failed), then
+   ``stop/<stream>`` for every stream it finds: a task sees either its stop key or,
+   having set its stream key after that scan, ``finish``.
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Tuple, Union
 
 ABORT = b"abort"
 DONE = b"done"
@@ -43,29 +56,42 @@ LOG_BATCH_BYTES = 256 * 1024
 MAX_LINE_BYTES = 64 * 1024
 
 START_KEY = "spark/start"
+FINISH_KEY = "spark/finish"
+STREAM_PREFIX = "spark/stream/"
+
+Stream = Union[int, str]  # a rank, or an elastic task's stream id
 
 
 def attempt_key(rank: int) -> str:
     return f"spark/attempt/{rank}"
 
 
+def stream_id(partition: int, attempt: int) -> str:
+    """An elastic task's stream: its partition and attempt."""
+    return f"{partition}.{attempt}"
+
+
+def stream_key(stream: str) -> str:
+    return f"{STREAM_PREFIX}{stream}"
+
+
 def host_key(rank: int) -> str:
     return f"spark/host/{rank}"
 
 
-def log_key(rank: int, seq: int) -> str:
+def log_key(rank: Stream, seq: int) -> str:
     return f"spark/log/{rank}/{seq}"
 
 
-def result_key(rank: int, index: int) -> str:
+def result_key(rank: Stream, index: int) -> str:
     return f"spark/result/{rank}/{index}"
 
 
-def reported_key(rank: int) -> str:
+def reported_key(rank: Stream) -> str:
     return f"spark/reported/{rank}"
 
 
-def stop_key(rank: int) -> str:
+def stop_key(rank: Stream) -> str:
     return f"spark/stop/{rank}"
 
 

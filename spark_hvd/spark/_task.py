@@ -12,6 +12,10 @@ The child runs in a session of its own: when the driver aborts the job, or the
 task ends, the whole process tree of the rank is signalled (SIGTERM, then
 SIGKILL).  When the Python worker itself is killed (Spark kills it when it
 cancels a task), the child dies with it (see ``_child``).
+
+An elastic job's task (:func:`run_worker`, a plain task, not a barrier one) does the
+same for one worker: no rank, no host list to wait for; its child joins the job's
+membership epochs itself (``spark_hvd.init()`` in an elastic job).
 """
 
 from __future__ import annotations
@@ -27,9 +31,9 @@ import time
 import traceback
 from dataclasses import dataclass
 from queue import Queue
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
-from spark_hvd._job import env as _env
+from spark_hvd._job import elastic as _elastic, env as _env
 from spark_hvd._job.store import MAX_TIMEOUT_S
 from spark_hvd._job.topology import assign
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
@@ -56,6 +60,11 @@ class TaskSpec:
     start_timeout_s: float
     kill_grace_s: float
     executable: str = ""            # the rank's Python; "": the executor's own
+    elastic_timeout_s: float = 0.0  # > 0: an elastic job (size = its maximum of workers)
+
+    @property
+    def elastic(self) -> bool:
+        return self.elastic_timeout_s > 0
 
 
 def visible_devices(addresses: Iterable[str], existing: Optional[str]) -> str:
@@ -120,17 +129,17 @@ class _Tagged(LineRouter):
 class _LogStream:
     """A binary stream for :class:`Sink` that sends the task's output to the driver.
 
-    One thread sends what has queued up as one ``log/<rank>/<seq>`` message, so
+    One thread sends what has queued up as one ``log/<stream>/<seq>`` message, so
     lines reach the driver as soon as they are written, batched when they come fast.
     """
 
-    def __init__(self, client: RendezvousClient, rank: int) -> None:
-        self._client, self._rank = client, rank
+    def __init__(self, client: RendezvousClient, stream: P.Stream) -> None:
+        self._client, self._stream = client, stream
         self._queue: "Queue[Optional[bytes]]" = Queue()
         self._seq = 0
         self.broken: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._send_loop, daemon=True,
-                                        name=f"spark_hvd-logs-{rank}")
+                                        name=f"spark_hvd-logs-{stream}")
         self._thread.start()
 
     def write(self, data: bytes) -> None:
@@ -142,7 +151,7 @@ class _LogStream:
     def _send(self, message: bytes) -> None:
         if self.broken is None:
             try:
-                self._client.set(P.log_key(self._rank, self._seq), message)
+                self._client.set(P.log_key(self._stream, self._seq), message)
                 self._seq += 1
             except SparkHvdError as e:  # the driver is gone: nobody to show the output to
                 self.broken = e
@@ -169,12 +178,22 @@ class _LogStream:
         self._send(P.report_message(report))
 
 
-def _child_env(spec: TaskSpec, rank: int, hosts: List[str],
+def _rank_vars(spec: TaskSpec, rank: int, hosts: List[str]) -> Dict[str, str]:
+    return _env.rank_env(assign(hosts)[rank], spec.addr, spec.port, spec.secret, spec.run_id,
+                         _env.CONTROLLER_GLOO, spec.start_timeout_s)
+
+
+def _worker_vars(spec: TaskSpec, worker: int) -> Dict[str, str]:
+    return _env.elastic_env(spec.addr, spec.port, spec.secret, spec.run_id, worker,
+                            spec.elastic_timeout_s, spec.start_timeout_s)
+
+
+def _child_env(spec: TaskSpec, job_vars: Mapping[str, str],
                resources: Mapping[str, object]) -> Dict[str, str]:
-    topology = assign(hosts)[rank]
+    """The child's environment: the executor's, the job's ``SPARK_HVD_*`` variables
+    (``job_vars``), the user's ``env``, and the task's GPUs when they are pinned."""
     env = dict(os.environ)
-    env.update(_env.rank_env(topology, spec.addr, spec.port, spec.secret, spec.run_id,
-                             _env.CONTROLLER_GLOO, spec.start_timeout_s))
+    env.update(job_vars)
     env.update(_UNBUFFERED)
     env["PYTHONPATH"] = _child_pythonpath(os.environ)
     env.update(dict(spec.env))
@@ -190,9 +209,9 @@ def _child_env(spec: TaskSpec, rank: int, hosts: List[str],
     return env
 
 
-def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: RendezvousClient,
-               logs: _LogStream, report: dict) -> None:
-    workdir = tempfile.mkdtemp(prefix=f"spark_hvd_rank{rank}_")
+def _run_child(spec: TaskSpec, stream: P.Stream, env: Dict[str, str],
+               client: RendezvousClient, logs: _LogStream, report: dict) -> None:
+    workdir = tempfile.mkdtemp(prefix=f"spark_hvd_{stream}_")
     try:
         payload_path = os.path.join(workdir, "payload.pkl")
         result_path = os.path.join(workdir, "result.pkl")
@@ -205,7 +224,7 @@ def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: Rendezvou
 
         def watch_stop() -> None:
             try:
-                value = client.get(P.stop_key(rank), MAX_TIMEOUT_S)
+                value = client.get(P.stop_key(stream), MAX_TIMEOUT_S)
             except SparkHvdError:  # the driver is gone
                 value = P.ABORT
             with lock:
@@ -215,12 +234,12 @@ def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: Rendezvou
 
         sink = Sink(logs)
         try:
-            proc = group.spawn(rank, [spec.executable or sys.executable,
-                                      os.path.abspath(_child.__file__),
-                                      payload_path, result_path, str(os.getpid())],
+            proc = group.spawn(stream, [spec.executable or sys.executable,
+                                        os.path.abspath(_child.__file__),
+                                        payload_path, result_path, str(os.getpid())],
                                env, _Tagged(P.STDOUT, sink), _Tagged(P.STDERR, sink))
             threading.Thread(target=watch_stop, daemon=True,
-                             name=f"spark_hvd-stop-{rank}").start()
+                             name=f"spark_hvd-stop-{stream}").start()
             group.wait_first_failure()
             report["time"] = time.time()
         finally:
@@ -228,7 +247,7 @@ def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: Rendezvou
                 child_done = True
             group.shutdown(spec.kill_grace_s)  # stray grandchildren too; joins the output
             try:
-                client.set(P.stop_key(rank), P.DONE)  # releases watch_stop
+                client.set(P.stop_key(stream), P.DONE)  # releases watch_stop
             except SparkHvdError:
                 pass
         report["returncode"] = proc.returncode
@@ -241,52 +260,103 @@ def _run_child(spec: TaskSpec, rank: int, env: Dict[str, str], client: Rendezvou
             if value is not None:
                 parts = P.chunks(value)
                 for i, part in enumerate(parts):
-                    client.set(P.result_key(rank, i), part)
+                    client.set(P.result_key(stream, i), part)
                 report["chunks"] = len(parts)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _client(spec: TaskSpec) -> RendezvousClient:
+    return RendezvousClient(spec.addr, spec.port, spec.secret, spec.run_id,
+                            connect_timeout_s=min(spec.start_timeout_s, 60.0))
+
+
+def _report_child(spec: TaskSpec, client: RendezvousClient, stream: P.Stream, report: dict,
+                  prepare: Callable[[], Optional[Dict[str, str]]]) -> None:
+    """Runs the child with the environment ``prepare()`` gives (None: the job is over,
+    start none), streaming its output as ``stream``; the final report is sent whatever
+    happens."""
+    logs = _LogStream(client, stream)
+    try:
+        env = prepare()
+        if env is None:
+            report["aborted"] = True
+            return
+        _run_child(spec, stream, env, client, logs, report)
+    except BaseException:
+        report["task_error"] = traceback.format_exc()
+        report["time"] = time.time()
+    finally:
+        logs.close(report)
+        try:
+            client.set(P.reported_key(stream), b"1")
+        except SparkHvdError:  # the driver is gone
+            pass
+
+
 def run_rank(spec: TaskSpec, rank: int, resources: Mapping[str, object]) -> None:
     """The whole life of rank ``rank``'s task; reports to the driver, raises only when
     the driver cannot be reached."""
-    client = RendezvousClient(spec.addr, spec.port, spec.secret, spec.run_id,
-                              connect_timeout_s=min(spec.start_timeout_s, 60.0))
+    client = _client(spec)
     try:
         if client.add(P.attempt_key(rank), 1) > 1:
             # Spark retried the task (or the stage): a rank cannot be resumed, and the
             # driver, which reads the attempt counter, reports the job as failed.
             return
-        logs = _LogStream(client, rank)
         report: dict = {"rank": rank}
-        try:
+
+        def prepare() -> Optional[Dict[str, str]]:
             report["host"] = host = _env.hostname()
             client.set(P.host_key(rank), host.encode("utf-8"))
             start = client.get(P.START_KEY, spec.start_timeout_s + 60.0)
             if start == P.ABORT:
-                report["aborted"] = True
-                return
-            env = _child_env(spec, rank, json.loads(start), resources)
-            _run_child(spec, rank, env, client, logs, report)
-        except BaseException:
-            report["task_error"] = traceback.format_exc()
-            report["time"] = time.time()
-        finally:
-            logs.close(report)
-            try:
-                client.set(P.reported_key(rank), b"1")
-            except SparkHvdError:  # the driver is gone
-                pass
+                return None
+            return _child_env(spec, _rank_vars(spec, rank, json.loads(start)), resources)
+
+        _report_child(spec, client, rank, report, prepare)
     finally:
         client.close()
 
 
-def rdd_partition(spec: TaskSpec, iterator: Iterator) -> Iterator:
-    """The function of ``rdd.barrier().mapPartitions``."""
+def run_worker(spec: TaskSpec, partition: int, resources: Mapping[str, object]) -> None:
+    """The whole life of an elastic job's task (partition ``partition``): one worker,
+    which starts at once (see :mod:`spark_hvd.spark._protocol`); a Spark retry is a new
+    worker. Reports to the driver, raises only when the driver cannot be reached."""
+    client = _client(spec)
+    try:
+        stream = P.stream_id(partition, client.add(P.attempt_key(partition), 1))
+        worker = client.add(_elastic.NEXT_WORKER, 1)
+        host = _env.hostname()
+        client.set(P.stream_key(stream), json.dumps({"worker": worker, "host": host}).encode())
+
+        def prepare() -> Optional[Dict[str, str]]:
+            if client.check([P.FINISH_KEY]):
+                return None
+            return _child_env(spec, _worker_vars(spec, worker), resources)
+
+        _report_child(spec, client, stream, {"worker": worker, "host": host}, prepare)
+    finally:
+        client.close()
+
+
+def _run_task(spec: TaskSpec, ctx) -> None:
+    (run_worker if spec.elastic else run_rank)(spec, ctx.partitionId(), ctx.resources())
+
+
+def _task_context(spec: TaskSpec):
+    if spec.elastic:
+        from pyspark import TaskContext
+
+        return TaskContext.get()
     from pyspark import BarrierTaskContext
 
-    ctx = BarrierTaskContext.get()
-    run_rank(spec, ctx.partitionId(), ctx.resources())
+    return BarrierTaskContext.get()
+
+
+def rdd_partition(spec: TaskSpec, iterator: Iterator) -> Iterator:
+    """The function of ``rdd.barrier().mapPartitions`` (``rdd.mapPartitions`` for an
+    elastic job)."""
+    _run_task(spec, _task_context(spec))
     return iter(())
 
 
@@ -294,13 +364,12 @@ ARROW_SCHEMA = "rank int"
 
 
 def arrow_partition(spec: TaskSpec, batches: Iterator) -> Iterator:
-    """The function of ``DataFrame.mapInArrow(..., barrier=True)``."""
+    """The function of ``DataFrame.mapInArrow(..., barrier=True)`` (``barrier=False``
+    for an elastic job)."""
     import pyarrow as pa
-    from pyspark import BarrierTaskContext
 
     for _ in batches:  # one row of spark.range per task; read it so its writer is done
         pass
-    ctx = BarrierTaskContext.get()
-    rank = ctx.partitionId()
-    run_rank(spec, rank, ctx.resources())
-    yield pa.RecordBatch.from_pydict({"rank": pa.array([rank], pa.int32())})
+    ctx = _task_context(spec)
+    _run_task(spec, ctx)
+    yield pa.RecordBatch.from_pydict({"rank": pa.array([ctx.partitionId()], pa.int32())})

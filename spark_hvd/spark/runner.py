@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from functools import partial
 from typing import (Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, TextIO,
                     Tuple)
@@ -51,6 +52,7 @@ _PROG = _failures.PROG
 _REPORT_WAIT_S = 10.0     # after an abort: how long the other ranks get to report
 _LATE_REPORT_S = 60.0     # after the Spark job ended: reports still on their way
 _SPARK_END_WAIT_S = 30.0  # how long to wait for the Spark job to end once ranks are done
+_SUPERSEDED_CHECK_S = 5.0  # elastic: how often a silent stream checks for a task retry
 
 
 
@@ -145,34 +147,69 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     CollectiveTimeoutError
         When not every task started within ``start_timeout``.
     """
-    if not callable(fn):
-        raise InvalidArgumentError(f"fn must be callable, got {type(fn).__name__}")
     _check_controller(use_mpi, use_gloo, extra_mpi_args, nics)
-    output = _Output.make(stdout, stderr, verbose, prefix_output_with_timestamp)
-    if executable is not None and (not isinstance(executable, str) or not executable):
-        raise InvalidArgumentError(f"executable must be a path to a Python interpreter on the "
-                                   f"executors, got {executable!r}")
-    user_env = _check_env(env)
-    start_timeout_s = _start_timeout(start_timeout)
-    if isinstance(kill_grace_s, bool) or not isinstance(kill_grace_s, (int, float)) \
-            or kill_grace_s < 0:
-        raise InvalidArgumentError(f"kill_grace_s must be a number >= 0, got {kill_grace_s!r}")
+    launch = _Launch.check(fn, args, kwargs, env, stdout, stderr, verbose,
+                           prefix_output_with_timestamp, executable, start_timeout, kill_grace_s)
     spark = spark if spark is not None else _checks.active_session()
     conf = _checks.read_conf(spark)
     plan = _plan(spark, conf, num_proc, use_gpu)
-    import cloudpickle
+    return launch.run(spark, conf, plan.num_proc, plan.use_gpu,
+                      lambda server, spec: _Job(spark, server, spec, launch.output, verbose))
 
-    payload = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
-    server, addr = _start_server(conf, _checks.is_connect(spark))
-    try:
-        spec = _task.TaskSpec(addr=addr, port=server.port, secret=server.secret,
-                              run_id=server.run_id, size=plan.num_proc, payload=payload,
-                              env=tuple(sorted(user_env.items())), use_gpu=plan.use_gpu,
-                              start_timeout_s=start_timeout_s, kill_grace_s=float(kill_grace_s),
-                              executable=executable or "")
-        return _Job(spark, server, spec, output, verbose).run()
-    finally:
-        server.stop()
+
+@dataclass(frozen=True)
+class _Launch:
+    """What ``run`` and ``run_elastic`` are asked to launch, checked."""
+
+    fn: Callable
+    args: Tuple
+    kwargs: Dict[str, Any]
+    env: Dict[str, str]
+    output: "_Output"
+    executable: str
+    start_timeout_s: float
+    kill_grace_s: float
+
+    @classmethod
+    def check(cls, fn: Callable, args: Sequence, kwargs: Optional[Mapping[str, Any]],
+              env: Optional[Mapping[str, str]], stdout: Optional[TextIO],
+              stderr: Optional[TextIO], verbose: int, timestamp: bool,
+              executable: Optional[str], start_timeout: Optional[float],
+              kill_grace_s: float) -> "_Launch":
+        """InvalidArgumentError for arguments that cannot work."""
+        if not callable(fn):
+            raise InvalidArgumentError(f"fn must be callable, got {type(fn).__name__}")
+        output = _Output.make(stdout, stderr, verbose, timestamp)
+        if executable is not None and (not isinstance(executable, str) or not executable):
+            raise InvalidArgumentError(f"executable must be a path to a Python interpreter on "
+                                       f"the executors, got {executable!r}")
+        user_env = _check_env(env)
+        start_timeout_s = _start_timeout(start_timeout)
+        if isinstance(kill_grace_s, bool) or not isinstance(kill_grace_s, (int, float)) \
+                or kill_grace_s < 0:
+            raise InvalidArgumentError(f"kill_grace_s must be a number >= 0, got "
+                                       f"{kill_grace_s!r}")
+        return cls(fn, tuple(args), dict(kwargs or {}), user_env, output, executable or "",
+                   start_timeout_s, float(kill_grace_s))
+
+    def run(self, spark, conf: Mapping[str, Optional[str]], size: int, use_gpu: bool,
+            job: Callable[[RendezvousServer, _task.TaskSpec], "_Job"],
+            **spec_fields: Any) -> List[Any]:
+        """Starts the rendezvous server and runs ``job(server, spec)`` of ``size`` tasks."""
+        import cloudpickle
+
+        payload = cloudpickle.dumps((self.fn, self.args, self.kwargs))
+        server, addr = _start_server(conf, _checks.is_connect(spark))
+        try:
+            spec = _task.TaskSpec(addr=addr, port=server.port, secret=server.secret,
+                                  run_id=server.run_id, size=size, payload=payload,
+                                  env=tuple(sorted(self.env.items())), use_gpu=use_gpu,
+                                  start_timeout_s=self.start_timeout_s,
+                                  kill_grace_s=self.kill_grace_s, executable=self.executable,
+                                  **spec_fields)
+            return job(server, spec).run()
+        finally:
+            server.stop()
 
 
 def _check_controller(use_mpi: Optional[bool], use_gloo: Optional[bool],
@@ -217,14 +254,14 @@ class _Output:
             stderr = stderr if stderr is not None else sys.stderr
         return cls(stdout, stderr, bool(timestamp))
 
-    def write(self, rank: int, lines: Sequence[Tuple[bytes, str]]) -> None:
-        """Lines of rank ``rank``, as (P.STDOUT or P.STDERR, text)."""
+    def write(self, label: str, lines: Sequence[Tuple[bytes, str]]) -> None:
+        """Lines of rank (or worker) ``label``, as (P.STDOUT or P.STDERR, text)."""
         stamp = time.strftime("%a %b %d %H:%M:%S %Y ") if self.timestamp else ""
         used = set()
         for stream, text in lines:
             out = self.out if stream == P.STDOUT else self.err
             if out is not None:
-                out.write(f"{stamp}[{rank}] {text}\n")
+                out.write(f"{stamp}[{label}] {text}\n")
                 used.add(id(out))
         for out in (self.out, self.err):
             if out is not None and id(out) in used and callable(getattr(out, "flush", None)):
@@ -302,6 +339,11 @@ def _start_server(conf: Mapping[str, Optional[str]], connect: bool
 class _Job:
     """One launch: the Spark stage, the rank readers, the wait for the outcome."""
 
+    prog = _PROG
+    barrier = True         # one barrier stage of ``size`` tasks
+    what = "ranks"         # what the tasks are, for the Spark UI
+    line_label = "{}"      # the label of each output line, from the rank
+
     def __init__(self, spark, server: RendezvousServer, spec: _task.TaskSpec,
                  output: _Output, verbose: int) -> None:
         self.spark, self.server, self.spec, self.verbose = spark, server, spec, verbose
@@ -333,17 +375,18 @@ class _Job:
                 try:
                     (self.spark.range(0, n, 1, n)
                      .mapInArrow(partial(_task.arrow_partition, self.spec),
-                                 _task.ARROW_SCHEMA, barrier=True)
+                                 _task.ARROW_SCHEMA, barrier=self.barrier)
                      .collect())
                 finally:
                     self.spark.removeTag(self.tag)
             else:
                 sc = self.spark.sparkContext
-                sc.setJobGroup(self.tag, f"{_PROG}: {n} ranks, run {self.server.run_id}",
-                               interruptOnCancel=True)
-                sc.setLocalProperty("callSite.short", f"{_PROG}({n} ranks)")
-                (sc.parallelize(range(n), n).barrier()
-                 .mapPartitions(partial(_task.rdd_partition, self.spec)).collect())
+                sc.setJobGroup(self.tag, f"{self.prog}: {n} {self.what}, run "
+                                         f"{self.server.run_id}", interruptOnCancel=True)
+                sc.setLocalProperty("callSite.short", f"{self.prog}({n} {self.what})")
+                rdd = sc.parallelize(range(n), n)
+                rdd = rdd.barrier() if self.barrier else rdd
+                rdd.mapPartitions(partial(_task.rdd_partition, self.spec)).collect()
             self.events.put(("spark_done",))
         except BaseException as e:  # noqa: B036 - handed to the main thread
             self.events.put(("spark_failed", e))
@@ -366,27 +409,40 @@ class _Job:
         if self.verbose >= 2:
             self._say(f"{self.size} ranks registered on {', '.join(sorted(set(hosts)))}")
 
-    def _read_rank(self, rank: int) -> None:
-        seq, tail = 0, self.tails[rank]
+    def _read_log(self, stream: P.Stream, label: int,
+                  superseded: Optional[Callable[[], bool]] = None) -> None:
+        """Prints ``stream``'s output as ``label``'s until its report, which goes to the
+        main thread as ``("report", label, report)``. With ``superseded``, a stream that
+        stays silent is given up when that says so (Spark started its task again)."""
+        seq = 0
+        tail = self.tails.setdefault(label, deque(maxlen=TAIL_LINES))
         while True:
-            key = P.log_key(rank, seq)
+            key = P.log_key(stream, seq)
             try:
-                message = self.store.get(key, MAX_TIMEOUT_S)
+                message = self.store.get(key, MAX_TIMEOUT_S if superseded is None
+                                         else _SUPERSEDED_CHECK_S)
+            except CollectiveTimeoutError:
+                if superseded is not None and superseded():
+                    self.events.put(("report", label, {
+                        "task_error": "its Spark task was lost (Spark started it again)",
+                        "time": time.time()}))
+                    return
+                continue
             except SparkHvdError:  # the store closed: the job is over
                 return
             self.store.delete(key)
             seq += 1
             if message[:1] != P.KIND_LINES:
-                self.events.put(("report", rank, pickle.loads(message[1:])))
+                self.events.put(("report", label, pickle.loads(message[1:])))
                 return
             lines = list(P.parse_lines(message[1:]))
             tail.extend(text for _, text in lines)
             with self._print_lock:
-                self.output.write(rank, lines)
+                self.output.write(self.line_label.format(label), lines)
 
     def _say(self, text: str) -> None:
         with self._print_lock:
-            sys.stderr.write(f"{_PROG}: {text}\n")
+            sys.stderr.write(f"{self.prog}: {text}\n")
             sys.stderr.flush()
 
     # -- the outcome ----------------------------------------------------------------
@@ -397,7 +453,7 @@ class _Job:
                       f"({'mapInArrow, Spark Connect' if self.connect else 'RDD'}); rendezvous "
                       f"at {self.spec.addr}:{self.spec.port}, run {self.server.run_id}")
         for r in range(self.size):
-            self._thread(self._read_rank, r, name=f"spark_hvd-rank-{r}-output")
+            self._thread(self._read_log, r, r, name=f"spark_hvd-rank-{r}-output")
         self._thread(self._start_ranks, name="spark_hvd-start")
         spark_thread = self._spark_thread()
         results: Dict[int, Any] = {}
@@ -446,7 +502,7 @@ class _Job:
                 if not _failures.ok(report):
                     return ("rank", rank)
                 try:
-                    results[rank] = self._load_result(rank, report)
+                    results[rank] = self._load_result(rank, report, f"rank {rank}")
                 except SparkHvdError as e:
                     report["task_error"] = str(e)
                     return ("rank", rank)
@@ -467,16 +523,16 @@ class _Job:
             elif kind == "start_timeout":
                 return ("start_timeout", event[1])
 
-    def _load_result(self, rank: int, report: dict) -> Any:
+    def _load_result(self, stream: P.Stream, report: dict, who: str) -> Any:
         parts = []
         for i in range(report.get("chunks", 0)):
-            key = P.result_key(rank, i)
+            key = P.result_key(stream, i)
             parts.append(self.store.get(key, _REPORT_WAIT_S))
             self.store.delete(key)
         try:
             return pickle.loads(b"".join(parts))
         except Exception as e:
-            raise SparkHvdError(f"the return value of rank {rank} cannot be unpickled on the "
+            raise SparkHvdError(f"the return value of {who} cannot be unpickled on the "
                                 f"driver: {type(e).__name__}: {e}") from None
 
     def _abort(self) -> None:
@@ -522,7 +578,8 @@ class _Job:
                 else:
                     self.spark.sparkContext.cancelJobGroup(self.tag)
             except Exception as e:  # the session may be stopping too
-                logger.warning("%s: cancelling Spark job group %s failed: %s", _PROG, self.tag, e)
+                logger.warning("%s: cancelling Spark job group %s failed: %s", self.prog,
+                               self.tag, e)
         spark_thread.join(_SPARK_END_WAIT_S)
 
     def _attempts(self, rank: int) -> int:
@@ -537,4 +594,4 @@ class _Job:
         spark_thread.join(_SPARK_END_WAIT_S)
         if spark_thread.is_alive():
             logger.warning("%s: every rank returned but the Spark job has not ended after "
-                           "%g s", _PROG, _SPARK_END_WAIT_S)
+                           "%g s", self.prog, _SPARK_END_WAIT_S)
