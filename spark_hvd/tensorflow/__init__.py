@@ -20,7 +20,8 @@ from spark_hvd.exceptions import (CollectiveTimeoutError, HorovodInternalError,
 from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import (allgather_object, broadcast_object,
                                             broadcast_object_fn, broadcast_variables)
-from spark_hvd.tensorflow.gradient_tape import DistributedGradientTape
+from spark_hvd.tensorflow.gradient_tape import (DistributedGradientTape,
+                                                PartialDistributedGradientTape)
 from spark_hvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
                                           allreduce, alltoall, barrier, broadcast, broadcast_,
                                           grouped_allgather, grouped_allreduce,
@@ -80,7 +81,8 @@ __all__ = [
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
     "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "broadcast_global_variables", "DistributedGradientTape", "DistributedOptimizer",
+    "broadcast_global_variables", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "DistributedOptimizer",
     "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
     "CollectiveTimeoutError", "PeerLostError", "InternalError",
     "HorovodInternalError", "HostsUpdatedInterrupt",

@@ -3,6 +3,8 @@ Keras DistributedOptimizer.
 
 Dense gradients go as one group (one host call, one negotiation, fused by the core);
 ``tf.IndexedSlices`` are allgathered unless ``sparse_as_dense``; ``None`` stays ``None``.
+Gradients of variables registered as local (Horovod's ``PartialDistributed*``) are not
+reduced; with ``scale_local_gradients`` they are divided by the size, as Horovod does.
 """
 
 from __future__ import annotations
@@ -16,6 +18,13 @@ from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import mpi_ops
 from spark_hvd.tensorflow._host import stable_name
 from spark_hvd.tensorflow.compression import Compression
+
+
+def variable_key(var):
+    """A hashable identity of a variable: ``ref()`` for TensorFlow's, the object's id for
+    Keras 3's (which have no ``ref``; a model keeps its variables alive)."""
+    ref = getattr(var, "ref", None)
+    return ref() if ref is not None else id(var)
 
 
 class GradientReducer:
@@ -56,13 +65,20 @@ class GradientReducer:
         f = self.gradient_predivide_factor
         return mpi_ops.Sum, 1.0 / f, f / self.process_set.size()
 
-    def __call__(self, grads: Sequence, name: Optional[str] = None) -> List:
+    def __call__(self, grads: Sequence, name: Optional[str] = None,
+                 variables: Optional[Sequence] = None, local=frozenset(),
+                 scale_local_gradients: bool = True) -> List:
+        """``local``: the :func:`variable_key` of each of the ``variables`` whose gradients
+        stay local."""
         grads = list(grads)
         out: list = [None] * len(grads)
         op, prescale, postscale = self._op_and_scales()
         dense_idx, dense = [], []
         for i, g in enumerate(grads):
             if g is None:
+                continue
+            if local and variables is not None and variable_key(variables[i]) in local:
+                out[i] = self._local(g) if scale_local_gradients else g
                 continue
             if isinstance(g, tf.IndexedSlices) and not self.sparse_as_dense:
                 out[i] = ("sparse", g)
@@ -76,7 +92,14 @@ class GradientReducer:
         for i, r, (_, ctx) in zip(dense_idx, reduced, compressed):
             out[i] = self.compression.decompress(r, ctx)
         for i, g in enumerate(out):
-            if isinstance(g, tuple):
+            if isinstance(g, tuple) and g[0] == "sparse":
                 out[i] = mpi_ops._allreduce_sparse(g[1], op, prescale, postscale,
                                                    f"{base}.sparse{i}", self.process_set)
         return out
+
+    def _local(self, g):
+        n = self.process_set.size()
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
+                                    g.dense_shape)
+        return g / tf.cast(n, g.dtype)

@@ -32,3 +32,42 @@ def check_tf_process_set_broadcast_root_is_a_global_rank():
             assert hvd.broadcast_object(r, root, process_set=ps) == root
     finally:
         hvd.remove_process_set(ps)
+
+
+def check_tf_partial_distributed_keeps_local_layers_local():
+    """PartialDistributedGradientTape / PartialDistributedOptimizer (Horovod's): the shared
+    layer's gradient is the average over ranks, the local layer's this rank's own divided
+    by the size (scale_local_gradients, the default) or as it is."""
+    import numpy as np
+    import keras
+
+    import spark_hvd.tensorflow.keras as hvd_keras
+
+    r, n = hvd.rank(), hvd.size()
+    shared = keras.layers.Dense(2, use_bias=False, kernel_initializer="ones")
+    local = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((3,)), shared, local])
+    x = tf.fill([1, 3], float((r + 1) ** 2))  # no rank's gradient is the average
+
+    def own_grads():
+        with tf.GradientTape() as t:
+            loss = tf.reduce_sum(model(x))
+        return t, loss
+
+    t, loss = own_grads()
+    own = [g.numpy() for g in t.gradient(loss, model.trainable_variables)]
+    mean_shared = hvd.allreduce(own[0], op=hvd.Average, name="compat.partial.ref").numpy()
+    assert not np.allclose(mean_shared, own[0])  # the ranks' gradients differ
+    for scale, want_local in ((True, own[1] / n), (False, own[1])):
+        t, loss = own_grads()
+        t = hvd.PartialDistributedGradientTape(t, local_layers=[local],
+                                               scale_local_gradients=scale)
+        got = [g.numpy() for g in t.gradient(loss, model.trainable_variables)]
+        assert np.allclose(got[0], mean_shared), (got[0], mean_shared)
+        assert np.allclose(got[1], want_local), (scale, got[1], want_local)
+    before = [v.numpy() for v in model.trainable_variables]
+    opt = hvd_keras.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=local)
+    opt.apply([tf.constant(g) for g in own], model.trainable_variables)
+    after = [v.numpy() for v in model.trainable_variables]
+    assert np.allclose(after[0], before[0] - mean_shared), after[0]
+    assert np.allclose(after[1], before[1] - own[1] / n), after[1]

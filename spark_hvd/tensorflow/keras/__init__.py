@@ -22,7 +22,8 @@ from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import (allgather_object, broadcast_object,
                                             broadcast_variables)
 from spark_hvd.tensorflow.keras import callbacks
-from spark_hvd.tensorflow.keras.optimizer import DistributedOptimizer, is_distributed
+from spark_hvd.tensorflow.keras.optimizer import (DistributedOptimizer,
+                                                  PartialDistributedOptimizer, is_distributed)
 from spark_hvd.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum
 
 
@@ -90,7 +91,7 @@ __all__ = [
     "mpi_enabled", "nccl_built", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
-    "DistributedOptimizer", "is_distributed", "callbacks", "load_model",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "callbacks", "load_model",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables",
     "broadcast_object", "allgather_object", "broadcast_global_variables",
 ]

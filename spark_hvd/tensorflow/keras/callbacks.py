@@ -178,3 +178,15 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if self.verbose and epoch == self.warmup_epochs - 1:
             lr = float(np.asarray(self.model.optimizer.learning_rate))
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's: a ``ModelCheckpoint`` that keeps only the best model (``save_best_only``,
+    the whole model, not just weights) by ``monitor``. Give it to rank 0 only, or a path
+    per rank, so ranks never write one file."""
+
+    def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0,
+                 mode: str = "auto", save_freq: Union[str, int] = "epoch") -> None:
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=False, mode=mode,
+                         save_freq=save_freq)

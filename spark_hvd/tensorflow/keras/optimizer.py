@@ -36,7 +36,8 @@ import tensorflow as tf
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import mpi_ops
-from spark_hvd.tensorflow._reducer import GradientReducer
+from spark_hvd.tensorflow._reducer import GradientReducer, variable_key
+from spark_hvd.tensorflow.gradient_tape import local_variables_of
 from spark_hvd.tensorflow.compression import Compression
 
 
@@ -49,6 +50,7 @@ class _Settings:
     process_set: ProcessSet = global_process_set
     backward_passes_per_step: int = 1
     average_aggregated_gradients: bool = False
+    scale_local_gradients: bool = True
 
 
 class _DistributedOptimizerMixin:
@@ -58,13 +60,19 @@ class _DistributedOptimizerMixin:
     _hvd_reducer_obj: Optional[GradientReducer] = None
     _hvd_accumulators: Optional[list] = None
     _hvd_counter: Any = None
+    _hvd_local: frozenset = frozenset()
 
     # Instance attributes are set with object.__setattr__: Keras' __setattr__ would track
     # the accumulator list a second time (they are tracked when created).
     def _hvd_set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)
 
-    def _hvd_reduce(self, grads):
+    def register_local_var(self, var) -> None:
+        """Horovod's: ``var``'s gradient stays this rank's own (divided by the size when
+        ``scale_local_gradients``), not reduced across ranks."""
+        self._hvd_set("_hvd_local", self._hvd_local | {variable_key(var)})
+
+    def _hvd_reduce(self, grads, variables=None):
         reducer = self._hvd_reducer_obj
         if reducer is None:
             s = self._hvd_settings
@@ -73,7 +81,10 @@ class _DistributedOptimizerMixin:
                                       sparse_as_dense=s.sparse_as_dense,
                                       process_set=s.process_set, prefix="DistributedOptimizer")
             self._hvd_set("_hvd_reducer_obj", reducer)
-        return reducer(grads)
+        if self._hvd_local and variables is None:
+            variables = self._trainable_variables
+        return reducer(grads, variables=variables, local=self._hvd_local,
+                       scale_local_gradients=self._hvd_settings.scale_local_gradients)
 
     def build(self, variables):
         super().build(variables)
@@ -95,7 +106,8 @@ class _DistributedOptimizerMixin:
         if not grads:
             return super().apply(grads, trainable_variables)
         if self._hvd_settings.backward_passes_per_step == 1:
-            return super().apply(self._hvd_reduce(grads), trainable_variables)
+            return super().apply(self._hvd_reduce(grads, trainable_variables),
+                                 trainable_variables)
         if trainable_variables is not None:
             trainable_variables = list(trainable_variables)
             if not self.built:
@@ -124,7 +136,7 @@ class _DistributedOptimizerMixin:
                 summed[i] = tf.convert_to_tensor(accumulators[i])
                 if self._hvd_settings.average_aggregated_gradients:
                     summed[i] = summed[i] / tf.cast(k, summed[i].dtype)
-            base_apply(self._hvd_reduce(summed), variables)
+            base_apply(self._hvd_reduce(summed, variables), variables)
             for i in present:
                 accumulators[i].assign(tf.zeros_like(summed[i]))
             return tf.constant(True)
@@ -154,7 +166,7 @@ def _distributed_class(base: type, settings: _Settings) -> type:
 
 def _settings(compression, sparse_as_dense, gradient_predivide_factor, op,
               backward_passes_per_step, average_aggregated_gradients,
-              process_set) -> _Settings:
+              process_set, scale_local_gradients: bool = True) -> _Settings:
     if int(backward_passes_per_step) < 1:
         raise InvalidArgumentError(
             f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
@@ -162,7 +174,8 @@ def _settings(compression, sparse_as_dense, gradient_predivide_factor, op,
                          gradient_predivide_factor=float(gradient_predivide_factor),
                          sparse_as_dense=bool(sparse_as_dense), process_set=process_set,
                          backward_passes_per_step=int(backward_passes_per_step),
-                         average_aggregated_gradients=bool(average_aggregated_gradients))
+                         average_aggregated_gradients=bool(average_aggregated_gradients),
+                         scale_local_gradients=bool(scale_local_gradients))
     GradientReducer(compression=compression, op=settings.op,  # validates the combination
                     gradient_predivide_factor=settings.gradient_predivide_factor)
     return settings
@@ -191,8 +204,10 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
     backward_passes_per_step : reduce and apply every k-th call, accumulating in between.
     average_aggregated_gradients : divide the accumulated gradients by k.
     process_set : the ranks to reduce over.
-    device_dense, device_sparse, num_groups, groups, scale_local_gradients : accepted for
-        Horovod compatibility; all gradients form one group that the core fuses.
+    scale_local_gradients : divide the gradients of variables registered with
+        ``register_local_var`` (see :func:`PartialDistributedOptimizer`) by the size.
+    device_dense, device_sparse, num_groups, groups : accepted for Horovod compatibility;
+        all gradients form one group that the core fuses.
     """
     if isinstance(optimizer, (str, dict)):
         optimizer = keras.optimizers.get(optimizer)
@@ -202,13 +217,34 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
             f"{type(optimizer).__name__}; for a custom training loop use "
             "spark_hvd.tensorflow.DistributedGradientTape")
     settings = _settings(compression, sparse_as_dense, gradient_predivide_factor, op,
-                         backward_passes_per_step, average_aggregated_gradients, process_set)
+                         backward_passes_per_step, average_aggregated_gradients, process_set,
+                         scale_local_gradients)
     cls = _distributed_class(type(optimizer), settings)
     config = optimizer.get_config()
     if name:
         config["name"] = name
     _XLA_GUARD.install()
     return cls.from_config(config)
+
+
+def PartialDistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: str = "",
+                                device_sparse: str = "", compression=Compression.none,
+                                sparse_as_dense: bool = False,
+                                gradient_predivide_factor: float = 1.0, op=mpi_ops.Average,
+                                backward_passes_per_step: int = 1,
+                                average_aggregated_gradients: bool = False,
+                                groups=None, process_set: ProcessSet = global_process_set,
+                                local_layers=None, scale_local_gradients: bool = True):
+    """A DistributedOptimizer whose ``local_layers``' gradients are not reduced: each rank
+    applies its own (divided by the size when ``scale_local_gradients``, as Horovod)."""
+    opt = DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
+                               sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients,
+                               groups=groups, process_set=process_set,
+                               scale_local_gradients=scale_local_gradients)
+    for var in local_variables_of(local_layers):
+        opt.register_local_var(var)
+    return opt
 
 
 def make_distributed(optimizer, settings: _Settings):
