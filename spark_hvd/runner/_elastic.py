@@ -16,7 +16,8 @@ When an epoch forms:
   launcher removes as a ``removed`` one.
 
 The new epoch keeps the surviving members in their old rank order, then adds new
-workers, up to ``max_num_proc``. With fewer than ``min_num_proc`` it waits up to
+workers, up to ``max_num_proc``. With fewer than ``min_num_proc`` (every live member
+asked, or, for the first epoch, ``start_timeout_s`` passed) it waits up to
 ``elastic_timeout_s`` for more, then fails the job; each epoch after the first counts
 as a reset, and more than ``reset_limit`` of them fail the job too. A failure is
 answered to every waiting worker (they raise ElasticJobError) and kept in
@@ -29,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from spark_hvd._job import elastic as proto
 from spark_hvd.exceptions import InvalidArgumentError, StoreError
@@ -66,22 +67,30 @@ def check_sizes(num_proc: Optional[int], min_num_proc: Optional[int],
     return n, lo, hi
 
 
+def _workers(n: int) -> str:
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
 class Coordinator:
     """Forms the epochs of one elastic job (see the module docstring).
 
     ``log(message)`` receives one line per event (an epoch formed, a worker lost, the
-    job failing); the launchers print it.
+    job failing); the launchers print it. ``names`` spells the settings in messages as
+    the user gave them: ``{"min_num_proc": "--min-np {}"}`` (default ``min_num_proc={}``;
+    keys ``min_num_proc``, ``reset_limit``, ``elastic_timeout_s``).
     """
 
     def __init__(self, server: RendezvousServer, num_proc: int, min_num_proc: int,
                  max_num_proc: int, start_timeout_s: float, elastic_timeout_s: float,
                  reset_limit: Optional[int] = None,
-                 log: Callable[[str], None] = logger.info) -> None:
+                 log: Callable[[str], None] = logger.info,
+                 names: Optional[Mapping[str, str]] = None) -> None:
         self._server, self._store = server, server.store
         self.num_proc, self.min_num_proc, self.max_num_proc = num_proc, min_num_proc, max_num_proc
         self.start_timeout_s, self.elastic_timeout_s = start_timeout_s, elastic_timeout_s
         self.reset_limit = reset_limit
         self._log = log
+        self._names = dict(names or {})
         self._lock = threading.Lock()
         self._answered: Dict[int, int] = {}      # worker -> its last answered request
         self._to_remove: Set[int] = set()
@@ -197,17 +206,21 @@ class Coordinator:
             if not ready:
                 self._announce_changes(requests, removing, members)
         if not ready:
-            return self._check_short(requests, members)
+            # Short only at the start (past the start timeout): later, members that have
+            # not asked yet are still training and will ask at their next commit.
+            return self._check_short(requests, not self.epoch and (
+                time.monotonic() - self._started_at >= self.start_timeout_s))
         order = [w for w in members if w in requests] + sorted(w for w in requests
                                                               if w not in members)
         chosen, extra = order[:self.max_num_proc], order[self.max_num_proc:]
         if len(chosen) < self.min_num_proc:
-            return self._check_short(requests, members)
+            return self._check_short(requests, True)
         if self.epoch:
             self.resets += 1
             if self.reset_limit is not None and self.resets > self.reset_limit:
                 return self._fail(f"reset limit reached: the job re-formed {self.resets} times, "
-                                  f"more than reset_limit={self.reset_limit}", requests)
+                                  f"more than {self._knob('reset_limit', self.reset_limit)}",
+                                  requests)
         self._form(chosen, requests)
         for worker in extra:
             self._answer(worker, requests[worker][0], proto.REMOVED)
@@ -229,21 +242,25 @@ class Coordinator:
             self._announced.update(leaving)
             self._announce(proto.REMOVED)
 
-    def _check_short(self, requests: Dict[int, Tuple[int, str]], members: List[int]) -> None:
-        """Fails the job when too few workers have been asking for the elastic timeout."""
-        short = self.epoch and requests and len(requests) < self.min_num_proc
+    def _check_short(self, requests: Dict[int, Tuple[int, str]], short: bool) -> None:
+        """Fails the job when too few workers (``short``) lasted for the elastic timeout."""
         if not short:
             self._short_since = None
             return
         now = time.monotonic()
+        minimum = self._knob("min_num_proc", self.min_num_proc)
         if self._short_since is None:
             self._short_since = now
-            self._log(f"{len(requests)} workers left, fewer than min_num_proc="
-                      f"{self.min_num_proc}: waiting up to {self.elastic_timeout_s:g} s for more")
+            self._log(f"{_workers(len(requests))} ready, fewer than {minimum}: waiting up to "
+                      f"{self.elastic_timeout_s:g} s for more")
         elif now - self._short_since >= self.elastic_timeout_s:
-            self._fail(f"only {len(requests)} workers after waiting {self.elastic_timeout_s:g} s "
-                       f"(elastic timeout), fewer than min_num_proc={self.min_num_proc}: add "
-                       f"hosts or lower the minimum", requests)
+            self._fail(f"only {_workers(len(requests))} after waiting {self.elastic_timeout_s:g} s "
+                       f"({self._knob('elastic_timeout_s', self.elastic_timeout_s)}), fewer "
+                       f"than {minimum}: add hosts or lower the minimum", requests)
+
+    def _knob(self, name: str, value: object) -> str:
+        """``name=value`` as the user spells the setting (``names`` of the constructor)."""
+        return self._names.get(name, name + "={}").format(value)
 
     def _form(self, chosen: List[int], requests: Dict[int, Tuple[int, str]]) -> None:
         self._short_since = None

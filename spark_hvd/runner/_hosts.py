@@ -32,8 +32,11 @@ class Slot:
     remote: bool
 
 
-def parse_hosts(spec: str) -> List[Tuple[str, int]]:
-    """``host:slots,host:slots`` (slots default 1) as a list of ``(host, slots)``."""
+def parse_hosts(spec: str, default_slots: int = 1,
+                what: Optional[str] = None) -> List[Tuple[str, int]]:
+    """``host:slots,host:slots`` (slots default ``default_slots``) as a list of
+    ``(host, slots)``; errors name the input as ``what`` (default ``-H 'spec'``)."""
+    what = f"-H {spec!r}" if what is None else what
     hosts = []
     for item in spec.split(","):
         item = item.strip()
@@ -41,17 +44,17 @@ def parse_hosts(spec: str) -> List[Tuple[str, int]]:
             continue
         host, sep, slots = item.rpartition(":")
         if not sep or host.endswith(":"):  # no slots given, or a bare IPv6 address
-            host, slots = item, "1"
+            host, slots = item, str(default_slots)
         try:
             n = int(slots)
         except ValueError:
-            raise InvalidArgumentError(f"-H {spec!r}: slots of {host!r} must be an int, "
+            raise InvalidArgumentError(f"{what}: slots of {host!r} must be an int, "
                                        f"got {slots!r}") from None
         if n < 1:
-            raise InvalidArgumentError(f"-H {spec!r}: slots of {host!r} must be >= 1")
+            raise InvalidArgumentError(f"{what}: slots of {host!r} must be >= 1")
         hosts.append((host.strip("[]"), n))
     if not hosts:
-        raise InvalidArgumentError(f"-H {spec!r} names no host")
+        raise InvalidArgumentError(f"{what} names no host")
     return hosts
 
 
@@ -70,11 +73,15 @@ def place(spec: Optional[str], np: int, local_identity: str) -> List[Slot]:
         raise InvalidArgumentError(f"-np {np} is more than the {total} slots given by -H {spec}")
     slots: List[Slot] = []
     for host, n in hosts:
-        local = is_local(host)
-        identity = local_identity if local else host.rpartition("@")[2]
         for _ in range(min(n, np - len(slots))):
-            slots.append(Slot(len(slots), host, identity, not local))
+            slots.append(slot(len(slots), host, local_identity))
     return slots
+
+
+def slot(rank: int, host: str, local_identity: str) -> Slot:
+    """The Slot of ``rank`` on ``host`` (see Slot for its identity)."""
+    local = is_local(host)
+    return Slot(rank, host, local_identity if local else host.rpartition("@")[2], not local)
 
 
 def interface_address(name: str) -> str:

@@ -78,6 +78,14 @@ def _pump(pipe: BinaryIO, router: LineRouter) -> None:
         sink.write(data)
 
 
+def _signal_groups(pgids: Iterable[int], sig: int) -> None:
+    for pgid in pgids:
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 class ProcessGroup:
     """Local processes of one job, each in its own session, watched until they end."""
 
@@ -140,6 +148,24 @@ class ProcessGroup:
                     return None
                 self._cond.wait()
 
+    def wait_exits(self, seen: int, timeout_s: float) -> List[Tuple[object, int]]:
+        """The exits after the first ``seen``, in order, waiting up to ``timeout_s`` for one."""
+        with self._cond:
+            if len(self._exits) <= seen:
+                self._cond.wait(timeout_s)
+            return list(self._exits[seen:])
+
+    def end(self, label: object, sig: int = signal.SIGTERM) -> None:
+        """Ends one process: closes its stdin pipe (a remote rank's end) and signals its
+        process group with ``sig`` (SIGKILL after a grace, as the caller decides)."""
+        proc = self._procs[label]
+        if sig != signal.SIGKILL and proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        _signal_groups([proc.pid], sig)
+
     def _wait_all(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -151,11 +177,7 @@ class ProcessGroup:
         return True
 
     def _signal_all(self, sig: int, groups: Iterable[int] = ()) -> None:
-        for pgid in [p.pid for p in self._procs.values()] + list(groups):
-            try:
-                os.killpg(pgid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _signal_groups([p.pid for p in self._procs.values()] + list(groups), sig)
 
     def shutdown(self, grace_s: float) -> None:
         """End every process and what it started: close the stdin pipes, SIGTERM, then

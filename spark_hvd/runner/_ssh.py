@@ -132,6 +132,18 @@ def remote_command(command: Sequence[str], cwd: str, grace_s: float,
     return f"cd {shlex.quote(cwd)} && exec {shlex.join(supervised)}"
 
 
+def start_args(command: Sequence[str], slot: "_hosts.Slot", ssh: Optional[Ssh],
+               base_env: Mapping[str, str], rank_env: Mapping[str, str],
+               grace_s: float) -> Tuple[List[str], Dict[str, str], Optional[bytes]]:
+    """``(argv, env, stdin)`` for ProcessGroup.spawn that run ``command`` on ``slot`` under
+    the supervisor: here with ``rank_env``, or over ``ssh`` with ``rank_env`` on stdin."""
+    if not slot.remote:
+        return _supervise.argv(command, grace_s, parent=os.getpid()), dict(rank_env), None
+    argv = _supervise.argv(ssh.argv(slot.host, remote_command(command, os.getcwd(), grace_s)),
+                           grace_s, parent=os.getpid(), sigterm_ignored=True)
+    return argv, dict(base_env), env_line(rank_env)
+
+
 def env_line(env: Mapping[str, str]) -> bytes:
     """The first line of a remote rank's stdin: its variables, as one JSON object."""
     sent = {k: v for k, v in env.items()

@@ -11,6 +11,10 @@ started end even when the launcher itself is killed outright.
 
     spark-hvdrun -np 4 python train.py
     spark-hvdrun -np 8 -H node1:4,node2:4 python train.py
+
+With ``--min-np``, ``--max-np`` or ``--host-discovery-script`` the job is elastic
+(:mod:`spark_hvd.runner._elastic_launch`): workers come and go with the hosts, and their
+lines are prefixed ``[w<worker id>]``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ from spark_hvd import _config
 from spark_hvd._job import env as _env
 from spark_hvd._job.topology import assign
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner import _hosts, _mpi_exec, _ssh, _supervise
+from spark_hvd.runner import _elastic_launch, _hosts, _mpi_exec, _ssh, _supervise
+from spark_hvd.runner._elastic_launch import ElasticOptions
 from spark_hvd.runner._hosts import Slot, parse_hosts  # noqa: F401  (parse_hosts: public here)
 from spark_hvd.runner._procs import (LineRouter, Prefixed, ProcessGroup, Sink,
                                      describe_exit, exit_code)
@@ -69,13 +74,22 @@ def _check_runnable(program: str, env: Mapping[str, str]) -> None:
 
 
 class _Addresses:
-    """Where the rendezvous server listens and where each rank is told to reach it."""
+    """Where the rendezvous server listens and where each rank is told to reach it.
 
-    def __init__(self, bind: str, local: str, remote: Mapping[str, str]) -> None:
-        self.bind, self.local, self.remote = bind, local, dict(remote)
+    ``pinned``: every rank reaches it at ``local`` (``--network-interface``).
+    """
+
+    def __init__(self, bind: str, local: str, remote: Mapping[str, str],
+                 pinned: bool = False) -> None:
+        self.bind, self.local, self.remote, self.pinned = bind, local, dict(remote), pinned
 
     def of(self, slot: Slot) -> str:
         return self.remote[slot.host] if slot.remote else self.local
+
+    def learn(self, host: str, seen: str) -> None:
+        """A host found later (elastic): its ranks reach the server at ``seen`` (what its
+        ssh probe saw), or at ``local`` when pinned."""
+        self.remote[host] = self.local if self.pinned else seen
 
 
 def _addresses(slots: Sequence[Slot], ssh: Optional[_ssh.Ssh], network_interface: Optional[str],
@@ -84,7 +98,7 @@ def _addresses(slots: Sequence[Slot], ssh: Optional[_ssh.Ssh], network_interface
     addr = _hosts.interface_address(network_interface) if network_interface else None
     seen = ssh.probe(remote, env, timeout_s) if remote else {}  # also fails fast if unreachable
     if addr is not None:
-        return _Addresses(addr, addr, {h: addr for h in remote})
+        return _Addresses(addr, addr, {h: addr for h in remote}, pinned=True)
     if not remote:
         return _Addresses("127.0.0.1", "127.0.0.1", {})
     # Ranks here bind Gloo on the address they reach the server at, so tell them the
@@ -104,7 +118,8 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
            stdout: Optional[BinaryIO] = None, stderr: Optional[BinaryIO] = None,
            kill_grace_s: float = DEFAULT_KILL_GRACE_S, ssh_port: Optional[int] = None,
            ssh_identity_file: Optional[str] = None,
-           network_interface: Optional[str] = None) -> int:
+           network_interface: Optional[str] = None,
+           elastic: Optional[ElasticOptions] = None) -> int:
     """Run ``command`` as ``np`` ranks and return the job's exit code.
 
     Parameters
@@ -135,12 +150,18 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
         A NIC name or an address of this host: the rendezvous server listens there
         and every rank is told to reach it there (default: 127.0.0.1 for a job on
         this host only; otherwise all addresses, and the one each host sees).
+    elastic:
+        Run as an elastic job (:mod:`spark_hvd.runner._elastic_launch`): ``np`` workers
+        to start with, between ``elastic.min_np`` and ``elastic.max_np``, on the hosts of
+        ``elastic.discovery_script`` or of ``hosts``; output prefixed ``[w<id>]``.
 
     Returns
     -------
     int
         0 when every rank succeeded, else the first failing rank's exit code
-        (128+signum for a signal), or mpirun's exit code under ``mpi``.
+        (128+signum for a signal), or mpirun's exit code under ``mpi``. Elastic: 0 when
+        every worker of the final epoch exited 0, 1 when the job failed (reset limit,
+        too few workers), else a failing worker's code.
 
     Raises
     ------
@@ -158,16 +179,26 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
     err = Sink(stderr if stderr is not None else _binary(sys.stderr))
     base_env = dict(os.environ)
     base_env.update(env or {})
-    slots = _hosts.place(hosts, np, _env.hostname(base_env))
+    source, sizes = None, (np, np, np)
+    if elastic is not None:
+        if mpi:
+            raise InvalidArgumentError("elastic mode (--min-np, --max-np or "
+                                       "--host-discovery-script) needs the gloo controller: "
+                                       "drop --mpi")
+        sizes = elastic.sizes(np)
+        source = _elastic_launch.host_source(elastic, hosts, np, base_env)
+        slots = _elastic_launch.slots_of(source, _env.hostname(base_env))
+    else:
+        slots = _hosts.place(hosts, np, _env.hostname(base_env))
     remote = sorted({s.host for s in slots if s.remote})
     ssh = None
-    if remote:
-        executable = shutil.which("ssh", path=base_env.get("PATH", os.defpath))
-        if executable is None:
-            raise CommandNotFoundError(
-                f"-H names other hosts ({', '.join(remote)}), which {PROG} reaches over ssh, "
-                f"but there is no ssh on PATH: install the OpenSSH client (Debian/Ubuntu: "
-                f"apt-get install openssh-client)")
+    executable = shutil.which("ssh", path=base_env.get("PATH", os.defpath))
+    if remote and executable is None:
+        raise CommandNotFoundError(
+            f"{'-H names' if source is None else 'the job has'} other hosts "
+            f"({', '.join(remote)}), which {PROG} reaches over ssh, but there is no ssh on "
+            f"PATH: install the OpenSSH client (Debian/Ubuntu: apt-get install openssh-client)")
+    if executable is not None and (remote or (elastic and elastic.discovery_script)):
         ssh = _ssh.Ssh(executable, ssh_port, ssh_identity_file,
                        min(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S))
     if not mpi and any(not s.remote for s in slots):
@@ -181,6 +212,10 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
                 [f"{addrs.local} (here)"] + [f"{a} ({h})" for h, a in addrs.remote.items()])
             err.write(f"{PROG}: rendezvous server at {addrs.bind}:{server.port}{told} (run id "
                       f"{server.run_id}), {np} ranks, {'mpi' if mpi else 'gloo'}\n".encode())
+        if source is not None:
+            return _elastic_launch.launch_elastic(command, elastic, sizes, source, base_env,
+                                                  server, addrs, ssh, start_timeout_s, verbose,
+                                                  out, err, kill_grace_s)
         if mpi:
             return _launch_mpi(command, np, base_env, dict(env or {}), rdv_env,
                                start_timeout_s, verbose, out, err, hosts if remote else None,
@@ -203,17 +238,11 @@ def _launch_gloo(command: List[str], slots: Sequence[Slot], base_env: Dict[str, 
             if multi_host:
                 rank_env[_env.HOSTNAME_ENV_VAR] = slot.identity
             prefix = f"[{topo.rank}] ".encode()
-            if slot.remote:
-                argv = _supervise.argv(
-                    ssh.argv(slot.host, _ssh.remote_command(command, os.getcwd(), kill_grace_s)),
-                    kill_grace_s, parent=os.getpid(), sigterm_ignored=True)
-                if verbose:
-                    err.write(f"{PROG}: rank {topo.rank}: {shlex.join(argv[argv.index('--') + 1:])}"
-                              f"\n".encode())
-                spawn_env, stdin = base_env, _ssh.env_line(rank_env)
-            else:
-                argv = _supervise.argv(command, kill_grace_s, parent=os.getpid())
-                spawn_env, stdin = rank_env, None
+            argv, spawn_env, stdin = _ssh.start_args(command, slot, ssh, base_env, rank_env,
+                                                     kill_grace_s)
+            if verbose and slot.remote:
+                err.write(f"{PROG}: rank {topo.rank}: {shlex.join(argv[argv.index('--') + 1:])}"
+                          f"\n".encode())
             try:
                 ranks.spawn(topo.rank, argv, spawn_env, Prefixed(prefix, out),
                             Prefixed(prefix, err), stdin=stdin)
@@ -339,7 +368,9 @@ def _parser() -> argparse.ArgumentParser:
                                "several over ssh.",
         usage=f"{PROG} -np N [--gloo | --mpi] [-H host:slots,...] [-p SSH_PORT] "
               f"[-i SSH_IDENTITY_FILE] [--network-interface NIC_OR_ADDRESS] [--start-timeout S] "
-              f"[--verbose] command [args...]")
+              f"[--verbose] [--min-np A] [--max-np B] [--host-discovery-script SCRIPT] "
+              f"[--slots-per-host N] [--reset-limit K] [--elastic-timeout S] "
+              f"[--blacklist-cooldown-range LOW HIGH] command [args...]")
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                    help="number of ranks")
     mode = p.add_mutually_exclusive_group()
@@ -367,6 +398,7 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"seconds ranks wait for each other at startup "
                         f"(default {_config.DEFAULT_START_TIMEOUT_S:g})")
     p.add_argument("--verbose", action="store_true", help="say where the rendezvous server is")
+    _elastic_launch.add_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return p
 
@@ -389,7 +421,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         code = launch(command, args.np, mpi=args.mpi, hosts=args.hosts,
                       start_timeout_s=args.start_timeout, verbose=args.verbose,
                       ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
-                      network_interface=args.network_interface)
+                      network_interface=args.network_interface,
+                      elastic=_elastic_launch.options_from(args))
     except _Interrupted as e:
         sys.stderr.write(f"{PROG}: interrupted by {signal.Signals(e.signum).name}; "
                          f"stopped every rank\n")
