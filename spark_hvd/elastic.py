@@ -6,8 +6,9 @@ HorovodInternalError) the state goes back to its last :meth:`State.commit`, when
 membership changes (HostsUpdatedInterrupt, raised by ``commit()`` or
 ``check_host_updates()`` on every rank at once) it is kept; either way spark_hvd shuts
 down and initialises again with the new membership (new rank numbers, new size), the
-state is synchronised from the new rank 0, the reset callbacks run, and the function
-is called again. So a failure costs at most the work since the last commit.
+reset callbacks run, the state is synchronised from the new rank 0 (Horovod's order: a
+callback's changes to synced state are overwritten), and the function is called again.
+So a failure costs at most the work since the last commit.
 
 The framework states are ``spark_hvd.torch.elastic.TorchState``,
 ``spark_hvd.tensorflow.elastic.TensorFlowKerasState`` and friends; :class:`ObjectState`

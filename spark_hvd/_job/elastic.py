@@ -94,14 +94,14 @@ def join(client: RendezvousClient, worker: int, request: int, host: str,
     """Asks the coordinator for a place and waits for the epoch it gives this worker.
 
     ``request`` numbers this worker's requests (1, 2, ...). Raises WorkerRemoved or
-    ElasticJobError on those answers, CollectiveTimeoutError when none comes in
+    ElasticJobError on those answers, ElasticJobError too when none comes in
     ``timeout_s``.
     """
     client.set(f"{JOIN}{worker}", json.dumps({"n": request, "host": host}).encode())
     try:
         answer = client.get(f"{ASSIGNED}{worker}/{request}", timeout_s).decode()
-    except CollectiveTimeoutError:
-        raise CollectiveTimeoutError(
+    except CollectiveTimeoutError:  # not a HorovodInternalError: elastic.run must not retry
+        raise ElasticJobError(
             f"elastic worker {worker} got no place in the job within {timeout_s:g} s "
             f"(the coordinator forms an epoch once every live worker asks, or reports "
             f"too few workers after the elastic timeout)") from None

@@ -197,6 +197,10 @@ class Coordinator:
                 self._to_remove.discard(worker)
         members = self.members()
         live_members = [w for w in members if w in alive and w not in self._removed]
+        finished = [w for w in members if w not in alive and w not in lost
+                    and w not in self._removed]
+        if finished and requests:
+            return self._finishing(finished, requests, members)
         if not self.epoch:
             ready = len(requests) >= self.num_proc or (
                 time.monotonic() - self._started_at >= self.start_timeout_s
@@ -225,6 +229,22 @@ class Coordinator:
         for worker in extra:
             self._answer(worker, requests[worker][0], proto.REMOVED)
             self._removed.add(worker)
+
+    def _finishing(self, finished: List[int], requests: Dict[int, Tuple[int, str]],
+                   members: List[int]) -> None:
+        """A member left cleanly: its function returned, the job is ending. Workers still
+        waiting to join are told to leave; a member asking for a new epoch now failed
+        after a peer had finished (it ran collectives the finished ranks did not)."""
+        stuck = {w: r for w, r in requests.items() if w in members}
+        for worker, (n, _host) in requests.items():
+            if worker not in stuck:
+                self._answer(worker, n, proto.REMOVED)
+                self._removed.add(worker)
+        if stuck:
+            ranks = ", ".join(str(members.index(w)) for w in finished)
+            self._fail(f"rank(s) {ranks} of epoch {self.epoch} finished while rank(s) "
+                       f"{', '.join(str(members.index(w)) for w in stuck)} still ran "
+                       f"collectives; every rank must run the same ones", stuck)
 
     def _announce_changes(self, requests: Dict[int, Tuple[int, str]], removing: Set[int],
                           members: List[int]) -> None:

@@ -193,3 +193,18 @@ def test_too_few_workers_at_the_start_fail_after_start_and_elastic_timeouts(job)
     answer = w0.ask().answer()
     assert isinstance(answer, proto.ElasticJobError) and "fewer than min_num_proc=2" in str(answer)
     assert c.epoch == 0
+
+
+def test_once_a_member_finished_waiting_workers_leave_and_stuck_members_fail(job):
+    """A member that leaves cleanly (its function returned) ends the job: a newcomer is
+    told to leave, not given an epoch of its own; a member still asking to re-form
+    failed after its peer finished, and the job fails saying so."""
+    c, log, workers = job(num_proc=2, min_num_proc=1, max_num_proc=3)
+    w0, w1 = workers(0, 1)
+    formed(w0.ask(), w1.ask())
+    w0.close()  # a goodbye: rank 0 finished
+    until(lambda: 0 not in c.alive())
+    (w2,) = workers(2)
+    assert isinstance(w2.ask().answer(), proto.WorkerRemoved)
+    assert isinstance(w1.ask().answer(), proto.ElasticJobError)
+    assert c.epoch == 1 and "rank(s) 0 of epoch 1 finished while rank(s) 1" in c.error
