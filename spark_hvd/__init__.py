@@ -20,7 +20,8 @@ __version__ = "0.1.0"
 
 _BASICS = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built", "cuda_built",
+    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built",
+    "cuda_built", "mpi_threads_supported", "rocm_built", "ddl_built", "ccl_built",
     "gloo_enabled", "mpi_enabled", "start_timeline", "stop_timeline",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
 )

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built", "cuda_built",
+    "mpi_threads_supported", "rocm_built", "ddl_built", "ccl_built",
     "gloo_enabled", "mpi_enabled", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
 ]
@@ -198,6 +199,26 @@ def cuda_built() -> bool:
     """True when the CUDA runtime loads here and sees a GPU."""
     _library_dirs()
     return _core.cuda_built()
+
+
+def mpi_threads_supported() -> bool:
+    """Horovod's query; here ops may be called from any thread."""
+    return True
+
+
+def rocm_built() -> bool:
+    """Horovod's query: no ROCm backend here."""
+    return False
+
+
+def ddl_built() -> bool:
+    """Horovod's query: no IBM DDL backend here."""
+    return False
+
+
+def ccl_built() -> bool:
+    """Horovod's query: no oneCCL backend here."""
+    return False
 
 
 def gloo_enabled() -> bool:

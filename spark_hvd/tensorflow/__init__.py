@@ -7,6 +7,8 @@ under XLA: see :mod:`spark_hvd.tensorflow.mpi_ops`), with gradients.
 accepts Keras optimizers too, and tf.compat.v1.train optimizers).
 """
 
+from spark_hvd._basics import (ccl_built, cuda_built, ddl_built,  # noqa: F401
+                               mpi_threads_supported, rocm_built)
 from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size,
                                global_process_set, gloo_built, gloo_enabled, init,
                                is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
@@ -22,6 +24,7 @@ from spark_hvd.tensorflow.functions import (allgather_object, broadcast_object,
                                             broadcast_object_fn, broadcast_variables)
 from spark_hvd.tensorflow.gradient_tape import (DistributedGradientTape,
                                                 PartialDistributedGradientTape)
+from spark_hvd.tensorflow.sync_batch_norm import SyncBatchNormalization
 from spark_hvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather,
                                           allreduce, alltoall, barrier, broadcast, broadcast_,
                                           grouped_allgather, grouped_allreduce,
@@ -82,6 +85,8 @@ __all__ = [
     "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
     "broadcast_global_variables", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "SyncBatchNormalization", "mpi_threads_supported", "cuda_built", "rocm_built", "ccl_built",
+    "ddl_built",
     "DistributedOptimizer",
     "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
     "CollectiveTimeoutError", "PeerLostError", "InternalError",

@@ -180,7 +180,8 @@ def _grouped_allreduce_dense(tensors, op, prescale, postscale, name, process_set
 def grouped_allreduce(tensors, average=None, device_dense: str = "", device_sparse: str = "",
                       compression=Compression.none, op=None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0,
-                      process_set: ProcessSet = global_process_set, name: Optional[str] = None):
+                      process_set: ProcessSet = global_process_set, name: Optional[str] = None,
+                      ignore_name_scope: bool = False):
     """Allreduces a list of tensors as one group: negotiated together and fused into as few
     collectives as the fusion threshold allows. Returns the list of results."""
     rop = _reduce_op(op, average)

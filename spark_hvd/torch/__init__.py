@@ -6,6 +6,8 @@ Compression, SyncBatchNorm, join. GPU tensors need an NCCL build (not yet
 available) and are refused with a clear error.
 """
 
+from spark_hvd._basics import (ccl_built, ddl_built, mpi_threads_supported,  # noqa: F401
+                               rocm_built)
 from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size, cuda_built,
                                global_process_set, gloo_built, gloo_enabled, init,
                                is_homogeneous, is_initialized, local_rank, local_size,
@@ -31,23 +33,6 @@ from spark_hvd.torch.mpi_ops import (Adasum, Average, GroupHandle, Handle, Max, 
                                      reducescatter_async, sparse_allreduce_async, synchronize)
 from spark_hvd.torch.optimizer import DistributedOptimizer, GradientsPendingError
 from spark_hvd.torch.sync_batch_norm import SyncBatchNorm
-
-
-def mpi_threads_supported() -> bool:
-    """Horovod compatibility: ops may be called from any thread."""
-    return True
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def ddl_built() -> bool:
-    return False
-
-
-def ccl_built() -> bool:
-    return False
 
 
 __all__ = [

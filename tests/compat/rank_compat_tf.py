@@ -71,3 +71,25 @@ def check_tf_partial_distributed_keeps_local_layers_local():
     after = [v.numpy() for v in model.trainable_variables]
     assert np.allclose(after[0], before[0] - mean_shared), after[0]
     assert np.allclose(after[1], before[1] - own[1] / n), after[1]
+
+
+def check_tf_sync_batch_normalization_uses_every_ranks_batch():
+    """Training-mode output on each rank is Keras' BatchNormalization of the concatenated
+    batch (ranks with batches of one size, as Horovod's averaging of moments assumes)."""
+    import numpy as np
+    import keras
+
+    r, n = hvd.rank(), hvd.size()
+    batches = [np.arange(12, dtype=np.float32).reshape(4, 3) * (q + 1) + q for q in range(n)]
+    sync = hvd.SyncBatchNormalization(momentum=0.5)
+    plain = keras.layers.BatchNormalization(momentum=0.5)
+    got = sync(batches[r], training=True).numpy()
+    full = plain(np.concatenate(batches), training=True).numpy()
+    assert np.allclose(got, full[4 * r:4 * r + 4], atol=1e-5), (got, full[4 * r:4 * r + 4])
+    assert np.allclose(sync.moving_mean.numpy(), plain.moving_mean.numpy(), atol=1e-5)
+    assert np.allclose(sync.moving_variance.numpy(), plain.moving_variance.numpy(), rtol=1e-4)
+    with tf.GradientTape() as tape:  # differentiable through the allreduce
+        x = tf.constant(batches[r])
+        tape.watch(x)
+        loss = tf.reduce_sum(sync(x, training=True) * float(r + 1))
+    assert tape.gradient(loss, x) is not None
