@@ -26,7 +26,8 @@ LAYERS = (
     ("native core", ("spark_hvd._core",)),
     ("core API", ("spark_hvd", "spark_hvd._types", "spark_hvd._runtime", "spark_hvd._ops",
                   "spark_hvd._basics")),
-    ("framework shims, data", ("spark_hvd.torch", "spark_hvd.tensorflow", "spark_hvd.data")),
+    ("framework shims, data", ("spark_hvd.torch", "spark_hvd.tensorflow", "spark_hvd.keras",
+                               "spark_hvd.data")),
     ("runner", ("spark_hvd.runner",)),
     ("spark", ("spark_hvd.spark",)),
     ("estimators", ("spark_hvd.estimators",)),
@@ -38,6 +39,7 @@ LAYERS = (
 CORE_FREE = ("spark_hvd", "spark_hvd.exceptions", "spark_hvd._config", "spark_hvd._job",
              "spark_hvd.data", "spark_hvd.runner", "spark_hvd.spark", "spark_hvd.estimators")
 REQUIRES = {"spark_hvd.torch": "torch", "spark_hvd.tensorflow": "tensorflow",
+            "spark_hvd.keras": "tensorflow",
             "spark_hvd.estimators": "pyspark"}
 
 
