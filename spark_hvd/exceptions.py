@@ -24,9 +24,9 @@ a collective fails, tensor mismatches included, and ``ValueError`` when used bef
 (TensorMismatchError, CollectiveTimeoutError, PeerLostError, InternalError) are also
 HorovodInternalError, InvalidArgumentError is a RuntimeError as well as a ValueError
 (Horovod's core refuses a bad root rank or process set with a RuntimeError), and
-NotInitializedError is a ValueError as well as a RuntimeError. HostsUpdatedInterrupt
-exists for ``except`` clauses written for Horovod's elastic mode; spark_hvd does not
-raise it.
+NotInitializedError is a ValueError as well as a RuntimeError. HostsUpdatedInterrupt is
+Horovod's elastic-mode interrupt: an elastic state's ``commit()`` raises it on every rank
+when the job's membership changes (spark_hvd/elastic.py).
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class HorovodInternalError(SparkHvdError, RuntimeError):
 
 
 class HostsUpdatedInterrupt(SparkHvdError, RuntimeError):
-    """Horovod's elastic-mode interrupt (the set of hosts changed); ``skip_sync`` as in
-    Horovod. Exported so Horovod-style handlers import; spark_hvd does not raise it."""
+    """Horovod's elastic-mode interrupt (the set of workers changed), raised by an elastic
+    state's ``commit()`` / ``check_host_updates()``; ``skip_sync`` as in Horovod (True when
+    workers only left)."""
 
     def __init__(self, skip_sync: bool = False, message: str = "", *,
                  ranks: Optional[Sequence[int]] = None, tensor: str = "") -> None:
