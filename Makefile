@@ -47,7 +47,7 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CORE_SOURCES)
 
 # Suites that start a SparkSession run in their own pytest process (one JVM each:
 # a local-cluster session and a local[N] one cannot share a driver).
-TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow" "tests/spark" "tests/estimators"
+TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic" "tests/spark" "tests/estimators"
 
 test: setup apt-test
 	@status=0; for group in $(TEST_GROUPS); do \

@@ -22,14 +22,21 @@ from sklearn.model_selection import train_test_split
 
 import spark_hvd.torch as hvd
 
-parser = argparse.ArgumentParser(description="PyTorch digits example")
-parser.add_argument("--batch-size", type=int, default=32, help="input batch size per rank")
-parser.add_argument("--test-batch-size", type=int, default=256)
-parser.add_argument("--epochs", type=int, default=8)
-parser.add_argument("--lr", type=float, default=0.05, help="learning rate for one rank")
-parser.add_argument("--momentum", type=float, default=0.9)
-parser.add_argument("--seed", type=int, default=42)
-parser.add_argument("--log-interval", type=int, default=10, help="batches between logs")
+# The training options (elastic_torch_digits.py takes them too).
+training_options = argparse.ArgumentParser(add_help=False)
+training_options.add_argument("--batch-size", type=int, default=32,
+                              help="input batch size per rank")
+training_options.add_argument("--test-batch-size", type=int, default=256)
+training_options.add_argument("--epochs", type=int, default=8)
+training_options.add_argument("--lr", type=float, default=0.05,
+                              help="learning rate for one rank")
+training_options.add_argument("--momentum", type=float, default=0.9)
+training_options.add_argument("--seed", type=int, default=42)
+training_options.add_argument("--log-interval", type=int, default=10,
+                              help="batches between logs")
+
+parser = argparse.ArgumentParser(description="PyTorch digits example",
+                                 parents=[training_options])
 parser.add_argument("--fp16-allreduce", action="store_true", help="fp16 compression")
 parser.add_argument("--use-adasum", action="store_true", help="Adasum instead of Average")
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)

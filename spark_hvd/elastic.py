@@ -32,6 +32,13 @@ __all__ = ["State", "ObjectState", "run", "run_fn", "ElasticJobError", "WorkerRe
 logger = logging.getLogger(__name__)
 
 
+def _in_elastic_job() -> bool:
+    """Whether this process joined an elastic job's epoch (it stays so across resets)."""
+    from spark_hvd._runtime import RUNTIME
+
+    return RUNTIME.epoch is not None
+
+
 def _pending_updates() -> Optional[bool]:
     """This rank's view of membership changes signalled since its epoch formed: None, or
     whether they are all removals. None outside an elastic job."""
@@ -48,10 +55,17 @@ class State:
 
     Subclasses implement :meth:`save`, :meth:`restore` and :meth:`sync`.
     ``bcast_object(obj)`` broadcasts a picklable object from rank 0 and ``get_rank()``
-    gives this rank, in the framework the subclass is for.
+    gives this rank, in the framework the subclass is for; by default spark_hvd's own
+    (every framework's ``broadcast_object`` and ``rank`` come down to them).
     """
 
-    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int]) -> None:
+    def __init__(self, bcast_object: Optional[Callable[[Any], Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None) -> None:
+        if bcast_object is None or get_rank is None:
+            from spark_hvd import _ops, _runtime
+
+            bcast_object = bcast_object or _ops.broadcast_object
+            get_rank = get_rank or _runtime.rank
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks: List[Callable[[], None]] = []
@@ -78,9 +92,7 @@ class State:
         """Raises HostsUpdatedInterrupt on every rank, at the same call, when workers
         wait to join or are to leave. Rank 0's view decides, so all ranks agree; it is a
         broadcast, so every rank must call this (``commit()`` does) at the same point."""
-        from spark_hvd._runtime import RUNTIME
-
-        if RUNTIME.epoch is None:  # not an elastic job: nothing can change
+        if not _in_elastic_job():  # nothing can change
             return
         update = self._bcast_object(_pending_updates() if self._rank() == 0 else None)
         if update is not None:
@@ -97,12 +109,12 @@ class State:
 
 
 class ObjectState(State):
-    """State made of picklable attributes: ``ObjectState(bcast, get_rank, epoch=0)``
-    gives ``state.epoch``; commit() saves a copy, restore() puts it back, sync()
-    broadcasts rank 0's values."""
+    """State made of picklable attributes: ``ObjectState(epoch=0)`` (or Horovod's
+    ``ObjectState(bcast_object, get_rank, epoch=0)``) gives ``state.epoch``; commit()
+    saves a copy, restore() puts it back, sync() broadcasts rank 0's saved values."""
 
-    def __init__(self, bcast_object: Callable[[Any], Any], get_rank: Callable[[], int],
-                 **kwargs: Any) -> None:
+    def __init__(self, bcast_object: Optional[Callable[[Any], Any]] = None,
+                 get_rank: Optional[Callable[[], int]] = None, **kwargs: Any) -> None:
         self._saved_state: Dict[str, Any] = copy.deepcopy(kwargs)
         self._set_attrs()
         super().__init__(bcast_object=bcast_object, get_rank=get_rank)
@@ -138,6 +150,8 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                         state.sync()
                     return func(state, *args, **kwargs)
                 except HorovodInternalError as e:
+                    if not _in_elastic_job():  # no one re-forms it: the job fails
+                        raise
                     logger.warning("elastic: collective failed (%s); restoring the last "
                                    "commit and re-forming the job", e)
                     state.restore()

@@ -24,9 +24,9 @@ a collective fails, tensor mismatches included, and ``ValueError`` when used bef
 (TensorMismatchError, CollectiveTimeoutError, PeerLostError, InternalError) are also
 HorovodInternalError, InvalidArgumentError is a RuntimeError as well as a ValueError
 (Horovod's core refuses a bad root rank or process set with a RuntimeError), and
-NotInitializedError is a ValueError as well as a RuntimeError. HostsUpdatedInterrupt
-exists for ``except`` clauses written for Horovod's elastic mode; spark_hvd does not
-raise it.
+NotInitializedError is a ValueError as well as a RuntimeError. HostsUpdatedInterrupt is
+Horovod's elastic-mode interrupt: an elastic state's ``commit()`` raises it on every rank
+when the job's membership changes (spark_hvd/elastic.py).
 """
 
 from __future__ import annotations

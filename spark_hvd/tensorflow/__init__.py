@@ -4,7 +4,8 @@ Collectives take and return ``tf.Tensor`` s, eagerly and inside ``tf.function`` 
 under XLA: see :mod:`spark_hvd.tensorflow.mpi_ops`), with gradients.
 ``DistributedGradientTape`` is for custom training loops; Keras models use
 ``spark_hvd.tensorflow.keras.DistributedOptimizer`` (``DistributedOptimizer`` here
-accepts Keras optimizers too, and tf.compat.v1.train optimizers).
+accepts Keras optimizers too, and tf.compat.v1.train optimizers). ``elastic`` has the
+elastic states (TensorFlowKerasState, TensorFlowState) and ``run``.
 """
 
 from spark_hvd._basics import (ccl_built, cuda_built, ddl_built,  # noqa: F401
@@ -30,6 +31,7 @@ from spark_hvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Su
                                           grouped_allgather, grouped_allreduce,
                                           grouped_reducescatter, join, local_rank_op,
                                           local_size_op, rank_op, reducescatter, size_op)
+from spark_hvd.tensorflow import elastic  # hvd.elastic: imported last, it uses the above
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="",
@@ -90,5 +92,5 @@ __all__ = [
     "DistributedOptimizer",
     "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
     "CollectiveTimeoutError", "PeerLostError", "InternalError",
-    "HorovodInternalError", "HostsUpdatedInterrupt",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "elastic",
 ]

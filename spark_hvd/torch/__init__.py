@@ -2,8 +2,8 @@
 
 Collectives on CPU torch tensors (async, in-place and differentiable forms),
 DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state,
-Compression, SyncBatchNorm, join. GPU tensors need an NCCL build (not yet
-available) and are refused with a clear error.
+Compression, SyncBatchNorm, join, and ``elastic`` (TorchState, ElasticSampler, run).
+GPU tensors need an NCCL build (not yet available) and are refused with a clear error.
 """
 
 from spark_hvd._basics import (ccl_built, ddl_built, mpi_threads_supported,  # noqa: F401
@@ -33,6 +33,7 @@ from spark_hvd.torch.mpi_ops import (Adasum, Average, GroupHandle, Handle, Max, 
                                      reducescatter_async, sparse_allreduce_async, synchronize)
 from spark_hvd.torch.optimizer import DistributedOptimizer, GradientsPendingError
 from spark_hvd.torch.sync_batch_norm import SyncBatchNorm
+from spark_hvd.torch import elastic  # hvd.elastic: imported last, it uses the above
 
 
 __all__ = [
@@ -54,5 +55,5 @@ __all__ = [
     "Compression", "DistributedOptimizer", "GradientsPendingError", "SyncBatchNorm",
     "SparkHvdError", "InvalidArgumentError", "TensorMismatchError", "NotInitializedError",
     "CollectiveTimeoutError", "PeerLostError", "InternalError",
-    "HorovodInternalError", "HostsUpdatedInterrupt",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "elastic",
 ]

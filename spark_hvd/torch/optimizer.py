@@ -31,6 +31,7 @@ import torch
 
 from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd._runtime import RUNTIME
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 from spark_hvd.torch import _reduce_ops, mpi_ops
@@ -118,7 +119,8 @@ class _DistributedOptimizer:
         self._hvd_group_ready: Dict[int, set] = {}
         self._hvd_should_sync = True
         self._hvd_synchronized = False
-        self._hvd_active = process_set.size() > 1
+        # An elastic job may grow: as Horovod, its optimizer reduces even while alone.
+        self._hvd_active = process_set.size() > 1 or RUNTIME.epoch is not None
         if self._hvd_active:
             ref = weakref.ref(self)
             for p in self._hvd_params:
@@ -197,6 +199,15 @@ class _DistributedOptimizer:
             entries = [(p, *self._hvd_submit(p, tag, len(params))) for p in params]
         self._hvd_group_handles[g] = entries
 
+    def _hvd_clear_pending(self) -> None:
+        """Forgets the allreduces in flight and the backward passes counted: synchronize()
+        once it holds them, an elastic state's restore() after a failed step (so the
+        step after the reset starts clean)."""
+        self._hvd_handles = {}
+        self._hvd_group_handles = {}
+        self._hvd_group_ready = {}
+        self._hvd_delay = {}
+
     # -- synchronize / step / zero_grad -----------------------------------------------
     def synchronize(self) -> None:
         """Waits for every gradient allreduce (submitting any not yet started) and
@@ -215,10 +226,7 @@ class _DistributedOptimizer:
         pending = [(p, *v) for p, v in self._hvd_handles.items()]
         for entries in self._hvd_group_handles.values():
             pending.extend(entries)
-        self._hvd_handles = {}
-        self._hvd_group_handles = {}
-        self._hvd_group_ready = {}
-        self._hvd_delay = {}
+        self._hvd_clear_pending()
         error = None
         for p, handle, ctx, sent in pending:
             try:

@@ -2,9 +2,10 @@
 
 ``DistributedOptimizer`` wraps a Keras optimizer for ``model.fit``; ``callbacks`` has
 BroadcastGlobalVariablesCallback, MetricAverageCallback and the learning-rate callbacks;
-``load_model`` loads a saved model with its optimizer made distributed. The value-level
-collectives here (``allreduce``, ``allgather``, ``broadcast``, ...) take array-likes and
-return numpy arrays, as Horovod's Keras API returns evaluated values.
+``load_model`` loads a saved model with its optimizer made distributed; ``elastic`` has
+KerasState and the elastic callbacks. The value-level collectives here (``allreduce``,
+``allgather``, ``broadcast``, ...) take array-likes and return numpy arrays, as Horovod's
+Keras API returns evaluated values.
 """
 
 from typing import Optional
@@ -21,7 +22,7 @@ from spark_hvd.tensorflow import mpi_ops as _tf_ops
 from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import (allgather_object, broadcast_object,
                                             broadcast_variables)
-from spark_hvd.tensorflow.keras import callbacks
+from spark_hvd.tensorflow.keras import callbacks, elastic
 from spark_hvd.tensorflow.keras.optimizer import (DistributedOptimizer,
                                                   PartialDistributedOptimizer, is_distributed)
 from spark_hvd.tensorflow.mpi_ops import Adasum, Average, Max, Min, Product, Sum
@@ -91,7 +92,8 @@ __all__ = [
     "mpi_enabled", "nccl_built", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
-    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "callbacks", "load_model",
+    "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "callbacks",
+    "elastic", "load_model",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables",
     "broadcast_object", "allgather_object", "broadcast_global_variables",
 ]
