@@ -58,6 +58,14 @@ def describe(report: dict) -> str:
     return f"its process {describe_exit(returncode)} without a Python exception"
 
 
+def cause(report: dict) -> str:
+    """What kind of failure a rank's report is (see RankFailedError.cause)."""
+    how = kind(report)
+    if how == "raised":
+        return "collective" if (report.get("record") or {}).get("collective") else "function"
+    return {"peer_lost": "collective", "exited": "process", "task": "task"}.get(how, "spark")
+
+
 def tail(lines: List[str], report: dict) -> str:
     """The rank's last output lines, plus its traceback when the output lacks it."""
     lines = list(lines)
@@ -84,19 +92,30 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
             f"time); raise start_timeout (or {_config.START_TIMEOUT_S_ENV_VAR}) or lower num_proc")
     failed = {r: rep for r, rep in reports.items() if not ok(rep)}
     # The root failure: the first rank to fail on its own account (a lost peer or a
-    # stop by the driver is an effect), by when the failure happened.
-    causes = [r for r, rep in failed.items() if kind(rep) not in _EFFECTS] or list(failed)
+    # stop by the driver is an effect), by when the failure happened.  With effects only,
+    # a lost peer (its message names the lost rank) rather than a stop by the driver, which
+    # follows a failure of the Spark job or a rank that never reported.
+    causes = [r for r, rep in failed.items() if kind(rep) not in _EFFECTS]
+    if not causes:
+        causes = [r for r, rep in failed.items() if kind(rep) == "peer_lost"]
+    if not causes and failure[0] not in ("spark", "lost"):
+        causes = list(failed)
     roots = sorted(causes, key=lambda r: failure_time(failed[r]))[:1]
     others = sorted((r for r in failed if r not in roots),
                     key=lambda r: (kind(failed[r]) in _EFFECTS, failure_time(failed[r]), r))
     if roots:
-        head = f"rank {roots[0]} failed: {describe(failed[roots[0]])}"
+        reason = describe(failed[roots[0]])
+        head = f"rank {roots[0]} failed: {reason}"
+        ranks, why = roots, cause(failed[roots[0]])
     elif failure[0] == "spark":
         first = (str(failure[1]).strip().splitlines() or [""])[0]
-        head = f"the Spark job failed before every rank reported: " \
-               f"{type(failure[1]).__name__}: {first}"
+        reason = f"{type(failure[1]).__name__}: {first}"
+        head = f"the Spark job failed before every rank reported: {reason}"
+        ranks, why = [], "spark"
     else:
-        head = f"{format_ranks(failure[1])} ended without a report"
+        reason = "ended without a report"
+        head = f"{format_ranks(failure[1])} {reason}"
+        ranks, why = list(failure[1]), "spark"
     lines = [f"{PROG}: {head}"]
     by_text: Dict[str, List[int]] = {}
     for r in others:
@@ -114,7 +133,7 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
     failures = {r: tail(tails.get(r, ()), failed[r]) for r in roots + others}
     for r, text in failures.items():
         lines += [f"--- last output of rank {r} ---", text or "(no output)"]
-    error = RankFailedError("\n".join(lines), failures)
+    error = RankFailedError("\n".join(lines), failures, ranks=ranks, cause=why, reason=reason)
     if failure[0] == "spark":
         error.__cause__ = failure[1]
     return error
