@@ -16,6 +16,10 @@
 5. ``prepare_data``: the columns as Parquet in the Store (reused when the plan is unchanged).
 6. ``spark_hvd.spark.run(_train_fn, num_proc=...)`` with a :class:`TrainConfig`.  Rank 0
    prints the progress (streamed to the driver as ``[0] ...``) and writes the checkpoints.
+   When the run fails because a rank was lost or a collective failed (a RankFailedError
+   whose ``cause`` is in :data:`RESTART_CAUSES`), the same run is launched again, up to
+   ``max_restarts`` times: the ranks resume from the last epoch checkpoint, on the data
+   already in the Store (``_train``).  An exception of the user's code is not retried.
 7. The trained model comes back through the Store (``_trained_model``), and the fitted
    Spark Model (``_model_class``) is returned.
 
@@ -36,7 +40,7 @@ import numpy as np
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
 from ._trainer_common import TrainConfig
 from ._validate import validate_dataframe
@@ -48,6 +52,12 @@ logger = logging.getLogger(__name__)
 _SPARK_NUMPY = {"double": np.float64, "float": np.float32, "decimal": np.float64,
                 "bigint": np.int64, "int": np.int32, "smallint": np.int16, "tinyint": np.int8,
                 "boolean": np.bool_}
+
+# The failures of a training run that a restart from the last checkpoint can get past (see
+# RankFailedError.cause): a rank's process killed or crashed, a collective failed (a lost
+# peer, a timeout), the Spark job failed (an executor lost).  Not "function" (the user's
+# code raised: it would raise again) nor "task" (the task's set-up failed).
+RESTART_CAUSES = ("process", "collective", "spark")
 
 
 class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
@@ -130,13 +140,38 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
                                 seed=seed, num_partitions=num_partitions)
             phases.done("training data in the store")
             from spark_hvd import spark as hvd_spark
-            hvd_spark.run(self._train_fn(), args=(self._train_config(p, run_id, seed, meta),),
-                          num_proc=num_proc, use_gpu=p["use_gpu"], env=self._train_env(),
-                          verbose=1 if p["verbose"] else 0)
+            config = self._train_config(p, run_id, seed, meta)
+            self._train(p, run_id, lambda: hvd_spark.run(
+                self._train_fn(), args=(config,), num_proc=num_proc, use_gpu=p["use_gpu"],
+                env=self._train_env(), verbose=1 if p["verbose"] else 0))
             phases.done(f"training on {num_proc} processes")
         model, history = self._trained_model(p, run_id)
         phases.done("model from the store")
         return self._make_model(p, model, history, run_id, zeros, output_shapes)
+
+    def _train(self, p: Dict[str, Any], run_id: str, launch: Callable[[], Any]) -> None:
+        """``launch()`` (one training run), launched again after a failure a restart can get
+        past, at most ``max_restarts`` times; each launch resumes from the run's last
+        checkpoint.  Prints one line per restart; when restarts are exhausted, raises the
+        last failure saying so."""
+        name, max_restarts, epochs = type(self).__name__, p["max_restarts"], p["epochs"]
+        attempts = max_restarts + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                launch()
+                return
+            except RankFailedError as exc:
+                if exc.cause not in RESTART_CAUSES:
+                    raise
+                done = self._checkpoint_epoch(p, run_id) or 0
+                if attempt == attempts:
+                    raise restarts_exhausted(name, exc, attempts, max_restarts, run_id,
+                                             done) from exc.__cause__
+                line = restart_line(name, exc, done, epochs, attempt + 1, attempts)
+                if p["verbose"]:
+                    print(line, flush=True)
+                else:
+                    logger.warning("%s", line)
 
     def _make_model(self, p: Dict[str, Any], model: Any, history: Dict[str, List[float]],
                     run_id: str, zeros: Dict[str, np.ndarray],
@@ -220,6 +255,8 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             raise InvalidArgumentError(
                 f"gradient_compression must be spark_hvd.{framework}.Compression.none, .fp16 or "
                 f".bf16")
+        # Spark ML sets None without converting it: the table's check, for None too.
+        self._param_specs["max_restarts"].convert("max_restarts", p["max_restarts"])
 
 
 # -- fit helpers ------------------------------------------------------------------------------
@@ -236,6 +273,37 @@ class Phases:
         if self.verbose >= 2:
             print(f"fit: {what} in {now - self.last:.1f}s", flush=True)
         self.last = now
+
+
+def restart_line(name: str, exc: RankFailedError, done: int, epochs: int, attempt: int,
+                 attempts: int) -> str:
+    """The driver's line when training restarts after ``exc``, ``done`` epochs being in the
+    last checkpoint."""
+    who = (f"rank {exc.ranks[0]}" if len(exc.ranks) == 1
+           else f"ranks {','.join(map(str, exc.ranks))}" if exc.ranks else "")
+    if exc.cause == "collective":
+        what = f"a collective failed on {who}" if who else "a collective failed"
+    else:
+        what = f"{who} lost" if who else "the Spark job failed"
+    when = f"during epoch {done + 1}/{epochs}" if done < epochs else "after the last epoch"
+    since = f"the epoch {done} checkpoint" if done else "the start (no checkpoint yet)"
+    return (f"{name}: {what} {when} ({exc.reason or exc.cause}); restarting from {since}, "
+            f"attempt {attempt}/{attempts}")
+
+
+def restarts_exhausted(name: str, exc: RankFailedError, attempts: int, max_restarts: int,
+                       run_id: str, done: int) -> RankFailedError:
+    """The error when the last of ``attempts`` training runs failed as ``exc`` did."""
+    tries = "its only attempt" if attempts == 1 else f"all {attempts} attempts"
+    kept = (f"the checkpoint of epoch {done} and the training data are kept in the store"
+            if done else "the training data is kept in the store (no checkpoint yet)")
+    text = (f"{name}: training failed on {tries} (max_restarts={max_restarts}), each time "
+            f"with a lost rank or a failed collective; {kept}. Raise max_restarts (e.g. "
+            f"max_restarts={max_restarts + 3}) to restart from the last epoch checkpoint "
+            f"automatically, or fit again with run_id='{run_id}' to resume from it. The last "
+            f"failure:\n{exc.message}")
+    return RankFailedError(text, exc.failures, ranks=exc.ranks, tensor=exc.tensor,
+                           cause=exc.cause, reason=exc.reason)
 
 
 def launch_plan(spark: Any, num_proc: Optional[int], use_gpu: Optional[bool]) -> int:

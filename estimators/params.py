@@ -51,12 +51,16 @@ def _any(name: str, value: Any) -> Any:
     return value
 
 
-def _int_at_least(minimum: int) -> Callable[[str, Any], Optional[int]]:
+def _int_at_least(minimum: int, hint: str = "", allow_none: bool = True
+                  ) -> Callable[[str, Any], Optional[int]]:
+    """An integer >= ``minimum`` (or None when ``allow_none``); ``hint`` ends the error
+    message."""
     def convert(name: str, value: Any) -> Optional[int]:
-        if value is None:
+        if value is None and allow_none:
             return None
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-            raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}")
+            raise InvalidArgumentError(f"{name} must be an integer >= {minimum}, got {value!r}"
+                                       + (f"; {hint}" if hint else ""))
         return int(value)
     return convert
 
@@ -236,6 +240,9 @@ def _dict(name: str, value: Any) -> Optional[Dict[str, Any]]:
 _P = ParamSpec
 _POS = _int_at_least(1)
 _NONNEG = _int_at_least(0)
+_RESTARTS = _int_at_least(0, "it is how many times fit restarts training from the last epoch "
+                             "checkpoint after a lost rank, e.g. max_restarts=3 (0: never)",
+                       allow_none=False)
 
 # The estimators' params.  Defaults are JSON values (Spark ML saves them as such).
 ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
@@ -309,6 +316,10 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     _P("inference_batch_size", 1024, _POS, JSON, "rows per model call in TorchModel.transform"),
     _P("reader", "arrow", _choice("arrow", "petastorm"), JSON,
        "training data reader on the workers: spark_hvd's 'arrow' reader or 'petastorm'"),
+    _P("max_restarts", 3, _RESTARTS, JSON,
+       "how many times fit restarts training from the last epoch checkpoint when a rank is "
+       "lost (its process killed or crashed, its executor lost) or a collective fails; an "
+       "ordinary exception raised by the model, loss, metrics or callbacks is not retried"),
 )
 
 # The fitted model's params.

@@ -130,15 +130,32 @@ class InternalError(HorovodInternalError):
 class RankFailedError(SparkHvdError):
     """One or more ranks of a distributed job failed.
 
-    ``failures`` maps rank -> tail of that rank's output (traceback included).
+    ``failures`` maps rank -> tail of that rank's output (traceback included);
+    ``ranks`` is the rank of the root failure (the ranks that never reported, when
+    none did); ``reason`` is one line on the root failure; ``cause`` says what kind
+    of failure it was, for callers deciding whether running the job again can help:
+
+    - ``function``: the function raised an exception of its own (running it again
+      raises it again);
+    - ``collective``: a collective failed (a HorovodInternalError other than a tensor
+      mismatch: a lost peer, a timeout);
+    - ``process``: the rank's process ended without a Python exception (killed by a
+      signal, out of memory, crashed);
+    - ``task``: the rank's Spark task failed around the function (its set-up, or the
+      return value could not be read);
+    - ``spark``: the Spark job failed or ranks never reported (an executor lost);
+    - ``""``: not told.
     """
 
     code = 10  # not a core status: raised by the launchers
 
     def __init__(self, message: str = "", failures: Optional[dict] = None, *,
-                 ranks: Optional[Sequence[int]] = None, tensor: str = "") -> None:
+                 ranks: Optional[Sequence[int]] = None, tensor: str = "", cause: str = "",
+                 reason: str = "") -> None:
         super().__init__(message, ranks=ranks, tensor=tensor)
         self.failures = dict(failures or {})
+        self.cause = cause
+        self.reason = reason
 
 
 _BY_CODE = {cls.code: cls for cls in (

@@ -6,7 +6,9 @@ A rank's Spark task (:mod:`spark_hvd.spark._task`) starts it as a script::
 
 It loads ``(fn, args, kwargs)`` from PAYLOAD_FILE (cloudpickle), calls ``fn``,
 and writes a record to RESULT_FILE: ``{"ok": True, "value": <pickled return
-value>}`` or ``{"ok": False, "type", "message", "traceback", "peer_lost"}``; a
+value>}`` or ``{"ok": False, "type", "message", "traceback", "peer_lost", "collective"}``
+(``peer_lost``: a PeerLostError; ``collective``: any failed collective, i.e. a
+HorovodInternalError that is not an InvalidArgumentError such as a tensor mismatch); a
 failure also prints its traceback to stderr (which the driver shows with the
 rank's other output) and exits with code 1.
 
@@ -43,9 +45,9 @@ def _die_with_parent(parent_pid: int) -> None:
                               lambda: os.killpg(os.getpgrp(), signal.SIGKILL))
 
 
-def _is_peer_lost(exc: BaseException) -> bool:
-    return any(c.__name__ == "PeerLostError" and c.__module__ == "spark_hvd.exceptions"
-               for c in type(exc).__mro__)
+def _taxonomy(exc: BaseException) -> set:
+    """The names of the spark_hvd.exceptions classes ``exc`` is an instance of."""
+    return {c.__name__ for c in type(exc).__mro__ if c.__module__ == "spark_hvd.exceptions"}
 
 
 def _dumps(value) -> bytes:
@@ -72,8 +74,11 @@ def _failure(exc: BaseException, what: str, own_frame: bool = False) -> dict:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     sys.stderr.write(f"{what}:\n{text}")
+    kinds = _taxonomy(exc)
     return {"ok": False, "type": type(exc).__name__, "message": str(exc), "traceback": text,
-            "peer_lost": _is_peer_lost(exc), "time": time.time()}
+            "peer_lost": "PeerLostError" in kinds,
+            "collective": "HorovodInternalError" in kinds and "InvalidArgumentError" not in kinds,
+            "time": time.time()}
 
 
 def main(argv) -> int:

@@ -7,7 +7,7 @@ A task's report (see :mod:`spark_hvd.spark._task`) says how its rank ended:
 
 from __future__ import annotations
 
-from typing import Callable, Deque, Dict, Iterable, List, Mapping, Optional
+from typing import Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from spark_hvd import _config
 from spark_hvd.exceptions import (CollectiveTimeoutError, RankFailedError, SparkHvdError,
@@ -59,6 +59,14 @@ def describe(report: dict) -> str:
     return f"its process {describe_exit(returncode)} without a Python exception"
 
 
+def cause(report: dict) -> str:
+    """What kind of failure a rank's report is (see RankFailedError.cause)."""
+    how = kind(report)
+    if how == "raised":
+        return "collective" if (report.get("record") or {}).get("collective") else "function"
+    return {"peer_lost": "collective", "exited": "process", "task": "task"}.get(how, "spark")
+
+
 def tail(lines: List[str], report: dict) -> str:
     """The rank's last output lines, plus its traceback when the output lacks it."""
     lines = list(lines)
@@ -84,14 +92,20 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
             f"the cluster may be busy or short of task slots (each rank needs one at the same "
             f"time); raise start_timeout (or {_config.START_TIMEOUT_S_ENV_VAR}) or lower num_proc")
     failed = {r: rep for r, rep in reports.items() if not ok(rep)}
-    order = _root_first(failed)
-    roots, others = order[:1], order[1:]
+    roots, others = _root_first(failed, any_root=failure[0] not in ("spark", "lost"))
+    order = roots + others
     if roots:
-        head = f"rank {roots[0]} failed: {describe(failed[roots[0]])}"
+        reason = describe(failed[roots[0]])
+        head = f"rank {roots[0]} failed: {reason}"
+        ranks, why = roots, cause(failed[roots[0]])
     elif failure[0] == "spark":
-        head = f"the Spark job failed before every rank reported: {spark_failure(failure[1])}"
+        reason = spark_failure(failure[1])
+        head = f"the Spark job failed before every rank reported: {reason}"
+        ranks, why = [], "spark"
     else:
-        head = f"{format_ranks(failure[1])} ended without a report"
+        reason = "ended without a report"
+        head = f"{format_ranks(failure[1])} {reason}"
+        ranks, why = list(failure[1]), "spark"
     lines = [f"{PROG}: {head}"] + _grouped(others, failed, format_ranks)
     missing = [r for r in range(size) if r not in reports]
     retried = [r for r in missing if attempts(r) > 1]
@@ -103,7 +117,8 @@ def job_error(failure: tuple, reports: Mapping[int, dict], size: int,
         lines.append(f"{format_ranks(missing)}: no report (not started, or the task was lost "
                      f"with its executor)")
     return _error(lines, order, failed, tails, "rank",
-                  failure[1] if failure[0] == "spark" else None)
+                  failure[1] if failure[0] == "spark" else None,
+                  ranks=ranks, cause=why, reason=reason)
 
 
 def elastic_error(head: str, reports: Mapping[int, dict], tails: Mapping[int, Deque[str]],
@@ -112,7 +127,8 @@ def elastic_error(head: str, reports: Mapping[int, dict], tails: Mapping[int, De
     (``reports`` and ``tails`` by worker id), root failure first; ``failures`` is keyed
     by worker id."""
     failed = {w: rep for w, rep in reports.items() if not ok(rep)}
-    order = _root_first(failed)
+    roots, others = _root_first(failed)
+    order = roots + others
     lines = [f"{ELASTIC_PROG}: {head}"] + _grouped(order, failed, format_workers)
     return _error(lines, order, failed, tails, "worker", cause)
 
@@ -128,14 +144,21 @@ def spark_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
-def _root_first(failed: Mapping[int, dict]) -> List[int]:
-    """The root failure first: the first to fail on its own account (a lost peer or a
-    stop by the driver is an effect), by when the failure happened; then the others,
-    effects last."""
-    causes = [r for r, rep in failed.items() if kind(rep) not in _EFFECTS] or list(failed)
+def _root_first(failed: Mapping[int, dict],
+                any_root: bool = True) -> Tuple[List[int], List[int]]:
+    """``(root, others)``: the root failure is the first to fail on its own account (a
+    lost peer or a stop by the driver is an effect), by when the failure happened; with
+    effects only, a lost peer (its message names the lost rank) rather than a stop by the
+    driver, and one of those only when ``any_root`` (a failure of the Spark job or a rank
+    that never reported is the root otherwise). The others follow, effects last."""
+    causes = [r for r, rep in failed.items() if kind(rep) not in _EFFECTS]
+    if not causes:
+        causes = [r for r, rep in failed.items() if kind(rep) == "peer_lost"]
+    if not causes and any_root:
+        causes = list(failed)
     roots = sorted(causes, key=lambda r: failure_time(failed[r]))[:1]
-    return roots + sorted((r for r in failed if r not in roots),
-                          key=lambda r: (kind(failed[r]) in _EFFECTS, failure_time(failed[r]), r))
+    return roots, sorted((r for r in failed if r not in roots),
+                         key=lambda r: (kind(failed[r]) in _EFFECTS, failure_time(failed[r]), r))
 
 
 def _grouped(ids: List[int], failed: Mapping[int, dict],
@@ -148,12 +171,12 @@ def _grouped(ids: List[int], failed: Mapping[int, dict],
 
 
 def _error(lines: List[str], order: List[int], failed: Mapping[int, dict],
-           tails: Mapping[int, Deque[str]], noun: str,
-           cause: Optional[BaseException]) -> RankFailedError:
+           tails: Mapping[int, Deque[str]], noun: str, cause: Optional[BaseException],
+           **fields) -> RankFailedError:
     failures = {r: tail(tails.get(r, ()), failed[r]) for r in order}
     for r, text in failures.items():
         lines += [f"--- last output of {noun} {r} ---", text or "(no output)"]
-    error = RankFailedError("\n".join(lines), failures)
+    error = RankFailedError("\n".join(lines), failures, **fields)
     if cause is not None:
         error.__cause__ = cause
     return error

@@ -1,6 +1,7 @@
 """Helpers shared by the estimator tests (the model, the metric, store listings)."""
 
 import os
+import signal
 import sys
 
 import cloudpickle
@@ -19,6 +20,30 @@ def make_net(seed=0, hidden=64):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(),
                                torch.nn.Linear(hidden, 10))
+
+
+def kill_once(net, rank, step, marker):
+    """``net`` wrapped so that, while training, rank ``rank`` SIGKILLs its own process at its
+    ``step``-th forward pass, once: it creates the file ``marker`` first, and a process that
+    finds it there trains on undisturbed (the restarted run, or another fit)."""
+    import torch
+
+    class KillOnce(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net, self.steps = net, 0
+
+        def forward(self, x):
+            if self.training:
+                self.steps += 1
+                if self.steps == step and not os.path.exists(marker):
+                    import spark_hvd
+                    if spark_hvd.rank() == rank:
+                        open(marker, "x").close()
+                        os.kill(os.getpid(), signal.SIGKILL)
+            return self.net(x)
+
+    return KillOnce()
 
 
 def bad_input(train_df, case):

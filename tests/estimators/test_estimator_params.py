@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from est_helpers import accuracy, make_net
+from est_helpers import accuracy, make_keras_net, make_net
 from spark_hvd.estimators import (KerasEstimator, KerasModel, LocalStore, TorchEstimator,
                                   TorchModel)
+from spark_hvd.estimators import _estimator_base as eb
 from spark_hvd.estimators import _model_base as mb
 from spark_hvd.estimators import _trainer_torch as trainer
 from spark_hvd.estimators import torch_estimator as te
@@ -18,7 +19,7 @@ from spark_hvd.estimators import torch_model as tm
 from spark_hvd.estimators.params import (ESTIMATOR_PARAMS, KERAS_ESTIMATOR_PARAMS,
                                          KERAS_MODEL_PARAMS, MODEL_PARAMS, PICKLE, camel)
 from spark_hvd.estimators.progress import EpochProgress, bar, format_metrics
-from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
 
 def _values(**kw):
@@ -78,6 +79,11 @@ def test_setters_convert_check_and_chain():
     (dict(reader="parquet"), "reader must be one of ['arrow', 'petastorm']"),
     (dict(metrics=["accuracy"]), "metrics must be callables"),
     (dict(batch_sise=8), "did you mean 'batch_size'"),
+    (dict(max_restarts=-1), "max_restarts must be an integer >= 0, got -1; it is how many "
+                            "times fit restarts training from the last epoch checkpoint"),
+    (dict(max_restarts=1.5), "max_restarts must be an integer >= 0, got 1.5"),
+    (dict(max_restarts="3"), "max_restarts must be an integer >= 0, got '3'"),
+    (dict(max_restarts=True), "got True"),
 ])
 def test_bad_values_are_refused_when_set(kw, needle):
     with pytest.raises(InvalidArgumentError) as err:
@@ -95,6 +101,14 @@ def test_persistence_split_follows_the_table():
     assert {"model", "optimizer", "loss", "store", "callbacks"} <= pickled
 
 
+def test_max_restarts_on_both_estimators():
+    assert TorchEstimator().getMaxRestarts() == 3 and KerasEstimator().getMaxRestarts() == 3
+    assert TorchEstimator().setMaxRestarts(0).getMaxRestarts() == 0
+    assert KerasEstimator(max_restarts=5).getMaxRestarts() == 5
+    with pytest.raises(InvalidArgumentError, match="max_restarts must be an integer >= 0"):
+        KerasEstimator().setMaxRestarts(-2)
+
+
 # -- parameter checks --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("change,needle", [
@@ -110,6 +124,7 @@ def test_persistence_split_follows_the_table():
     (dict(sample_weight_col="label"), "also a feature or label column"),
     (dict(gradient_compression="fp16"), "gradient_compression must be"),
     (dict(callbacks=[object()]), "has none of the methods"),
+    (dict(max_restarts=None), "max_restarts must be an integer >= 0, got None; it is how many"),
 ])
 def test_param_checks(change, needle):
     est = TorchEstimator()
@@ -229,6 +244,99 @@ def test_checkpoint_round_trip(tmp_path):
     with pytest.raises(InvalidArgumentError, match="different model"):
         te._compatible_checkpoint(store, "r", make_net(hidden=8))
     assert te._compatible_checkpoint(store, "r", make_net())["epoch"] == 2
+
+
+# -- restarts after a lost rank (the launch is a fake: no Spark) -------------------------------
+
+def _launch(*causes):
+    """A fake training launch that fails with a RankFailedError of each of ``causes`` in turn,
+    then succeeds; ``.calls`` counts the launches."""
+    def launch():
+        launch.calls += 1
+        if launch.calls <= len(causes):
+            raise RankFailedError(f"spark_hvd.spark.run: rank 1 failed: boom {launch.calls}",
+                                  {1: "tail"}, ranks=[1], cause=causes[launch.calls - 1],
+                                  reason=f"boom {launch.calls}")
+    launch.calls = 0
+    return launch
+
+
+@pytest.fixture(params=["torch", "keras"])
+def restartable(request, tmp_path):
+    """(estimator, p) with a checkpoint of epoch 2 of run 'r' in the store: what the shared
+    restart loop needs of each framework."""
+    store = LocalStore(str(tmp_path))
+    p = {"store": store, "epochs": 5, "max_restarts": 3, "verbose": 1, "custom_objects": None}
+    if request.param == "torch":
+        p["model"] = make_net()
+        trainer._write_checkpoint(store, "r", trainer.LAST_CHECKPOINT, {
+            "format": trainer.CHECKPOINT_FORMAT, "epoch": 2, "history": {},
+            "model": p["model"].state_dict()})
+        return TorchEstimator(), p
+    pytest.importorskip("keras")
+    from spark_hvd.estimators import _keras_io, _trainer_keras
+    p["model"] = make_keras_net()
+    _trainer_keras.write_checkpoint(store, "r", _trainer_keras.LAST_CHECKPOINT,
+                                    _keras_io.model_to_bytes(p["model"]),
+                                    {"epoch": 2, "history": {}})
+    return KerasEstimator(), p
+
+
+def test_a_lost_rank_or_a_failed_collective_restarts_from_the_checkpoint(restartable, capsys):
+    est, p = restartable
+    name = type(est).__name__
+    launch = _launch("process", "collective", "spark")
+    est._train(p, "r", launch)
+    assert launch.calls == 4
+    assert capsys.readouterr().out.splitlines() == [
+        f"{name}: rank 1 lost during epoch 3/5 (boom 1); restarting from the epoch 2 "
+        f"checkpoint, attempt 2/4",
+        f"{name}: a collective failed on rank 1 during epoch 3/5 (boom 2); restarting from the "
+        f"epoch 2 checkpoint, attempt 3/4",
+        f"{name}: rank 1 lost during epoch 3/5 (boom 3); restarting from the epoch 2 "
+        f"checkpoint, attempt 4/4"]
+
+
+@pytest.mark.parametrize("cause", ["function", "task", ""])
+def test_errors_of_the_users_code_are_not_retried(restartable, cause, capsys):
+    est, p = restartable
+    launch = _launch(cause)
+    with pytest.raises(RankFailedError) as err:
+        est._train(p, "r", launch)
+    assert launch.calls == 1 and err.value.message.endswith("boom 1")
+    assert capsys.readouterr().out == ""
+
+
+def test_restarts_exhausted_raise_the_last_failure_with_the_fix(restartable):
+    est, p = restartable
+    p["max_restarts"] = 1
+    launch = _launch("process", "process", "process")
+    with pytest.raises(RankFailedError) as err:
+        est._train(p, "r", launch)
+    assert launch.calls == 2
+    e = err.value
+    assert (e.ranks, e.cause, e.reason, e.failures) == ([1], "process", "boom 2", {1: "tail"})
+    assert e.message.startswith(
+        f"{type(est).__name__}: training failed on all 2 attempts (max_restarts=1), each time "
+        f"with a lost rank or a failed collective; the checkpoint of epoch 2 and the training "
+        f"data are kept in the store. Raise max_restarts (e.g. max_restarts=4)")
+    assert "fit again with run_id='r'" in e.message
+    assert e.message.endswith("The last failure:\nspark_hvd.spark.run: rank 1 failed: boom 2")
+
+
+def test_restart_lines_without_checkpoint_or_rank_and_quiet(caplog, capsys):
+    spark_failed = RankFailedError("x", cause="spark", reason="SparkException: executor lost")
+    assert eb.restart_line("TorchEstimator", spark_failed, 0, 4, 2, 3) == (
+        "TorchEstimator: the Spark job failed during epoch 1/4 (SparkException: executor "
+        "lost); restarting from the start (no checkpoint yet), attempt 2/3")
+    p = {"store": LocalStore("/tmp/unused-store"), "epochs": 4, "max_restarts": 1,
+         "verbose": 0, "model": make_net()}
+    with caplog.at_level("WARNING", logger=eb.__name__):
+        TorchEstimator()._train(p, "no-such-run", _launch("process"))
+    assert capsys.readouterr().out == ""
+    assert [r.getMessage() for r in caplog.records] == [
+        "TorchEstimator: rank 1 lost during epoch 1/4 (boom 1); restarting from the start (no "
+        "checkpoint yet), attempt 2/2"]
 
 
 # -- progress ----------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ import torch
 import torch.nn.functional as F
 from pyspark.ml.linalg import VectorUDT
 
-from est_helpers import accuracy, bad_input, listing, make_net
-from spark_hvd.estimators import TorchEstimator, TorchModel
+from est_helpers import accuracy, bad_input, kill_once, listing, make_net
+from spark_hvd.estimators import LocalStore, TorchEstimator, TorchModel
+from spark_hvd.exceptions import RankFailedError
 
 pytestmark = pytest.mark.spark
 
@@ -30,28 +31,74 @@ def _test_accuracy(model, test_df):
     return float(np.mean(pred == np.array([r["label"] for r in out])))
 
 
-def test_fit_digits_and_resume(digits, store, capfd):
-    train_df, test_df = digits
-    est = _estimator(store, run_id="digits", epochs=4)
-    model = est.fit(train_df)
+@pytest.fixture(scope="module")
+def undisturbed(digits, tmp_path_factory):
+    """The first fit, undisturbed: 4 epochs, run_id 'digits'; (store, TorchModel, its test
+    accuracy)."""
+    store = LocalStore(str(tmp_path_factory.mktemp("torch") / "store"))
+    model = _estimator(store, run_id="digits", epochs=4).fit(digits[0])
+    return store, model, _test_accuracy(model, digits[1])
+
+
+def test_fit_digits_and_resume(undisturbed, digits, capfd):
+    store, model, acc = undisturbed
     assert isinstance(model, TorchModel)
     history = model.getHistory()
     assert len(history["loss"]) == 4 and len(history["val_accuracy"]) == 4
     assert history["loss"][-1] < history["loss"][0]
-    acc = _test_accuracy(model, test_df)
     assert acc >= 0.9, acc
-    out = capfd.readouterr().out
-    assert "[0] epoch 4/4" in out and "val_accuracy" in out
 
     # Same run_id, more epochs: continues at the saved epoch.
-    model2 = _estimator(store, run_id="digits", epochs=6).fit(train_df)
+    model2 = _estimator(store, run_id="digits", epochs=6).fit(digits[0])
     out = capfd.readouterr().out
     assert "resuming run 'digits' at epoch 5/6" in out
-    assert "epoch 1/6" not in out and "[0] epoch 6/6" in out
+    assert "epoch 1/6" not in out and "[0] epoch 6/6" in out and "val_accuracy" in out
     h2 = model2.getHistory()
     assert len(h2["loss"]) == 6 and h2["loss"][:4] == history["loss"]
     ckpt = os.path.join(store.prefix, "runs", "digits", "checkpoint")
     assert sorted(os.listdir(ckpt)) == ["best.pt", "last.pt"]
+
+
+def _killing(store, marker, step, **kw):
+    """The estimator of the digits fits with a model whose rank 1 kills its own process at
+    its ``step``-th training batch, once."""
+    net = kill_once(make_net(), rank=1, step=step, marker=str(marker))
+    return _estimator(store, model=net, optimizer=torch.optim.Adam(net.parameters(), lr=1e-2),
+                      **kw)
+
+
+def test_a_lost_rank_restarts_from_the_last_epoch_checkpoint(undisturbed, digits, store,
+                                                             tmp_path, capfd):
+    """Rank 1's process is SIGKILLed in the middle of epoch 2 (about 19 steps per epoch):
+    fit restarts the run from the epoch 1 checkpoint and ends as an undisturbed fit does."""
+    marker = tmp_path / "killed"
+    model = _killing(store, marker, step=25, run_id="killed").fit(digits[0])
+    out = capfd.readouterr().out
+    assert marker.exists()
+    assert ("TorchEstimator: rank 1 lost during epoch 2/4 (its process was killed by signal 9 "
+            "(SIGKILL) without a Python exception); restarting from the epoch 1 checkpoint, "
+            "attempt 2/4") in out, out
+    assert out.count("restarting from") == 1
+    assert "resuming run 'killed' at epoch 2/4" in out and "[0] epoch 4/4" in out
+    history, expected = model.getHistory(), undisturbed[1].getHistory()
+    assert {k: len(v) for k, v in history.items()} == {k: 4 for k in expected}
+    # Two fits of digits in one session can differ from the first epoch on (its rows do not
+    # always come in the same order): "within noise" is within 3 points of test accuracy.
+    acc = _test_accuracy(model, digits[1])
+    assert acc >= 0.9 and abs(acc - undisturbed[2]) <= 0.03, (acc, undisturbed[2])
+
+
+def test_max_restarts_0_fails_naming_the_lost_rank_and_the_fix(digits, store, tmp_path):
+    with pytest.raises(RankFailedError) as err:
+        _killing(store, tmp_path / "killed", step=3, epochs=1, max_restarts=0,
+                 run_id="killed0").fit(digits[0])
+    e = err.value
+    assert (e.ranks, e.cause) == ([1], "process")
+    msg = str(e)
+    assert msg.startswith("TorchEstimator: training failed on its only attempt (max_restarts=0)")
+    assert "Raise max_restarts (e.g. max_restarts=3)" in msg and "run_id='killed0'" in msg
+    assert "spark_hvd.spark.run: rank 1 failed: its process was killed by signal 9" in msg
+    assert any(p.startswith("intermediate_train_data") for p in listing(store.prefix))
 
 
 def test_pipeline_on_uneven_partitions_saves_loads_and_predicts_the_same(

@@ -271,6 +271,7 @@ def test_failure_report_puts_the_root_cause_first():
     assert "[ranks 0,3]: PeerLostError: rank 2 is gone" in text
     assert "[rank 1]: stopped by the driver" in text
     assert "step 7" in error.failures[2] and "KeyError: 'w'" in error.failures[2]
+    assert (error.ranks, error.cause, error.reason) == ([2], "function", "KeyError: 'w'")
 
 
 def test_failure_report_roots_at_the_first_rank_to_fail():
@@ -287,6 +288,26 @@ def test_failure_report_roots_at_the_first_rank_to_fail():
                                            "[rank 0]: NotInitializedError: x"]
 
 
+@pytest.mark.parametrize("report,cause", [
+    ({"returncode": -9}, "process"),
+    ({"returncode": 1, "record": {"ok": False, "type": "CollectiveTimeoutError", "message": "x",
+                                  "traceback": "", "peer_lost": False, "collective": True}},
+     "collective"),
+    ({"returncode": 1, "record": {"ok": False, "type": "TensorMismatchError", "message": "x",
+                                  "traceback": "", "peer_lost": False, "collective": False}},
+     "function"),
+    ({"task_error": "Traceback...\nInvalidArgumentError: no GPU\n"}, "task"),
+])
+def test_failure_report_says_what_kind_of_failure_the_root_is(report, cause):
+    # A lost peer on rank 0 is an effect; rank 1's failure is the root, whatever its kind.
+    lost = {"ok": False, "type": "PeerLostError", "message": "lost rank 1", "traceback": "",
+            "peer_lost": True, "collective": True}
+    error = _job_error(("rank", 0), {0: {"rank": 0, "record": lost, "returncode": 1},
+                                     1: dict(report, rank=1)}, 2)
+    assert (error.ranks, error.cause) == ([1], cause)
+    assert str(error).splitlines()[0] == f"spark_hvd.spark.run: rank 1 failed: {error.reason}"
+
+
 def test_failure_report_of_a_start_timeout_and_of_a_spark_failure():
     error = _job_error(("start_timeout", [1, 2]), {}, 3)
     assert "[ranks 1,2] did not start within 30 s" in str(error)
@@ -296,6 +317,9 @@ def test_failure_report_of_a_start_timeout_and_of_a_spark_failure():
     assert str(error).startswith("spark_hvd.spark.run: the Spark job failed before every rank "
                                  "reported: RuntimeError: Job aborted: executor lost")
     assert error.__cause__ is cause
+    assert (error.ranks, error.cause) == ([], "spark")
+    error = _job_error(("lost", [1]), {0: {"rank": 0, "returncode": -15, "aborted": True}}, 2)
+    assert (error.ranks, error.cause, error.reason) == ([1], "spark", "ended without a report")
 
 
 def test_failure_report_of_a_killed_rank_and_a_missing_one():
@@ -482,6 +506,7 @@ def test_a_failing_rank_stops_the_job_and_names_its_traceback(spark_cluster):
     error = info.value
     assert list(error.failures)[0] == 1 and 0 in error.failures
     assert str(error).startswith("spark_hvd.spark.run: rank 1 failed: ValueError: boom on rank 1")
+    assert (error.ranks, error.cause) == ([1], "function")
     assert "[rank 0]: " in str(error)
     assert "rank 1 is about to fail" in error.failures[1]
     assert "Traceback (most recent call last)" in error.failures[1]
@@ -499,6 +524,7 @@ def test_a_rank_that_dies_without_an_exception_is_the_root_cause(spark_cluster):
     assert str(info.value).startswith(
         "spark_hvd.spark.run: rank 1 failed: its process exited with code 3")
     assert list(info.value.failures) == [1, 0]
+    assert (info.value.ranks, info.value.cause) == ([1], "process")
     assert _children() == []
 
 

@@ -23,12 +23,14 @@ def samples():
                tensor="grad.0") for cls in ALL if cls not in (E.PeerLostError, E.RankFailedError)]
     out.append(E.PeerLostError("rank 2 exited", ranks=[2, 5], tensor="w"))
     out.append(E.RankFailedError("ranks 1,3 failed",
-                                 failures={1: "Traceback...\nValueError: x", 3: "killed"}))
+                                 failures={1: "Traceback...\nValueError: x", 3: "killed"},
+                                 ranks=[1], cause="function", reason="ValueError: x"))
     return out
 
 
 def fields(e):
-    return (type(e), e.message, str(e), e.args, e.ranks, e.tensor, getattr(e, "failures", None))
+    return (type(e), e.message, str(e), e.args, e.ranks, e.tensor, getattr(e, "failures", None),
+            getattr(e, "cause", None), getattr(e, "reason", None))
 
 
 @pytest.mark.parametrize("exc", samples(), ids=lambda e: type(e).__name__)
@@ -50,7 +52,7 @@ def test_no_argument_construction_pickles(cls):
     assert type(back) is cls and back.message == "" and str(back) == ""
     assert back.ranks == [] and back.tensor == ""
     if cls is E.RankFailedError:
-        assert back.failures == {}
+        assert back.failures == {} and back.cause == "" and back.reason == ""
 
 
 def test_peer_lost_ranks_are_a_list_and_not_shared():
