@@ -171,12 +171,12 @@ def _grouped(ids: List[int], failed: Mapping[int, dict],
 
 
 def _error(lines: List[str], order: List[int], failed: Mapping[int, dict],
-           tails: Mapping[int, Deque[str]], noun: str, cause: Optional[BaseException],
+           tails: Mapping[int, Deque[str]], noun: str, chained: Optional[BaseException],
            **fields) -> RankFailedError:
     failures = {r: tail(tails.get(r, ()), failed[r]) for r in order}
     for r, text in failures.items():
         lines += [f"--- last output of {noun} {r} ---", text or "(no output)"]
     error = RankFailedError("\n".join(lines), failures, **fields)
-    if cause is not None:
-        error.__cause__ = cause
+    if chained is not None:
+        error.__cause__ = chained
     return error
