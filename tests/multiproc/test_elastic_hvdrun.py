@@ -150,6 +150,19 @@ def test_survivors_of_a_killed_worker_resume_from_the_last_commit(job):
     assert "spark-hvdrun: elastic: done: the 2 workers of epoch 2 exited 0" in err
 
 
+def test_a_failed_slot_gets_a_new_worker_after_its_cool_down(job):
+    """Fixed slots (-np 3, no discovery script): the killed worker's slot cools down for
+    0.5 s, then a new worker starts there and joins; the job ends at 3 ranks again."""
+    code, finals, err = job("-np", "3", "--min-np", "2", "--blacklist-cooldown-range", "0.5",
+                            "0.5", steps=30, kill_at=12, grow_to=3)
+    assert code == 0, err
+    assert epochs(err)[:2] == [(1, 3), (2, 2)] and epochs(err)[-1][1] == 3, err
+    assert "no new worker there for 0.5 s" in err
+    assert "spark-hvdrun: elastic: worker 3 started on localhost" in err
+    assert sorted(finals) == [0, 2, 3] and same_state(finals.values()), err
+    assert finals[3]["size"] == 3
+
+
 def test_reset_limit_ends_the_job(job):
     code, finals, err = job("-np", "3", "--min-np", "2", "--reset-limit", "0", steps=30,
                             kill_at=12)
