@@ -89,6 +89,53 @@ def test_a_lost_worker_leaves_the_survivor_to_finish_from_its_last_commit(spark_
     assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
 
 
+def _train_until_two_ranks(marker_dir):
+    """Commits every step and goes on until the job has 2 ranks (at most 3000 steps).
+    The second worker to get here waits 2 s first: it arrives while the first trains."""
+    import time
+
+    import numpy as np
+
+    import spark_hvd as hvd
+    import spark_hvd.elastic
+
+    try:
+        os.close(os.open(os.path.join(marker_dir, "first"), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        time.sleep(2.0)
+    hvd.init()
+    state = spark_hvd.elastic.ObjectState(step=0, total=0.0)
+
+    @spark_hvd.elastic.run
+    def train(state):
+        while (state.step < 5 or hvd.size() < 2) and state.step < 3000:
+            state.total += float(hvd.allreduce(np.ones(2), op=hvd.Sum, name="ones")[0])
+            state.step += 1
+            state.commit()
+            time.sleep(0.005)
+
+    train(state)
+    return {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "total": state.total}
+
+
+@pytest.mark.spark
+def test_a_worker_that_starts_later_joins_up_to_max_num_proc(spark_local, tmp_path, capsys):
+    """num_proc=1, max_num_proc=2: the job starts with the first worker to ask; the second
+    task's worker is announced to it and joins at its next commit, with its state."""
+    results = spark_hvd.spark.run_elastic(_train_until_two_ranks, args=(str(tmp_path),),
+                                          num_proc=1, max_num_proc=2,
+                                          start_timeout=60, elastic_timeout=30,
+                                          spark=spark_local)
+    err = capsys.readouterr().err
+    assert [r["rank"] for r in results] == [0, 1], (results, err)
+    assert all(r["size"] == 2 for r in results), results
+    assert results[0]["step"] == results[1]["step"] < 3000, results
+    assert results[0]["total"] == results[1]["total"], results
+    assert re.search(r"run_elastic: epoch 1: 1 ranks", err), err
+    assert re.search(r"run_elastic: epoch 2: 2 ranks", err), err
+    assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
+
+
 @pytest.mark.spark
 def test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order(spark_local):
     out = io.StringIO()
