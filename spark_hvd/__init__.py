@@ -43,6 +43,8 @@ __all__ = list(_BASICS) + list(_OPS) + [
 
 
 def __getattr__(name):
+    if name == "elastic":  # hvd.elastic after a plain `import spark_hvd as hvd`, as Horovod's
+        return importlib.import_module("spark_hvd.elastic")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'spark_hvd' has no attribute {name!r}")

@@ -302,3 +302,14 @@ def test_object_state_forms():
     s = elastic.ObjectState(lambda o: (log.append(o), o)[1], lambda: 0, batch=3)  # Horovod's
     s.sync()
     assert log == [{"batch": 3}]
+
+
+def test_hvd_elastic_is_reachable_from_the_bare_package_without_the_core():
+    """``import spark_hvd as hvd; hvd.elastic.run`` works as Horovod's does, and reaching
+    it loads no native core (a launcher or driver may touch it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, spark_hvd as hvd; assert hvd.elastic.run and hvd.elastic.ObjectState;"
+            "assert 'spark_hvd._core' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
