@@ -4,8 +4,9 @@
 # one line per check. Needs a Python with torch (a CUDA build), numpy, pybind11, cmake
 # and a C++ compiler; set PYTHON to choose it. Under 10 minutes.
 #
-# Not covered yet (the NCCL issue's remaining parts): two ranks sharing one GPU through
-# host staging, and TorchEstimator(use_gpu=True) on local-cluster Spark.
+# Then: the same checks as two ranks sharing the GPU (staged through host memory: NCCL
+# refuses two ranks on one device), an elastic job on the GPU that loses a worker, and
+# TorchEstimator(use_gpu=True) on local-cluster Spark (skipped without pyspark and java).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -19,6 +20,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 echo "== checks, 1 rank"
 PYTHONPATH=. timeout 300 "$PY" tests/gpu/gpu_checks.py
 status=$?
+echo "== checks, 2 ranks sharing the GPU (staged)"
+SPARK_HVD_GPU_OPERATIONS=tcp PYTHONPATH=. timeout 300 "$PY" -m spark_hvd.runner -np 2 \
+  "$PY" tests/gpu/gpu_checks.py || status=1
+echo "== elastic job on the GPU, one worker lost"
+SPARK_HVD_GPU_OPERATIONS=tcp PYTHONPATH=. timeout 120 "$PY" -m spark_hvd.runner -np 2 \
+  --min-np 1 --blacklist-cooldown-range 300 300 "$PY" tests/gpu/elastic_gpu.py 2>&1 \
+  | grep -E "PASS|FAIL|elastic: epoch" || status=1
+echo "== TorchEstimator(use_gpu=True) on local-cluster Spark"
+PYTHONPATH=. timeout 300 "$PY" tests/gpu/estimator_gpu.py 2>&1 | grep -E "^(PASS|FAIL|SKIP)" \
+  || status=1
 echo "== fake-library tests of the NCCL backend (the same as CI)"
 PYTHONPATH=. timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/fakes \
   tests/multiproc/test_mp_nccl.py 2>&1 | tail -3
