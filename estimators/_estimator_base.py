@@ -42,7 +42,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
-from ._trainer_common import TrainConfig
+from ._trainer_common import TrainConfig, apply_transformation
 from ._validate import validate_dataframe
 from .params import ParamsFromTable
 from .persistence import TableParamsReader, TableParamsWriter
@@ -116,7 +116,10 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         self._check_params(p)
         validate_dataframe(dataset, p["feature_cols"], p["label_cols"] or [],
                            p["sample_weight_col"], p["validation"], num_proc=1, check_rows=False)
-        num_proc = launch_plan(dataset.sparkSession, p["num_proc"], p["use_gpu"])
+        wanted = p["num_proc"]
+        if wanted is None and p["backend"] is not None:  # Horovod's SparkBackend(num_proc=...)
+            wanted = int(p["backend"].num_processes())
+        num_proc = launch_plan(dataset.sparkSession, wanted, p["use_gpu"])
         columns = needed_columns(p)
         zeros = zero_batch(dataset, first_rows(dataset, columns, num_proc), columns)
         output_shapes = self._dry_run(p, zeros)
@@ -143,7 +146,8 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             config = self._train_config(p, run_id, seed, meta)
             self._train(p, run_id, lambda: hvd_spark.run(
                 self._train_fn(), args=(config,), num_proc=num_proc, use_gpu=p["use_gpu"],
-                env=self._train_env(), verbose=1 if p["verbose"] else 0))
+                env={**self._train_env(), **(p["backend_env"] or {})},
+                verbose=1 if p["verbose"] else 0))
             phases.done(f"training on {num_proc} processes")
         model, history = self._trained_model(p, run_id)
         phases.done("model from the store")
@@ -199,7 +203,9 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             validation_steps_per_epoch=p["validation_steps_per_epoch"], shuffle=p["shuffle"],
             shuffle_buffer_size=p["shuffle_buffer_size"], seed=seed,
             backward_passes_per_step=p["backward_passes_per_step"], use_gpu=p["use_gpu"],
-            verbose=p["verbose"], terminate_on_nan=p["terminate_on_nan"], reader=p["reader"])
+            verbose=p["verbose"], terminate_on_nan=p["terminate_on_nan"], reader=p["reader"],
+            extra={k: p[k] for k in ("train_reader_num_workers", "val_reader_num_workers",
+                                     "inmemory_cache_all")})
 
     # -- parameter checks shared by the frameworks (no Spark) ------------------------------
     def _check_common(self, p: Dict[str, Any], n_losses: int) -> None:
@@ -374,7 +380,7 @@ def transformed(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> Dict[str, An
     if p["transformation_fn"] is None:
         return dict(zeros)
     try:
-        return p["transformation_fn"](dict(zeros))
+        return apply_transformation(p["transformation_fn"], zeros)
     except Exception as exc:
         raise InvalidArgumentError(
             f"transformation_fn fails on a batch of zeros ({describe_arrays(zeros, list(zeros))}"

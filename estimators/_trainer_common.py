@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
+import numpy as np
+
 HISTORY_FILE = "history.json"
 
 
@@ -154,6 +156,65 @@ class RunRecord:
                 "best_epoch": self.best_epoch, "monitor": self.monitor}
 
 
+def apply_transformation(fn: Any, batch: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """``transformation_fn`` on a batch, as Horovod calls it: a pandas DataFrame in (an array
+    column holds one numpy array per row) and a DataFrame out, turned back into arrays."""
+    import pandas as pd
+
+    frame = pd.DataFrame({k: list(v) if v.ndim > 1 else v for k, v in batch.items()})
+    out = fn(frame)
+    if not isinstance(out, pd.DataFrame):
+        raise TypeError(f"transformation_fn must return a pandas DataFrame (as Horovod's), "
+                        f"got {type(out).__name__}")
+    arrays = {}
+    for col in out.columns:
+        values = out[col].to_numpy()
+        arrays[col] = np.stack([np.asarray(v) for v in values]) \
+            if values.dtype == object and len(values) else values
+    return arrays
+
+
+class CachedReader:
+    """``inmemory_cache_all``: the first epoch reads through ``reader`` and keeps this rank's
+    rows; later epochs re-cut them into the same batch sizes from memory, in a new order
+    each epoch when ``shuffle`` (seeded by ``seed`` and the epoch, as the reader's own)."""
+
+    def __init__(self, reader: Any, shuffle: bool, seed: int) -> None:
+        self.reader, self.shuffle, self.seed = reader, shuffle, seed
+        self.rows: Optional[Dict[str, np.ndarray]] = None
+        self.sizes: List[int] = []
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def epoch(self, epoch: int) -> Iterator[Dict[str, np.ndarray]]:
+        if self.rows is None:
+            return self._first(epoch)
+        return self._again(epoch)
+
+    def _first(self, epoch: int) -> Iterator[Dict[str, np.ndarray]]:
+        kept: List[Dict[str, np.ndarray]] = []
+        for batch in self.reader.epoch(epoch):
+            kept.append({k: np.array(v, copy=True) for k, v in batch.items()})
+            yield batch
+        if kept:  # a whole pass was read: from now on, from memory
+            self.sizes = [len(next(iter(b.values()))) for b in kept]
+            self.rows = {k: np.concatenate([b[k] for b in kept]) for k in kept[0]}
+
+    def _again(self, epoch: int) -> Iterator[Dict[str, np.ndarray]]:
+        total = sum(self.sizes)
+        order = np.random.default_rng([self.seed, epoch]).permutation(total) \
+            if self.shuffle else np.arange(total)
+        start = 0
+        for n in self.sizes:
+            idx = order[start:start + n]
+            start += n
+            yield {k: v[idx] for k, v in self.rows.items()}
+
+    def close(self) -> None:
+        self.reader.close()
+
+
 class Readers:
     """This rank's training and validation readers and their steps per epoch (equal on every
     rank), trimmed to a multiple of ``backward_passes_per_step``."""
@@ -164,11 +225,20 @@ class Readers:
         if config.sample_weight_col:
             columns.append(config.sample_weight_col)
         common = dict(rank=rank, size=size, columns=columns, reader=config.reader)
+        extra = config.extra or {}
+
+        def workers(which: str) -> Dict[str, Any]:  # Horovod's reader knobs: petastorm's
+            n = extra.get(f"{which}_reader_num_workers")
+            return {"workers_count": n} if n and config.reader == "petastorm" else {}
+
         self.train = config.meta.make_reader(
             "train", batch_size=config.batch_size, shuffle=config.shuffle, seed=config.seed,
-            shuffle_buffer_rows=config.shuffle_buffer_size, **common)
+            shuffle_buffer_rows=config.shuffle_buffer_size, **common, **workers("train"))
+        if extra.get("inmemory_cache_all"):
+            self.train = CachedReader(self.train, config.shuffle, config.seed)
         self.val = (config.meta.make_reader("val", batch_size=config.val_batch_size,
-                                            shuffle=False, seed=config.seed, **common)
+                                            shuffle=False, seed=config.seed, **common,
+                                            **workers("val"))
                     if config.meta.val_path else None)
         self.train_steps = self._steps(self.train, config.train_steps_per_epoch,
                                        "train_steps_per_epoch")

@@ -37,9 +37,9 @@ import keras
 import numpy as np
 
 from . import _keras_io as keras_io
-from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start, as_outputs,
-                              checkpoint_file, cpu_share, load_objects, next_batch, reshape_to,
-                              write_history)
+from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
+                              apply_transformation, as_outputs, checkpoint_file, cpu_share,
+                              load_objects, next_batch, reshape_to, write_history)
 
 CHECKPOINT_FORMAT = 1
 LAST_CHECKPOINT = "last.keras"
@@ -105,7 +105,7 @@ def batch_converter(feature_cols: List[str], label_cols: List[str],
 
     def convert(batch: Mapping[str, np.ndarray]) -> Tuple[Any, ...]:
         if transformation_fn is not None:
-            batch = transformation_fn(dict(batch))
+            batch = apply_transformation(transformation_fn, batch)
         out = (group(batch, feature_cols, input_shapes), group(batch, label_cols, label_shapes))
         if sample_weight_col:
             out += (to_array(batch[sample_weight_col], float_dtype),)

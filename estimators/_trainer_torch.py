@@ -31,9 +31,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start, as_outputs,
-                              checkpoint_file, cpu_share, load_objects, next_batch, reshape_to,
-                              write_history)
+from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
+                              apply_transformation, as_outputs, checkpoint_file, cpu_share,
+                              load_objects, next_batch, reshape_to, write_history)
 
 CHECKPOINT_FORMAT = 1
 LAST_CHECKPOINT = "last.pt"
@@ -326,7 +326,7 @@ class _EpochRunner:
     def _tensors(self, batch: Mapping[str, np.ndarray]) -> Tuple[List[Any], List[Any], Any]:
         c = self.c
         if self.transformation_fn is not None:
-            batch = self.transformation_fn(dict(batch))
+            batch = apply_transformation(self.transformation_fn, batch)
         inputs = [to_tensor(batch[n], n, self.float_dtype,
                             c.input_shapes[i] if c.input_shapes else None, self.device)
                   for i, n in enumerate(c.feature_cols)]

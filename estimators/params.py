@@ -237,12 +237,34 @@ def _dict(name: str, value: Any) -> Optional[Dict[str, Any]]:
     raise InvalidArgumentError(f"{name} must be a dict, got {type(value).__name__}")
 
 
+def _backend(name: str, value: Any) -> Any:
+    if value is None or callable(getattr(value, "num_processes", None)):
+        return value
+    raise InvalidArgumentError(
+        f"{name} must be None or a Horovod-style backend with num_processes(), got "
+        f"{type(value).__name__}; spark_hvd launches on the active SparkSession itself: set "
+        f"num_proc=N (and backend_env={{...}} for the processes' environment)")
+
+
+def _env(name: str, value: Any) -> Optional[Dict[str, str]]:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise InvalidArgumentError(f"{name} must be a dict of str to str (environment "
+                                   f"variables), got {value!r}")
+    return dict(value)
+
+
 _P = ParamSpec
 _POS = _int_at_least(1)
 _NONNEG = _int_at_least(0)
 _RESTARTS = _int_at_least(0, "it is how many times fit restarts training from the last epoch "
                              "checkpoint after a lost rank, e.g. max_restarts=3 (0: never)",
                        allow_none=False)
+
+# Horovod's names for params spark_hvd names otherwise (its models' column params).
+HOROVOD_NAMES = {"feature_columns": "feature_cols", "label_columns": "label_cols"}
 
 # The estimators' params.  Defaults are JSON values (Spark ML saves them as such).
 ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
@@ -300,8 +322,23 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     _P("verbose", 1, _NONNEG, JSON,
        "0 silent, 1 a progress line per epoch (and every ~10 s), 2 one per ~5% of an epoch"),
     _P("transformation_fn", None, _callable, PICKLE,
-       "function {column: numpy array} -> {column: numpy array} applied to every training "
-       "and validation batch on the workers"),
+       "function pandas.DataFrame -> pandas.DataFrame applied to every training and "
+       "validation batch on the workers, as Horovod's (an array column holds one numpy "
+       "array per row)"),
+    _P("train_reader_num_workers", None, _POS, JSON,
+       "Horovod's: with reader='petastorm', Petastorm's worker count for the training data "
+       "(workers_count); spark_hvd's 'arrow' reader decodes ahead in one prefetch thread"),
+    _P("val_reader_num_workers", None, _POS, JSON,
+       "the same for the validation data"),
+    _P("inmemory_cache_all", False, _bool, JSON,
+       "Horovod's: keep each process's share of the training data in memory after the "
+       "first epoch and read it from there (reshuffled every epoch when shuffle)"),
+    _P("backend", None, _backend, PICKLE,
+       "Horovod's: a backend with num_processes() (e.g. horovod.spark's SparkBackend); only its "
+       "process count is used, as num_proc when that is unset; spark_hvd launches on the "
+       "active SparkSession itself"),
+    _P("backend_env", None, _env, JSON,
+       "Horovod's: environment variables {name: value} for the training processes"),
     _P("input_shapes", None, _shapes, JSON,
        "shape of each feature column's tensor, e.g. [[-1, 1, 8, 8]] (-1: batch dimension)"),
     _P("label_shapes", None, _shapes, JSON, "shape of each label column's tensor"),
@@ -464,7 +501,15 @@ class ParamsFromTable(Params):
         self.setParams(**kwargs)
 
     def setParams(self, **kwargs: Any) -> "ParamsFromTable":
-        """Set any params by keyword; an unknown keyword is an error."""
+        """Set any params by keyword; an unknown keyword is an error. Horovod's names for
+        params spark_hvd names otherwise (``feature_columns`` and ``label_columns`` of its
+        models) are taken too."""
+        for horovod, ours in HOROVOD_NAMES.items():
+            if horovod in kwargs and ours in self._param_specs:
+                if ours in kwargs:
+                    raise InvalidArgumentError(f"{horovod} and {ours} are one parameter; "
+                                               f"give one of them")
+                kwargs[ours] = kwargs.pop(horovod)
         unknown = [k for k in kwargs if k not in self._param_specs]
         if unknown:
             hints = []

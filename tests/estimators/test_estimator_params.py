@@ -398,3 +398,86 @@ def test_model_cache_loads_once_per_identity():
     c = tm._cached_model(blob, "k2", torch.device("cpu"))
     assert a is b and a is not c and not a.training
     mb.MODEL_CACHE.clear()
+
+
+# -- Horovod's estimator names -------------------------------------------------------------
+
+class _Backend:
+    """Horovod's SparkBackend as far as the estimators read it."""
+
+    def num_processes(self):
+        return 3
+
+
+def test_horovod_names_are_taken():
+    p = _values(backend=_Backend(), backend_env={"A": "1"}, train_reader_num_workers=4,
+                val_reader_num_workers=2, inmemory_cache_all=True)
+    assert p["backend"].num_processes() == 3 and p["backend_env"] == {"A": "1"}
+    assert (p["train_reader_num_workers"], p["val_reader_num_workers"]) == (4, 2)
+    assert p["inmemory_cache_all"] is True
+    model = TorchModel(feature_columns=["f"], label_columns=["y"])
+    assert model.getFeatureColumns() == ["f"] == model.getFeatureCols()
+    assert model.getLabelColumns() == ["y"]
+    with pytest.raises(InvalidArgumentError, match="one parameter"):
+        TorchModel(feature_columns=["f"], feature_cols=["g"])
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(backend=object()), "num_proc=N"),
+    (dict(backend_env={"A": 1}), "dict of str to str"),
+    (dict(train_reader_num_workers=0), "train_reader_num_workers"),
+])
+def test_horovod_names_check_their_values(kw, needle):
+    with pytest.raises(InvalidArgumentError, match=needle):
+        _values(**kw)
+
+
+def test_transformation_fn_gets_and_returns_a_pandas_dataframe_as_horovod():
+    from spark_hvd.estimators._trainer_common import apply_transformation
+
+    batch = {"features": np.arange(12, dtype=np.float32).reshape(3, 4),
+             "label": np.array([0, 1, 2])}
+    seen = []
+
+    def fn(df):
+        seen.append((type(df).__name__, list(df.columns), len(df)))
+        df["label"] = df["label"] * 10
+        df["features"] = df["features"].map(lambda a: a * 2)
+        return df
+
+    out = apply_transformation(fn, batch)
+    assert seen == [("DataFrame", ["features", "label"], 3)]
+    assert np.array_equal(out["features"], batch["features"] * 2)
+    assert out["features"].shape == (3, 4) and np.array_equal(out["label"], [0, 10, 20])
+    with pytest.raises(TypeError, match="pandas DataFrame"):
+        apply_transformation(lambda df: {"x": 1}, batch)
+
+
+def test_inmemory_cache_all_reads_once_then_reshuffles_from_memory():
+    from spark_hvd.estimators._trainer_common import CachedReader
+
+    class Counting:
+        reads = 0
+
+        def __len__(self):
+            return 3
+
+        def epoch(self, epoch):
+            Counting.reads += 1
+            for i in range(3):
+                yield {"x": np.arange(4 * i, 4 * i + (4 if i < 2 else 2))}
+
+        def close(self):
+            pass
+
+    cached = CachedReader(Counting(), shuffle=True, seed=5)
+    first = [b["x"] for b in cached.epoch(0)]
+    second = [b["x"] for b in cached.epoch(1)]
+    third = [b["x"] for b in cached.epoch(2)]
+    assert Counting.reads == 1 and len(cached) == 3
+    assert [len(b) for b in second] == [len(b) for b in first] == [4, 4, 2]
+    assert sorted(np.concatenate(second)) == sorted(np.concatenate(first)) == list(range(10))
+    assert not np.array_equal(np.concatenate(second), np.concatenate(third))  # a new order
+    plain = CachedReader(Counting(), shuffle=False, seed=5)
+    list(plain.epoch(0))
+    assert np.array_equal(np.concatenate([b["x"] for b in plain.epoch(1)]), np.arange(10))
