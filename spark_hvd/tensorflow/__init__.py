@@ -4,7 +4,9 @@ Collectives take and return ``tf.Tensor`` s, eagerly and inside ``tf.function`` 
 under XLA: see :mod:`spark_hvd.tensorflow.mpi_ops`), with gradients.
 ``DistributedGradientTape`` is for custom training loops; Keras models use
 ``spark_hvd.tensorflow.keras.DistributedOptimizer`` (``DistributedOptimizer`` here
-accepts Keras optimizers too, and tf.compat.v1.train optimizers). ``elastic`` has the
+accepts Keras optimizers too). TensorFlow 1 graph mode (``tf.compat.v1``, in a session or
+MonitoredTrainingSession) has ``DistributedOptimizer`` on tf.compat.v1.train optimizers,
+``broadcast_global_variables`` and ``BroadcastGlobalVariablesHook``. ``elastic`` has the
 elastic states (TensorFlowKerasState, TensorFlowState) and ``run``.
 """
 
@@ -21,6 +23,7 @@ from spark_hvd.exceptions import (CollectiveTimeoutError, HorovodInternalError,
                                   NotInitializedError, PeerLostError, SparkHvdError,
                                   TensorMismatchError)
 from spark_hvd.tensorflow.compression import Compression
+from spark_hvd.tensorflow._legacy import BroadcastGlobalVariablesHook, broadcast_global_variables
 from spark_hvd.tensorflow.functions import (allgather_object, broadcast_object,
                                             broadcast_object_fn, broadcast_variables)
 from spark_hvd.tensorflow.gradient_tape import (DistributedGradientTape,
@@ -38,12 +41,20 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, backward_passes_per_step=1, op=Average,
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=global_process_set):
+                         num_groups=0, groups=None, process_set=global_process_set,
+                         scale_local_gradients=True):
     """Wraps an optimizer so that it applies gradients reduced across the ranks.
 
-    A Keras optimizer gets :func:`spark_hvd.tensorflow.keras.DistributedOptimizer`; a
-    ``tf.compat.v1.train.Optimizer`` gets a copy whose ``compute_gradients`` reduces
-    (``backward_passes_per_step`` must then be 1).
+    A Keras optimizer gets :func:`spark_hvd.tensorflow.keras.DistributedOptimizer`. A
+    ``tf.compat.v1.train.Optimizer`` (TF1 graph mode, or eagerly) gets a copy of itself whose
+    ``compute_gradients`` (so ``minimize``) returns the gradients reduced in one fused group
+    (``op``, default Average; ``compression``, ``gradient_predivide_factor``,
+    ``sparse_as_dense``, ``process_set``; ``register_local_var(v)`` keeps ``v``'s gradient
+    local). In a graph, ``backward_passes_per_step=k`` accumulates k passes and reduces and
+    applies their sum (divided by k with ``average_aggregated_gradients``) every k-th pass,
+    as Horovod's. ``name`` prefixes the collectives' names; ``use_locking``,
+    ``device_dense``, ``device_sparse``, ``num_groups`` and ``groups`` are accepted for
+    Horovod compatibility.
     """
     import tensorflow as tf
 
@@ -51,13 +62,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         from spark_hvd.tensorflow._legacy import wrap_v1
         from spark_hvd.tensorflow._reducer import GradientReducer
 
-        if backward_passes_per_step != 1:
-            raise InvalidArgumentError("backward_passes_per_step > 1 needs a Keras optimizer")
         reducer = GradientReducer(compression=compression, op=op,
                                   gradient_predivide_factor=gradient_predivide_factor,
                                   sparse_as_dense=sparse_as_dense, process_set=process_set,
-                                  prefix="DistributedOptimizer")
-        return wrap_v1(optimizer, reducer)
+                                  prefix=name or f"Distributed{type(optimizer).__name__}")
+        return wrap_v1(optimizer, reducer, backward_passes_per_step=backward_passes_per_step,
+                       average_aggregated_gradients=average_aggregated_gradients,
+                       scale_local_gradients=scale_local_gradients, name=name)
     from spark_hvd.tensorflow.keras.optimizer import DistributedOptimizer as keras_optimizer
 
     return keras_optimizer(optimizer, name=name, compression=compression,
@@ -65,15 +76,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                            gradient_predivide_factor=gradient_predivide_factor, op=op,
                            backward_passes_per_step=backward_passes_per_step,
                            average_aggregated_gradients=average_aggregated_gradients,
-                           process_set=process_set)
-
-
-def broadcast_global_variables(root_rank: int):
-    """TF1 graph-collection broadcast: not available in TensorFlow 2."""
-    raise InvalidArgumentError(
-        "broadcast_global_variables() needs TF1 global-variable collections; in TensorFlow 2 "
-        "use broadcast_variables(model.variables, root_rank) (or, with Keras, "
-        "spark_hvd.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback)")
+                           process_set=process_set,
+                           scale_local_gradients=scale_local_gradients)
 
 
 __all__ = [
@@ -86,7 +90,8 @@ __all__ = [
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
     "size_op", "rank_op", "local_size_op", "local_rank_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
-    "broadcast_global_variables", "DistributedGradientTape", "PartialDistributedGradientTape",
+    "broadcast_global_variables", "BroadcastGlobalVariablesHook", "DistributedGradientTape",
+    "PartialDistributedGradientTape",
     "SyncBatchNormalization", "mpi_threads_supported", "cuda_built", "rocm_built", "ccl_built",
     "ddl_built",
     "DistributedOptimizer",

@@ -7,6 +7,8 @@ objects); see ``mpi_ops`` for why names are what they are.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import zlib
 from typing import Callable, List, Optional, Sequence
 
@@ -68,6 +70,38 @@ def _check_not_xla(kind: str) -> None:
             "model.compile(..., jit_compile=False), which DistributedOptimizer does for fit)")
 
 
+class _Chain(threading.local):
+    active = False
+    last: Optional[tf.Operation] = None
+
+
+_CHAIN = _Chain()
+
+
+@contextlib.contextmanager
+def in_order(after=None):
+    """Host calls made in this block run in the order they were made, in a TF1 graph too.
+
+    A ``tf.function`` orders stateful nodes by itself; a ``tf.compat.v1.Session`` runs
+    independent nodes in any order, and each host call holds an executor thread until its
+    collective is done, so ranks that started one call's collectives in different orders
+    could wait on each other. Inside this block each new node gets a control dependency on
+    the previous one of the same graph (the first on ``after``, a tensor, if given: a
+    collective's gradient runs after the collective); a nested block continues the chain.
+    """
+    seed = None if after is None or tf.executing_eagerly() else after.op
+    if _CHAIN.active:
+        if _CHAIN.last is None:
+            _CHAIN.last = seed
+        yield
+        return
+    _CHAIN.active, _CHAIN.last = True, seed
+    try:
+        yield
+    finally:
+        _CHAIN.active, _CHAIN.last = False, None
+
+
 def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dtypes: Sequence,
               kind: str) -> List[tf.Tensor]:
     """Runs ``fn`` (numpy arrays in, a list of numpy arrays out) now when eager, else as one
@@ -76,9 +110,15 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
         outs = fn(*[_to_numpy(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     _check_not_xla(kind)
-    outs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
-                             name=_op_name(kind))
-    return list(outs)
+    last = _CHAIN.last
+    after = [last] if last is not None and last.graph is tf.compat.v1.get_default_graph() else []
+    with tf.control_dependencies(after):
+        outs = tf.numpy_function(fn, list(inputs), list(out_dtypes), stateful=True,
+                                 name=_op_name(kind))
+    outs = list(outs)
+    if _CHAIN.active and outs:
+        _CHAIN.last = outs[0].op
+    return outs
 
 
 def _op_name(kind: str) -> str:

@@ -16,7 +16,7 @@ import tensorflow as tf
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import mpi_ops
-from spark_hvd.tensorflow._host import stable_name
+from spark_hvd.tensorflow._host import in_order, stable_name
 from spark_hvd.tensorflow.compression import Compression
 
 
@@ -70,6 +70,10 @@ class GradientReducer:
                  scale_local_gradients: bool = True) -> List:
         """``local``: the :func:`variable_key` of each of the ``variables`` whose gradients
         stay local."""
+        with in_order():  # in a TF1 graph too: the dense group, then each sparse gradient
+            return self._reduce(grads, name, variables, local, scale_local_gradients)
+
+    def _reduce(self, grads, name, variables, local, scale_local_gradients) -> List:
         grads = list(grads)
         out: list = [None] * len(grads)
         op, prescale, postscale = self._op_and_scales()

@@ -31,7 +31,7 @@ from spark_hvd._types import OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
                                         _first_dim_unknown, _not_autograph, _rest, _set_shape,
-                                        collective_name, host_call)
+                                        collective_name, host_call, in_order)
 from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import broadcast_variables
 
@@ -104,7 +104,9 @@ def _allreduce_dense(tensor, op, prescale, postscale, name, process_set):
         y = _allreduce_raw(x, op, prescale, postscale, name, process_set)
 
         def grad(dy):  # Horovod's: the same allreduce (op and factors) of the gradient
-            return _allreduce_dense(dy, op, prescale, postscale, name + ".grad", process_set)
+            with in_order(after=y):
+                return _allreduce_dense(dy, op, prescale, postscale, name + ".grad",
+                                        process_set)
         return y, grad
 
     return forward(tensor)
@@ -114,8 +116,9 @@ def _allreduce_sparse(slices: tf.IndexedSlices, op, prescale, postscale, name, p
     if op not in (Sum, Average):
         raise InvalidArgumentError("allreduce of tf.IndexedSlices supports op=Sum or Average "
                                    f"only, got {ReduceOp(op).name}")
-    values = allgather(slices.values, name=name + ".values", process_set=process_set)
-    indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
+    with in_order():
+        values = allgather(slices.values, name=name + ".values", process_set=process_set)
+        indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
     factor = prescale * postscale / (process_set.size() if op == Average else 1)
     return tf.IndexedSlices(_scaled(values, factor), indices, dense_shape=slices.dense_shape)
 
@@ -165,8 +168,9 @@ def _grouped_allreduce_dense(tensors, op, prescale, postscale, name, process_set
         def grad(*dys):
             idx = [i for i, (x, dy) in enumerate(zip(xs, dys))
                    if dy is not None and _differentiable(x.dtype)]
-            reduced = _grouped_allreduce_dense([dys[i] for i in idx], op, prescale, postscale,
-                                               name + ".grad", process_set)
+            with in_order(after=ys[0]):
+                reduced = _grouped_allreduce_dense([dys[i] for i in idx], op, prescale,
+                                                   postscale, name + ".grad", process_set)
             out = [None] * len(xs)
             for i, r in zip(idx, reduced):
                 out[i] = r
@@ -184,9 +188,14 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
                       ignore_name_scope: bool = False):
     """Allreduces a list of tensors as one group: negotiated together and fused into as few
     collectives as the fusion threshold allows. Returns the list of results."""
-    rop = _reduce_op(op, average)
-    base = collective_name(name, "grouped_allreduce")
-    tensors = list(tensors)
+    with in_order():
+        return _grouped_allreduce(list(tensors), _reduce_op(op, average), compression,
+                                  prescale_factor, postscale_factor,
+                                  collective_name(name, "grouped_allreduce"), process_set)
+
+
+def _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_factor, base,
+                       process_set):
     out: list = [None] * len(tensors)
     dense_idx, dense, ctxs = [], [], []
     for i, t in enumerate(tensors):
@@ -245,8 +254,9 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
         y = _allgather_raw(x, name, process_set)
 
         def grad(dy):
-            total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
-            return _own_rows(total, x, name + ".grad.rows", process_set)
+            with in_order(after=y):
+                total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
+                return _own_rows(total, x, name + ".grad.rows", process_set)
         return y, grad
 
     return forward(tensor)
@@ -257,8 +267,9 @@ def grouped_allgather(tensors, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set):
     """``allgather`` of each tensor; returns the list of results."""
     base = collective_name(name, "grouped_allgather")
-    return [allgather(t, name=f"{base}.{i}", process_set=process_set)
-            for i, t in enumerate(tensors)]
+    with in_order():
+        return [allgather(t, name=f"{base}.{i}", process_set=process_set)
+                for i, t in enumerate(tensors)]
 
 
 # -- broadcast -----------------------------------------------------------------------------
@@ -287,8 +298,12 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
         y = _broadcast_raw(x, root_rank, name, process_set)
 
         def grad(dy):
-            total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
-            return total if rank() == root_rank else tf.zeros_like(total)  # global rank
+            with in_order(after=y):
+                total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
+            if rank() == root_rank:  # a global rank
+                return total
+            with tf.control_dependencies([total]):  # else a TF1 session would skip the op
+                return tf.zeros_like(total)
         return y, grad
 
     return forward(tensor)
@@ -340,7 +355,8 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
         received_box.append(received)
 
         def grad(dy):
-            back, _ = _alltoall_raw(dy, received, name + ".grad", process_set)
+            with in_order(after=y):
+                back, _ = _alltoall_raw(dy, received, name + ".grad", process_set)
             return tf.reshape(back, tf.shape(x))
         return y, grad
 
@@ -400,7 +416,8 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
         y = _reducescatter_raw(x, rop, prescale_factor, postscale_factor, name, process_set)
 
         def grad(dy):
-            full = allgather(dy, name=name + ".grad", process_set=process_set)
+            with in_order(after=y):
+                full = allgather(dy, name=name + ".grad", process_set=process_set)
             factor = prescale_factor * postscale_factor
             if rop == Sum:
                 factor *= process_set.size()
@@ -417,9 +434,11 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
                           name: Optional[str] = None):
     """``reducescatter`` of each tensor; returns the list of results."""
     base = collective_name(name, "grouped_reducescatter")
-    return [reducescatter(t, compression=compression, op=op, name=f"{base}.{i}",
-                          process_set=process_set, prescale_factor=prescale_factor,
-                          postscale_factor=postscale_factor) for i, t in enumerate(tensors)]
+    with in_order():
+        return [reducescatter(t, compression=compression, op=op, name=f"{base}.{i}",
+                              process_set=process_set, prescale_factor=prescale_factor,
+                              postscale_factor=postscale_factor)
+                for i, t in enumerate(tensors)]
 
 
 # -- join, barrier, size ops -----------------------------------------------------------------

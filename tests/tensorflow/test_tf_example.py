@@ -1,4 +1,5 @@
-"""examples/tensorflow2_digits.py run as a user would: spark-hvdrun -np 2."""
+"""examples/tensorflow2_digits.py and tensorflow1_digits.py run as a user would:
+spark-hvdrun -np 2."""
 
 import importlib.util
 import os
@@ -29,3 +30,25 @@ def test_tensorflow2_digits_example_reaches_90_percent(tmp_path):
     assert not re.search(r"^\[1\] (test accuracy|step|checkpoint)", proc.stdout, re.M), \
         "only rank 0 logs"
     assert any(name.startswith("ckpt-1") for name in os.listdir(ckpt))
+
+
+EXAMPLE_TF1 = os.path.join(ROOT, "examples", "tensorflow1_digits.py")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn")
+def test_tensorflow1_digits_example_trains_in_graph_mode(tmp_path):
+    """The TF1 graph-mode example (MonitoredTrainingSession, BroadcastGlobalVariablesHook,
+    DistributedOptimizer on a tf.compat.v1 optimizer), 200 // 2 steps per rank."""
+    ckpt = tmp_path / "ckpt"
+    proc = hvdrun(2, [sys.executable, EXAMPLE_TF1, "--steps", "200", "--checkpoint-dir",
+                      str(ckpt)], env=tf_harness.TF_ENV, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    found = re.findall(r"^\[0\] test accuracy: ([0-9.]+) \(2 ranks, global batch 64, 100 steps",
+                       proc.stdout, re.M)
+    assert found, output[-4000:]
+    assert float(found[0]) >= 0.9, found
+    assert not re.search(r"^\[1\] (test accuracy|step|checkpoint)", proc.stdout, re.M), \
+        "only rank 0 logs"
+    assert (ckpt / "model.ckpt-100.index").exists(), os.listdir(ckpt)
