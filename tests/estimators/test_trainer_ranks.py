@@ -72,7 +72,24 @@ def _digits_data(tmp_path):
     return x, y, w, store, meta
 
 
-def _train_two_ranks(module, tmp_path, run_id, store, meta, objects, timeout, env=None):
+class SeesDataFrames:
+    """A Horovod-style transformation_fn: gets and returns a pandas DataFrame (unchanged),
+    and leaves a mark for each rank that saw one."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+
+    def __call__(self, df):
+        import pandas as pd
+
+        assert isinstance(df, pd.DataFrame), type(df)
+        assert df["features"].map(len).eq(64).all()
+        open(os.path.join(self.out_dir, f"df_pid{os.getpid()}"), "w").close()
+        return df
+
+
+def _train_two_ranks(module, tmp_path, run_id, store, meta, objects, timeout, env=None,
+                     extra=None):
     """``module.train`` on 2 ranks through spark-hvdrun: batches of 32, weights "w",
     backward_passes_per_step=2, terminate_on_nan, up to 5 epochs; the finished process."""
     config = trainer.TrainConfig(
@@ -81,7 +98,8 @@ def _train_two_ranks(module, tmp_path, run_id, store, meta, objects, timeout, en
         input_shapes=None, label_shapes=None, loss_weights=None, batch_size=32,
         val_batch_size=100, epochs=5, train_steps_per_epoch=None,
         validation_steps_per_epoch=None, shuffle=True, shuffle_buffer_size=None, seed=3,
-        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True)
+        backward_passes_per_step=2, use_gpu=False, verbose=1, terminate_on_nan=True,
+        extra=extra or {})
     cfg = tmp_path / "config.pkl"
     cfg.write_bytes(cloudpickle.dumps(config))
     return subprocess.run([sys.executable, "-m", "spark_hvd.runner", "-np", "2",
@@ -97,12 +115,13 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
     objects = dict(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
                    loss=torch.nn.CrossEntropyLoss(), loss_constructors=None,
                    metrics={"acc": accuracy}, callbacks=[StopAfter(2, str(calls))],
-                   transformation_fn=None,
+                   transformation_fn=SeesDataFrames(str(calls)),
                    gradient_compression=__import__("spark_hvd.torch", fromlist=["x"])
                    .Compression.fp16,
                    lr_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5))
+    # inmemory_cache_all: the second epoch comes from memory, with the same batches
     proc = _train_two_ranks("spark_hvd.estimators._trainer_torch", tmp_path, "ranks", store,
-                            meta, objects, timeout=240)
+                            meta, objects, timeout=240, extra={"inmemory_cache_all": True})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
 
@@ -110,8 +129,9 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
     assert "[0] epoch 1/5  [====================] 24/24" in out
     assert "a callback stopped training after epoch 2" in out and "epoch 3/5" not in out
     assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0}" in out
-    assert sorted(os.listdir(calls)) == ["rank0_epoch0", "rank0_epoch1", "rank1_epoch0",
-                                         "rank1_epoch1"]
+    assert sorted(c for c in os.listdir(calls) if c.startswith("rank")) == \
+        ["rank0_epoch0", "rank0_epoch1", "rank1_epoch0", "rank1_epoch1"]
+    assert len([c for c in os.listdir(calls) if c.startswith("df_pid")]) == 2  # both ranks
     # Every rank saw the same (allreduced) epoch metrics.
     logs = [json.loads((calls / f"rank{r}_epoch1").read_text()) for r in (0, 1)]
     assert {k: v for k, v in logs[0].items() if k != "rank"} == \
