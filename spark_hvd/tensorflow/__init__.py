@@ -33,7 +33,8 @@ from spark_hvd.tensorflow.mpi_ops import (Adasum, Average, Max, Min, Product, Su
                                           allreduce, alltoall, barrier, broadcast, broadcast_,
                                           grouped_allgather, grouped_allreduce,
                                           grouped_reducescatter, join, local_rank_op,
-                                          local_size_op, rank_op, reducescatter, size_op)
+                                          local_size_op, process_set_included_op, rank_op,
+                                          reducescatter, size_op)
 from spark_hvd.tensorflow import elastic  # hvd.elastic: imported last, it uses the above
 
 
@@ -88,7 +89,7 @@ __all__ = [
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
     "allreduce", "grouped_allreduce", "allgather", "grouped_allgather", "broadcast",
     "broadcast_", "alltoall", "reducescatter", "grouped_reducescatter", "join", "barrier",
-    "size_op", "rank_op", "local_size_op", "local_rank_op",
+    "size_op", "rank_op", "local_size_op", "local_rank_op", "process_set_included_op",
     "broadcast_variables", "broadcast_object", "broadcast_object_fn", "allgather_object",
     "broadcast_global_variables", "BroadcastGlobalVariablesHook", "DistributedGradientTape",
     "PartialDistributedGradientTape",

@@ -473,6 +473,12 @@ def rank_op(process_set: ProcessSet = global_process_set, name: Optional[str] = 
     return tf.constant(process_set.rank(), dtype=tf.int32, name=name)
 
 
+def process_set_included_op(process_set: ProcessSet = global_process_set,
+                            name: Optional[str] = None):
+    """Horovod's: 1 when this rank is a member of ``process_set``, else 0 (int32)."""
+    return tf.constant(1 if process_set.included() else 0, dtype=tf.int32, name=name)
+
+
 def local_size_op(name: Optional[str] = None):
     return tf.constant(local_size(), dtype=tf.int32, name=name)
 

@@ -12,6 +12,8 @@ from typing import Optional
 
 import numpy as np
 
+from spark_hvd._basics import (ccl_built, cuda_built, ddl_built,  # noqa: F401
+                               mpi_threads_supported, rocm_built)
 from spark_hvd._basics import (ProcessSet, add_process_set, cross_rank, cross_size,
                                global_process_set, gloo_built, gloo_enabled, init,
                                is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
@@ -92,6 +94,7 @@ __all__ = [
     "mpi_enabled", "nccl_built", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression",
+    "mpi_threads_supported", "cuda_built", "rocm_built", "ddl_built", "ccl_built",
     "DistributedOptimizer", "PartialDistributedOptimizer", "is_distributed", "callbacks",
     "elastic", "load_model",
     "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_variables",
