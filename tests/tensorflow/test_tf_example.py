@@ -52,3 +52,22 @@ def test_tensorflow1_digits_example_trains_in_graph_mode(tmp_path):
     assert not re.search(r"^\[1\] (test accuracy|step|checkpoint)", proc.stdout, re.M), \
         "only rank 0 logs"
     assert (ckpt / "model.ckpt-100.index").exists(), os.listdir(ckpt)
+
+
+EXAMPLE_KERAS = os.path.join(ROOT, "examples", "keras_digits.py")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None, reason="needs scikit-learn")
+def test_keras_digits_example_written_the_horovod_way(tmp_path):
+    """model.fit with DistributedOptimizer and Horovod's callbacks, 2 ranks, 4 epochs."""
+    ckpt = tmp_path / "ckpt"
+    proc = hvdrun(2, [sys.executable, EXAMPLE_KERAS, "--epochs", "4", "--checkpoint-dir",
+                      str(ckpt)], env=tf_harness.TF_ENV, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    found = re.findall(r"^\[0\] test accuracy: ([0-9.]+) \(2 ranks", proc.stdout, re.M)
+    assert found, output[-4000:]
+    assert float(found[0]) >= 0.85, found
+    assert not re.search(r"^\[1\] (test accuracy|Epoch)", proc.stdout, re.M), "only rank 0 logs"
+    assert sorted(os.listdir(ckpt)) == [f"checkpoint-{e}.keras" for e in range(1, 5)]
