@@ -189,8 +189,6 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None,
     arr = _array(tensor)
     out = np.empty_like(arr)
     rop = _reduce_op(op, average)
-    if rop == Adasum:
-        raise InvalidArgumentError("op=Adasum is available in spark_hvd.torch (float tensors)")
     return submit(OpType.ALLREDUCE, _name(name, "allreduce", process_set), numpy_code(arr.dtype), arr.shape,
                   arr.ctypes.data, out.ctypes.data, (arr, out), lambda r: out,
                   reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "backends/host_adasum.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/executor.h"
@@ -269,8 +270,22 @@ void Engine::Validate(const Request& req) const {
         "Min or Product (logical and) or Max");
   }
   if (is_reduction && req.reduce_op == ReduceOp::kAdasum) {
-    bad("op=Adasum is applied by the framework layer (spark_hvd.torch) on float tensors; "
-        "the core reduces with Sum, Average, Min, Max or Product");
+    // Horovod's rules for Adasum on CPU; host_adasum.h has the algorithm.
+    const size_t n = members.size();
+    if (req.op == OpType::kReducescatter) bad("reducescatter does not support op=Adasum");
+    if (!AdasumDataType(req.dtype)) {
+      bad("op=Adasum needs a floating-point tensor (float16, bfloat16, float32 or float64), "
+          "got " + std::string(DataTypeName(req.dtype)));
+    }
+    if ((n & (n - 1)) != 0) {
+      bad("op=Adasum needs a power-of-two number of ranks, as in Horovod; process set " +
+          std::to_string(req.process_set) + " has " + std::to_string(n) +
+          " ranks: run 1, 2, 4, 8, ... ranks, or reduce over a process set of such a size");
+    }
+    if (req.device != kCpuDevice) {
+      bad("op=Adasum runs on host memory; GPU tensors go through spark_hvd.torch, which "
+          "stages them through host memory (device " + std::to_string(req.device) + ")");
+    }
   }
   if (req.op == OpType::kBroadcast &&
       (req.root < 0 || req.root >= static_cast<int32_t>(members.size()))) {

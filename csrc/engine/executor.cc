@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/host_adasum.h"
 #include "common/env.h"
 
 namespace spark_hvd {
@@ -122,9 +123,12 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
                                  : ReduceTensor{nullptr, nullptr, n});
   }
   const int64_t t1 = NowMicros();
-  Status s = comm->Allreduce(args);
+  // Adasum is one host algorithm over the communicator's pairwise exchanges, the same
+  // for every CPU backend (the engine admits it only on host memory).
+  const bool adasum = args.op == ReduceOp::kAdasum;
+  Status s = adasum ? HostAdasum(args, comm) : comm->Allreduce(args);
   if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_ALLREDUCE").c_str(), t1);
+  Phase(es, (Upper(comm->name()) + (adasum ? "_ADASUM" : "_ALLREDUCE")).c_str(), t1);
   return Status::OK();
 }
 

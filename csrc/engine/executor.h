@@ -1,7 +1,8 @@
 // Executor: carries out the responses the controller agreed on, on the first
 // communicator of the process set whose backend accepts the tensors' device and
 // op. The executor never touches tensor memory itself: an allreduce (fused or
-// not) goes to the backend as ReduceArgs (inputs, outputs, scale factors).
+// not) goes to the backend as ReduceArgs (inputs, outputs, scale factors), an
+// Adasum allreduce to HostAdasum (backends/host_adasum.h) on that communicator.
 #pragma once
 
 #include <memory>

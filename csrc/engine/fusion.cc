@@ -4,8 +4,7 @@ namespace spark_hvd {
 namespace {
 
 bool Fusable(const Response& r) {
-  return r.op == OpType::kAllreduce && r.error == StatusCode::kOk &&
-         r.reduce_op != ReduceOp::kAdasum;
+  return r.op == OpType::kAllreduce && r.error == StatusCode::kOk;
 }
 
 bool SameKind(const Response& a, const Response& b) {

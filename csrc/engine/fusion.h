@@ -10,8 +10,9 @@
 namespace spark_hvd {
 
 // Merges runs of compatible allreduce responses (same dtype, op, scale factors,
-// process set, device and contributing ranks; not Adasum; no error) while their
-// total stays within threshold_bytes (<= 0: no fusion). Order is kept.
+// process set, device and contributing ranks; no error) while their total stays
+// within threshold_bytes (<= 0: no fusion). Order is kept. Fused Adasum tensors keep
+// their own coefficients (host_adasum.h).
 std::vector<Response> FuseResponses(std::vector<Response> ready, int64_t threshold_bytes);
 
 }  // namespace spark_hvd

@@ -33,7 +33,7 @@ class GradientReducer:
     Parameters
     ----------
     compression : how dense gradients travel (``Compression.none/fp16/bf16``).
-    op : ``Average`` (default), ``Sum``, ...; Adasum is not available for TensorFlow.
+    op : ``Average`` (default), ``Sum``, ``Adasum`` (float gradients, power-of-two ranks), ...
     gradient_predivide_factor : with op=Average, divide by this before the sum and by
         ``size / factor`` after it (same result, different rounding).
     sparse_as_dense : convert ``tf.IndexedSlices`` to dense tensors before reducing.

@@ -39,11 +39,7 @@ from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 
 def _reduce_op(op, average) -> ReduceOp:
-    rop = _np._reduce_op(op, average)
-    if rop == Adasum:
-        raise InvalidArgumentError("op=Adasum is not available for TensorFlow tensors; use "
-                                   "Average or Sum")
-    return rop
+    return _np._reduce_op(op, average)
 
 
 def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:

@@ -16,10 +16,9 @@ from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd._ops import Adasum, Average, Sum
 from spark_hvd._types import OpType, ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
-from spark_hvd.torch import _adasum
 from spark_hvd.torch._gather_ops import allgather_async
 from spark_hvd.torch._handles import GroupHandle, Handle, _name, _submit, synchronize
-from spark_hvd.torch._tensors import check, contiguous, from_result
+from spark_hvd.torch._tensors import check, contiguous
 
 
 # -- allreduce -------------------------------------------------------------------
@@ -31,9 +30,9 @@ def _allreduce_async(tensor, name: str, rop: ReduceOp, prescale: float, postscal
     ``synchronize`` returns ``result`` (the caller's tensor) for the in-place form."""
     t = check(tensor, what)
     src = contiguous(t)
-    if rop == Adasum:
-        return _adasum_async(t, src, name, prescale, postscale, process_set, inplace, result,
-                             group, group_size)
+    if rop == Adasum and src.device.type != "cpu":
+        return _adasum_staged(t, src, name, rop, prescale, postscale, process_set, inplace,
+                              result, group, group_size)
     out = src if inplace else torch.empty_like(src, memory_format=torch.contiguous_format)
 
     def finish(_r, t=t, out=out):
@@ -48,23 +47,21 @@ def _allreduce_async(tensor, name: str, rop: ReduceOp, prescale: float, postscal
                    group=group, group_size=group_size)
 
 
-def _adasum_async(t, src, name, prescale, postscale, process_set, inplace, result, group,
-                  group_size) -> Handle:
-    _adasum.check_dtype(src)
-    flat = src.reshape(-1)
-    if prescale != 1.0:
-        flat = flat * prescale
+def _adasum_staged(t, src, name, rop, prescale, postscale, process_set, inplace, result,
+                   group, group_size) -> Handle:
+    """op=Adasum on a GPU tensor: the core runs Adasum on host memory (as Horovod's CPU
+    Adasum), so the tensor goes through a host copy and the result comes back to its
+    device. ``to("cpu")`` waits for the work queued on the tensor's stream."""
+    host = src.to("cpu")
 
-    def finish(r, t=t):
-        combined = _adasum.combine_gathered(from_result(r, flat.dtype), t)
-        if postscale != 1.0:
-            combined = combined * postscale
-        if inplace:
-            t.copy_(combined)
-            return result
-        return combined
+    def finish(_r, t=t, host=host):
+        if not inplace:
+            return host.to(t.device)
+        t.copy_(host)
+        return result
 
-    return _submit(OpType.ALLGATHER, name, flat, None, (flat,), finish, process_set=process_set,
+    return _submit(OpType.ALLREDUCE, name, host, host, (host,), finish, reduce_op=rop,
+                   prescale=prescale, postscale=postscale, process_set=process_set,
                    group=group, group_size=group_size)
 
 

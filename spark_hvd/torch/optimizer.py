@@ -17,7 +17,8 @@ the core's response cache turns negotiation into a bit-vector exchange.
 
 With ``op=Adasum`` the optimizer works on updates instead of gradients: each
 rank takes the local step on its own gradients, and the parameter deltas are
-combined with Adasum (see ``_adasum``); gradients are not averaged.
+combined with Adasum (an allreduce with op=Adasum, run by the core); gradients
+are not averaged.
 """
 
 from __future__ import annotations
@@ -285,6 +286,10 @@ class _DistributedAdasumOptimizer(_DistributedOptimizer):
     def step(self, closure=None):
         if not self._hvd_active:
             return super(_DistributedOptimizer, self).step(closure)
+        n = self._hvd_process_set.size()
+        if n & (n - 1):  # refused before the local step changes the parameters
+            raise InvalidArgumentError(f"op=Adasum needs a power-of-two number of ranks, as "
+                                       f"in Horovod; this optimizer's process set has {n}")
         params = self._hvd_params
         start = [p.detach().clone() for p in params]
         loss = super(_DistributedOptimizer, self).step(closure)

@@ -90,6 +90,17 @@ def main() -> int:
         rs = hvd.reducescatter(torch.ones(2 * n, 3, device=dev), op=hvd.Sum, name="gpu.rs")
         assert rs.device == dev and torch.all(rs == n)
 
+    @check("adasum_through_host_memory")
+    def _():
+        if n & (n - 1):
+            return f"skipped: {n} ranks is not a power of two"
+        x = torch.randn(1001, generator=torch.Generator().manual_seed(hvd.rank())).to(dev)
+        got = hvd.allreduce(x, op=hvd.Adasum, name="gpu.adasum")
+        ref = hvd.allreduce(x.cpu(), op=hvd.Adasum, name="cpu.adasum")
+        assert got.device == dev and torch.equal(got.cpu(), ref), (got, ref)
+        hvd.allreduce_(x, op=hvd.Adasum, name="gpu.adasum_")
+        assert x.device == dev and torch.equal(x.cpu(), ref)
+
     @check("distributed_optimizer_step")
     def _():
         torch.manual_seed(0)

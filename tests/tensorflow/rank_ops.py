@@ -182,6 +182,38 @@ def check_prescale_postscale_and_average_flag():
     same(sum_flag, tf.constant([1.0, 2.0]) * total, "average=False")
 
 
+def _adasum_tree(vectors):
+    """Adasum by definition: pairwise up a binary tree, in float64."""
+    def pair(a, b):
+        dot = float(a @ b)
+        return (1 - dot / (2 * float(a @ a))) * a + (1 - dot / (2 * float(b @ b))) * b
+
+    level = [np.asarray(v, np.float64).reshape(-1) for v in vectors]
+    while len(level) > 1:
+        level = [pair(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+    return level[0]
+
+
+def check_adasum():
+    r, n = rn()
+    vecs = [np.random.default_rng(q).standard_normal((2, 3)) for q in range(n)]
+    mine = tf.constant(vecs[r], tf.float32)
+    eager = hvd.allreduce(mine, op=hvd.Adasum)
+    graph = tf.function(lambda t: hvd.allreduce(t, op=hvd.Adasum, name="tf.adasum.graph"))(mine)
+    grouped = hvd.grouped_allreduce([mine, tf.ones([4], tf.float64)], op=hvd.Adasum)
+    try:
+        hvd.allreduce(tf.constant([1, 2], tf.int32), op=hvd.Adasum)
+    except InvalidArgumentError as exc:
+        assert "floating-point" in str(exc), str(exc)
+    else:
+        raise AssertionError("Adasum of int32 was accepted")
+    want = tf.constant(_adasum_tree(vecs).reshape(2, 3), tf.float32)
+    same(eager, want, "eager", tol=1e-6)
+    same(graph, want, "tf.function", tol=1e-6)
+    same(grouped[0], want, "grouped", tol=1e-6)
+    same(grouped[1], tf.ones([4], tf.float64), "identical vectors: the vector")
+
+
 def check_compression():
     r, n = rn()
     x = tf.constant([0.1, 1.5, -3.25], tf.float32) * (r + 1)

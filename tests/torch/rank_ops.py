@@ -352,6 +352,13 @@ def adasum_reference(vectors):
 
 def check_adasum():
     r, n = rn()
+    if n & (n - 1):  # Horovod's rule: a power-of-two number of ranks
+        try:
+            hvd.allreduce(torch.ones(3), op=hvd.Adasum)
+        except InvalidArgumentError as exc:
+            assert "power-of-two" in str(exc), str(exc)
+            return
+        raise AssertionError(f"Adasum on {n} ranks did not raise")
     g = torch.Generator().manual_seed(7)
     vecs = [torch.randn(2, 5, generator=g, dtype=torch.float64) for _ in range(n)]
     out = hvd.allreduce(vecs[r], op=hvd.Adasum)
@@ -364,6 +371,12 @@ def check_adasum():
     x = torch.full((3,), float(r + 1), dtype=torch.float32)
     hvd.allreduce_(x, op=hvd.Adasum)
     assert x.dtype == torch.float32
+    # in place on views of one buffer, fused: each tensor gets its own coefficients
+    bufs = [torch.randn(11, generator=g, dtype=torch.float64) for _ in range(n)]
+    mine = bufs[r].clone()
+    hvd.grouped_allreduce_([mine[:4], mine[4:]], op=hvd.Adasum, name="adasum.views")
+    same(mine[:4], adasum_reference([b[:4] for b in bufs]), "fused views, first")
+    same(mine[4:], adasum_reference([b[4:] for b in bufs]), "fused views, second")
     try:
         hvd.allreduce(torch.ones(3, dtype=torch.int32), op=hvd.Adasum)
     except InvalidArgumentError as exc:

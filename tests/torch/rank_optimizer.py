@@ -266,6 +266,20 @@ def check_sparse_gradients():
 
 def check_adasum_optimizer():
     data = batches(5)
+    if hvd.size() & (hvd.size() - 1):  # not a power of two: refused before the local step
+        model = make_model()
+        before = [p.detach().clone() for p in model.parameters()]
+        opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                       named_parameters=model.named_parameters(), op=hvd.Adasum)
+        F.mse_loss(model(data[0][0]), data[0][1]).backward()
+        try:
+            opt.step()
+        except hvd.InvalidArgumentError as exc:
+            assert "power-of-two" in str(exc), str(exc)
+        else:
+            raise AssertionError("Adasum optimizer on a non-power-of-two size did not raise")
+        assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+        return
     # Same data on every rank: the deltas are identical and their Adasum is the
     # delta itself, so the result is plain local training.
     model = make_model()

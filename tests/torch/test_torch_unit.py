@@ -1,5 +1,5 @@
-"""spark_hvd.torch pieces that need no running job: checks, compression, Adasum math,
-optimizer argument handling."""
+"""spark_hvd.torch pieces that need no running job: checks, compression, optimizer
+argument handling."""
 
 import pickle
 
@@ -9,7 +9,6 @@ from torch import nn
 
 from spark_hvd import nccl_built as hvd_nccl_built
 from spark_hvd.exceptions import InvalidArgumentError
-from spark_hvd.torch import _adasum
 from spark_hvd.torch._tensors import check, from_result
 from spark_hvd.torch.compression import Compression
 from spark_hvd.torch.optimizer import GradientsPendingError, _make_groups, _parameter_names
@@ -81,33 +80,6 @@ def test_none_compression_is_identity():
     x = torch.randn(3)
     sent, ctx = Compression.none.compress(x)
     assert sent is x and Compression.none.decompress(sent, ctx) is x
-
-
-def test_adasum_pair_properties():
-    a = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
-    assert torch.allclose(_adasum.pair(a, a), a)  # identical: the vector itself
-    b = torch.tensor([-2.0, 1.0, 0.0], dtype=torch.float64)  # orthogonal: the sum
-    assert torch.allclose(_adasum.pair(a, b), a + b)
-    z = torch.zeros(3, dtype=torch.float64)  # zero is neutral
-    assert torch.allclose(_adasum.pair(a, z), a) and torch.allclose(_adasum.pair(z, a), a)
-
-
-def test_adasum_tree_for_non_power_of_two():
-    vs = [torch.randn(5, dtype=torch.float64) for _ in range(5)]
-    p = _adasum.pair
-    expected = p(p(p(vs[0], vs[1]), p(vs[2], vs[3])), vs[4])
-    assert torch.allclose(_adasum.combine(vs), expected)
-    three = _adasum.combine(vs[:3])
-    assert torch.allclose(three, p(p(vs[0], vs[1]), vs[2]))
-
-
-def test_adasum_combine_gathered_keeps_shape_and_dtype():
-    like = torch.ones(2, 3, dtype=torch.float16)
-    out = _adasum.combine_gathered(torch.ones(12, dtype=torch.float16), like)
-    assert out.shape == (2, 3) and out.dtype == torch.float16
-    assert torch.allclose(out.float(), torch.ones(2, 3))
-    with pytest.raises(InvalidArgumentError, match="floating-point"):
-        _adasum.check_dtype(torch.ones(2, dtype=torch.int32))
 
 
 def test_parameter_names_validation():

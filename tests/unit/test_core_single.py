@@ -305,6 +305,18 @@ def test_group_with_an_invalid_member_submits_nothing():
     same(hvd.allreduce(x, name="single.grp.0"), x)
 
 
+def test_adasum_of_one_rank_is_the_scaled_tensor():
+    for dt in (np.float16, np.float32, np.float64):
+        x = np.linspace(-1, 1, 9).astype(dt).reshape(3, 3)
+        got = hvd.allreduce(x, name=f"single.adasum.{np.dtype(dt).name}", op=hvd.Adasum,
+                            prescale_factor=2.0, postscale_factor=0.5)
+        same(got, x)
+    got = hvd.grouped_allreduce([np.ones(3), np.zeros(0), np.full(2, 2.0)], op=hvd.Adasum,
+                                name="single.adasum.grouped")
+    same(got[0], np.ones(3))
+    same(got[2], np.full(2, 2.0))
+
+
 def test_dropped_handles_are_safe_and_leave_no_result_behind():
     import gc
 
@@ -321,7 +333,8 @@ def test_dropped_handles_are_safe_and_leave_no_result_behind():
 
 @pytest.mark.parametrize("call", [
     lambda: hvd.allreduce(np.zeros(2, np.complex64), name="single.bad.dtype"),
-    lambda: hvd.allreduce(np.ones(2), name="single.bad.adasum", op=hvd.Adasum),
+    lambda: hvd.allreduce(np.ones(2, np.int32), name="single.bad.adasum", op=hvd.Adasum),
+    lambda: hvd.reducescatter(np.ones(2), name="single.bad.adasum_rs", op=hvd.Adasum),
     lambda: hvd.allreduce(np.ones(2), name="single.bad.both", op=hvd.Sum, average=True),
     lambda: hvd.broadcast(np.ones(2), root_rank=1, name="single.bad.root"),
     lambda: hvd.alltoall(np.ones(4), splits=[3], name="single.bad.splits"),
@@ -330,7 +343,7 @@ def test_dropped_handles_are_safe_and_leave_no_result_behind():
     lambda: hvd.reducescatter(np.float32(1), name="single.bad.rs0d"),
     lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Sum, prescale_factor=2.0,
                           name="single.bad.boolscale"),
-], ids=["complex", "adasum_numpy", "op_and_average", "root", "splits_sum", "splits_count",
+], ids=["complex", "adasum_int", "adasum_reducescatter", "op_and_average", "root", "splits_sum", "splits_count",
         "alltoall_0d", "reducescatter_0d", "bool_scale"])
 def test_invalid_arguments(call):
     with pytest.raises(hvd.InvalidArgumentError):

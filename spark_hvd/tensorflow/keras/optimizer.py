@@ -200,7 +200,7 @@ def DistributedOptimizer(optimizer, name: Optional[str] = None, device_dense: st
     sparse_as_dense : reduce ``tf.IndexedSlices`` gradients as dense tensors.
     gradient_predivide_factor : op=Average only: divide by this before the sum and by
         ``size / factor`` after it.
-    op : ``Average`` (default) or ``Sum``.
+    op : ``Average`` (default), ``Sum`` or ``Adasum`` (the gradients combined with Adasum).
     backward_passes_per_step : reduce and apply every k-th call, accumulating in between.
     average_aggregated_gradients : divide the accumulated gradients by k.
     process_set : the ranks to reduce over.
