@@ -3,7 +3,8 @@
 ``fit(df)``, in order (nothing is written to the Store before step 5):
 
 1. Check the params (``_check_params``: model, optimizer, loss, columns, shapes...
-   consistent with each other).
+   consistent with each other), and that the Store is writable (``Store.check_writable``:
+   a file written and deleted under its root; the error names the store and the fix).
 2. Check the DataFrame's schema (``validate_dataframe``: columns exist, types usable) and
    that the cluster can run ``num_proc`` ranks at once (spark.run's own launch checks).
 3. One small job: ``limit(num_proc)`` rows of the needed columns, which says whether the
@@ -12,8 +13,11 @@
    loss and metrics on its outputs and zero labels; a failure becomes an error naming the
    columns, the shapes and the fix.  When ``run_id`` has a checkpoint, it is checked
    against the model (``_checkpoint_epoch``): a checkpoint of another architecture is an
-   error here, not a crash on the workers.
-5. ``prepare_data``: the columns as Parquet in the Store (reused when the plan is unchanged).
+   error here, not a crash on the workers.  Temporaries of a checkpoint write that was
+   interrupted (a killed rank 0) are removed first.
+5. ``prepare_data``: the columns as Parquet in the Store (reused when the plan is unchanged);
+   a row that is null or whose array length differs from the first row's fails this step,
+   naming the column and both lengths.
 6. ``spark_hvd.spark.run(_train_fn, num_proc=...)`` with a :class:`TrainConfig`.  Rank 0
    prints the progress (streamed to the driver as ``[0] ...``) and writes the checkpoints.
    When the run fails because a rank was lost or a collective failed (a RankFailedError
@@ -42,8 +46,9 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
-from ._trainer_common import TrainConfig, apply_transformation
-from ._validate import validate_dataframe
+from ._data_checks import row_shape
+from ._trainer_common import TrainConfig, apply_transformation, remove_run_temporaries
+from ._validate import check_row_count, validate_dataframe
 from .params import ParamsFromTable
 from .persistence import TableParamsReader, TableParamsWriter
 
@@ -114,6 +119,7 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         p = self._values()
         phases = Phases(p["verbose"])
         self._check_params(p)
+        p["store"].check_writable()
         validate_dataframe(dataset, p["feature_cols"], p["label_cols"] or [],
                            p["sample_weight_col"], p["validation"], num_proc=1, check_rows=False)
         wanted = p["num_proc"]
@@ -128,6 +134,7 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         run_id = p["run_id"] or (f"{self._RUN_PREFIX}_{time.strftime('%Y%m%d_%H%M%S')}_"
                                  f"{uuid.uuid4().hex[:6]}")
         seed = p["random_seed"] if p["random_seed"] is not None else seed_of(run_id)
+        remove_run_temporaries(p["store"], run_id)
         done = self._checkpoint_epoch(p, run_id)
         epochs = p["epochs"]
         if done is not None and done >= epochs:
@@ -333,14 +340,7 @@ def first_rows(df: Any, columns: Sequence[str], num_proc: int) -> Any:
     """One ``limit(num_proc)`` job: at least num_proc rows, and the first one."""
     from .materialize import _col
     rows = df.select(*[_col(c) for c in columns]).limit(num_proc).collect()
-    if not rows:
-        raise InvalidArgumentError(
-            "the DataFrame is empty: there is nothing to train on. Check the filters and joins "
-            "that produce it (df.count() should be > 0).")
-    if len(rows) < num_proc:
-        raise InvalidArgumentError(
-            f"the DataFrame has {len(rows)} row(s), fewer than num_proc={num_proc}: every "
-            f"process needs at least one row. Use num_proc <= {len(rows)} or more data.")
+    check_row_count(len(rows), num_proc)
     return rows[0]
 
 
@@ -353,21 +353,14 @@ def zero_batch(df: Any, first: Any, columns: Sequence[str], rows: int = 2
     out = {}
     for c in columns:
         value, dt = first[c], fields[c]
+        shape = row_shape(c, value)  # a null is an error
         if isinstance(value, Vector):
-            shape, dtype = (value.size,), np.float64
-        elif value is None:
-            raise InvalidArgumentError(
-                f"column '{c}' is null in the first row; training data must not contain nulls. "
-                f"Drop or fill them first, e.g. df.na.drop(subset=['{c}']).")
+            dtype = np.float64
         else:
-            try:
-                shape = np.asarray(value).shape
-            except ValueError:
-                shape = ()
             while isinstance(dt, T.ArrayType):
                 dt = dt.elementType
             dtype = _SPARK_NUMPY.get(dt.simpleString().split("(")[0], np.float64)
-        out[c] = np.zeros((rows,) + tuple(shape), dtype=dtype)
+        out[c] = np.zeros((rows,) + shape, dtype=dtype)
     return out
 
 

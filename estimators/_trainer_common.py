@@ -55,6 +55,12 @@ def checkpoint_file(store: Any, run_id: str, which: str) -> str:
     return posixpath.join(checkpoint_dir(store, run_id), which)
 
 
+def remove_run_temporaries(store: Any, run_id: str) -> None:
+    """Remove what interrupted writes left in the run's checkpoint and logs directories."""
+    for directory in (checkpoint_dir(store, run_id), store.get_logs_path(run_id)):
+        store.remove_temporaries(directory)
+
+
 def write_history(store: Any, run_id: str, epochs: int, history: Mapping[str, List[float]]
                   ) -> None:
     """``<run>/logs/history.json``: the epochs trained so far and their metrics."""

@@ -181,7 +181,11 @@ def validate_dataframe(df: Any, feature_cols: Union[str, Sequence[str]],
 
 def check_enough_rows(df: Any, num_proc: int) -> None:
     """One ``limit(num_proc).count()`` job: the DataFrame must have at least num_proc rows."""
-    found = df.limit(num_proc).count()
+    check_row_count(df.limit(num_proc).count(), num_proc)
+
+
+def check_row_count(found: int, num_proc: int) -> None:
+    """``found`` rows of a ``limit(num_proc)``: an error unless there are num_proc."""
     if found == 0:
         raise InvalidArgumentError(
             "the DataFrame is empty: there is nothing to train on. Check the filters and "

@@ -10,13 +10,21 @@
    under an unchanged plan change, pass ``cache=False`` or build a new DataFrame).  ``<dir>``
    is ``<store>/intermediate_train_data/<key>``, or ``<parentCacheDirUrl>/<key>`` when the Spark
    conf ``petastorm.spark.converter.parentCacheDirUrl`` is set.
-3. One Spark job writes everything: the needed columns only, Vectors turned into arrays by
+3. One ``limit(num_proc)`` job: enough rows for every rank, and the first row's shape of
+   each array and Vector column.  Then the target must be writable (``Store.check_writable``:
+   an error naming the store and the fix, not a Java stack trace from the job).
+4. One Spark job writes everything: the needed columns only, Vectors turned into arrays by
    ``vector_to_array``, decimals cast to double, and a split column (``rand(seed) <
-   validation`` or the validation column) used with ``partitionBy``, so the train and
-   validation sets are disjoint and complete by construction and the input is computed once.
-   ``parquet.block.size`` sets the row-group size.
-4. Row counts, null counts and per-row shapes come from the Parquet footers and the first row.
-5. The marker file is written last (atomically).  If anything fails after the write started,
+   validation`` or the validation column), so the train and validation sets are disjoint and
+   complete by construction and the input is computed once.  Every row is checked as it is
+   written (``_data_checks.py``): a null, or an array or Vector whose length differs from the
+   first row's, fails the job with an error naming the column and both lengths.  The writer
+   (``writer=``) is Spark's (``partitionBy``, ``parquet.block.size`` for the row groups) for
+   local, DBFS and HDFS stores, and the executors' own pyarrow through the Store for object
+   stores (``_arrow_writer.py``: no Hadoop connector jar, and no rename-based commit).
+5. Row counts, nulls inside arrays and per-row shapes come from the Parquet footers and the
+   first row.
+6. The marker file is written last (atomically).  If anything fails after the write started,
    the key's directory, and any parent directory this call created, are removed.
 
 Two calls writing the same key at the same moment are not coordinated (the second overwrites
@@ -40,7 +48,9 @@ from spark_hvd.data import list_parquet_files, make_reader
 from spark_hvd.data._arrow import numpy_dtype_of, table_to_numpy
 from spark_hvd.exceptions import InvalidArgumentError
 
-from ._validate import ColumnInfo, as_column_list, check_enough_rows, validate_dataframe
+from ._arrow_writer import codec, write_with_arrow
+from ._data_checks import checked_column, data_error, row_shape
+from ._validate import ColumnInfo, as_column_list, check_row_count, validate_dataframe
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -50,6 +60,7 @@ META_FILE = "_spark_hvd_meta.json"
 SPLIT_COL = "__spark_hvd_split"
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
 FORMAT_VERSION = 1
+WRITERS = ("spark", "arrow")
 
 __all__ = ["ColumnMeta", "DataMeta", "prepare_data", "validate_dataframe", "ColumnInfo"]
 
@@ -166,7 +177,8 @@ def _col(name: str) -> Any:
 
 
 def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: int,
-                  vector_dtype: str, num_partitions: Optional[int]) -> Any:
+                  vector_dtype: str, num_partitions: Optional[int],
+                  shapes: Dict[str, Tuple[int, ...]]) -> Any:
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -176,12 +188,12 @@ def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: i
     for name, ci in info.items():
         if ci.role == "validation":
             continue
-        c = _col(name)
+        raw = c = _col(name)
         if ci.kind == "vector":
             c = vector_to_array(c, dtype=vector_dtype)
         elif isinstance(fields[name], T.DecimalType):
             c = c.cast("double")
-        select.append(c.alias(name))
+        select.append(checked_column(raw, c, name, shapes.get(name, ())).alias(name))
     if isinstance(validation, str):
         flag = _col(validation)
         is_val = F.coalesce(flag if isinstance(fields[validation], T.BooleanType)
@@ -194,12 +206,35 @@ def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: i
     return out.repartition(num_partitions) if num_partitions is not None else out
 
 
-def _write_parquet(out: Any, spark_path: str, row_group_size_bytes: int,
+def _first_row_shapes(df: Any, info: Dict[str, ColumnInfo], num_proc: int
+                      ) -> Dict[str, Tuple[int, ...]]:
+    """One ``limit(num_proc)`` job: at least num_proc rows (else the error), and the first
+    row's shape of every array and Vector column."""
+    from pyspark.sql import functions as F
+    names = [n for n, ci in info.items() if ci.kind in ("vector", "array")]
+    rows = df.select(*[_col(n) for n in names] or [F.lit(1)]).limit(num_proc).collect()
+    check_row_count(len(rows), num_proc)
+    return {n: row_shape(n, rows[0][n]) for n in names}
+
+
+def _write_parquet(out: Any, target: Store, base: str, writer: str, row_group_size_bytes: int,
                    compression: Optional[str]) -> None:
-    writer = out.write.mode("overwrite").option("parquet.block.size", str(row_group_size_bytes))
-    if compression is not None:
-        writer = writer.option("compression", compression)
-    writer.partitionBy(SPLIT_COL).parquet(spark_path)
+    """Step 4's write, by Spark or by the executors through the Store; a row check's failure
+    becomes its InvalidArgumentError."""
+    try:
+        if writer == "arrow":
+            write_with_arrow(out, target, base, SPLIT_COL, row_group_size_bytes, compression)
+            return
+        spark_writer = (out.write.mode("overwrite")
+                        .option("parquet.block.size", str(row_group_size_bytes)))
+        if compression is not None:
+            spark_writer = spark_writer.option("compression", compression)
+        spark_writer.partitionBy(SPLIT_COL).parquet(target.to_spark_path(base))
+    except Exception as exc:
+        error = data_error(exc)
+        if error is None:
+            raise
+        raise error from None
 
 
 def _describe(target: Store, path: str, info: Dict[str, ColumnInfo]) -> Tuple[int, Dict[str, Any]]:
@@ -216,9 +251,10 @@ def _describe(target: Store, path: str, info: Dict[str, ColumnInfo]) -> Tuple[in
                 first = (f, g, md)
             for j in range(rg.num_columns):
                 col = rg.column(j)
-                name = col.path_in_schema
+                path = col.path_in_schema  # "x.list.element": the elements of x's arrays
+                name = next((n for n in info if path == n or path.startswith(n + ".")), None)
                 st = col.statistics
-                if name in info and st is not None and st.has_null_count and st.null_count:
+                if name and st is not None and st.has_null_count and st.null_count:
                     nulls[name] = nulls.get(name, 0) + st.null_count
     shapes: Dict[str, Any] = {}
     if first is not None:
@@ -258,7 +294,7 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
                  num_partitions: Optional[int] = None,
                  row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
                  vector_dtype: str = "float64", compression: Optional[str] = None,
-                 cache: bool = True) -> DataMeta:
+                 cache: bool = True, writer: Optional[str] = None) -> DataMeta:
     """Write the columns training needs as Parquet into the Store (or reuse an earlier write).
 
     Parameters
@@ -285,6 +321,11 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
         Element type of Vector columns after ``vector_to_array``.
     cache : bool
         Reuse an earlier write of the same plan and options (see the module docstring).
+    writer : {"spark", "arrow"}, optional
+        Who writes the Parquet files: Spark's writer (to ``store.to_spark_path``), or each
+        executor through the Store with pyarrow (see ``_arrow_writer.py``).  By default
+        ``"arrow"`` for object stores (s3, gs, abfss...: no Hadoop connector needed) and
+        ``"spark"`` for the others.  Both give the same files to the reader.
 
     Returns
     -------
@@ -299,6 +340,8 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
     if vector_dtype not in ("float64", "float32"):
         raise InvalidArgumentError(
             f"vector_dtype must be 'float64' or 'float32', got {vector_dtype!r}")
+    if writer not in (None,) + WRITERS:
+        raise InvalidArgumentError(f"writer must be one of {WRITERS} or None, got {writer!r}")
     if not isinstance(store, Store):
         raise InvalidArgumentError(
             f"store must be a Store (e.g. Store.create('/path')), got {type(store).__name__}")
@@ -313,6 +356,9 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
                "compression": compression}
     key, cacheable = _cache_key(df, options, cache)
     target, base, parents = _target(df, store, key)
+    writer = writer or ("arrow" if target.object_store else "spark")
+    if writer == "arrow":
+        codec(compression)  # an unknown codec fails here, before any job
     marker = posixpath.join(base, META_FILE)
 
     if cacheable and target.exists(marker):
@@ -326,11 +372,13 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
                 _check_split_rows(meta.train_rows, meta.val_rows, has_val, validation, num_proc)
                 return dataclasses.replace(meta, num_proc=num_proc)
 
-    check_enough_rows(df, num_proc)  # after the cache lookup: a reuse needs no Spark job
+    # After the cache lookup: a reuse needs no Spark job.
+    shapes = _first_row_shapes(df, info, num_proc)
+    target.check_writable()
     existed = [target.exists(p) for p in parents]
-    out = _output_frame(df, info, validation, seed, vector_dtype, num_partitions)
+    out = _output_frame(df, info, validation, seed, vector_dtype, num_partitions, shapes)
     try:
-        _write_parquet(out, target.to_spark_path(base), row_group_size_bytes, compression)
+        _write_parquet(out, target, base, writer, row_group_size_bytes, compression)
         meta = _inspect(target, base, key, info, feature_cols, label_cols, sample_weight_col,
                         has_val, validation, num_proc)
         target.write_bytes_atomic(marker, meta.to_json().encode())
@@ -367,11 +415,12 @@ def _inspect(target: Store, base: str, key: str, info: Dict[str, ColumnInfo],
                            else (0, {"nulls": {}, "shapes": {}}))
     nulls = {n: found["nulls"].get(n, 0) + val_found["nulls"].get(n, 0)
              for n in set(found["nulls"]) | set(val_found["nulls"])}
-    if nulls:
+    if nulls:  # the rows were checked while written: these are nulls inside arrays
         listing = ", ".join(f"'{n}' ({c})" for n, c in sorted(nulls.items()))
         raise InvalidArgumentError(
-            f"null values in {listing}; training data must not contain nulls. Drop or fill "
-            f"them first, e.g. df.na.drop(subset={sorted(nulls)}).")
+            f"null values inside the arrays of {listing}; training data must not contain "
+            f"nulls. Replace them first, e.g. F.transform('{min(nulls)}', lambda x: "
+            f"F.coalesce(x, F.lit(0.0))), or drop those rows.")
     _check_split_rows(train_rows, val_rows, has_val, validation, num_proc)
     columns = {}
     for name, ci in info.items():

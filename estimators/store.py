@@ -5,9 +5,19 @@ A Store is a root path on a ``pyarrow.fs`` filesystem.  ``Store.create(url_or_pa
 * ``LocalStore`` for plain paths and ``file://`` URLs;
 * ``DBFSLocalStore`` for ``/dbfs/...`` and ``dbfs:/...`` (Databricks: Python reads and writes
   through the ``/dbfs`` FUSE mount, Spark gets ``dbfs:/`` paths);
-* ``FilesystemStore`` for any other URL (``hdfs://``, ``s3://``, ``gs://``, ``abfss://``...)
-  through ``pyarrow.fs.FileSystem.from_uri``, or fsspec when pyarrow does not know the scheme or
-  when ``storage_options`` are given (they are fsspec options).
+* ``FilesystemStore`` for any other URL (``_open_url`` picks the client):
+
+  - object stores (``s3://``, ``s3a://``, ``gs://``, ``abfss://``, ``az://``... see
+    ``OBJECT_STORE_DRIVERS``) through fsspec and the scheme's driver (s3fs, gcsfs, adlfs),
+    never pyarrow's own S3 client, which contacts AWS to find the bucket's region whenever it
+    is created (a request per executor, and a 6 s failure where AWS cannot be reached);
+    credentials and endpoints come from the cloud SDK's usual sources (environment variables,
+    ``~/.aws/config``, instance roles...) of each process that opens the store, or from
+    ``storage_options``.  A missing driver is an error naming the package to install;
+  - ``hdfs://`` (and ``viewfs://``) through ``pyarrow.fs.HadoopFileSystem`` (libhdfs and a
+    JVM; a missing one is an error naming what to set);
+  - anything else through ``pyarrow.fs.FileSystem.from_uri``, or fsspec when pyarrow does not
+    know the scheme or when ``storage_options`` are given (they are fsspec options).
 
 Layout under the root::
 
@@ -17,15 +27,25 @@ Layout under the root::
 
 Paths given to and returned by the methods are full paths in the filesystem's namespace (as the
 ``get_*_path`` methods return them).  ``to_spark_path`` keeps the scheme and authority of the
-URL the store was created with, so create it with the scheme your Spark understands (for
-example ``s3a://``; pyarrow does not know ``s3a`` and fsspec's s3fs then opens it).  Stores pickle as their URL and options and reopen their
-filesystem where they are unpickled (an executor).
+URL the store was created with (Spark writes the training data of local, DBFS and HDFS stores;
+on object stores the executors write it through the store, see materialize.py).  Stores
+pickle as their URL and options and reopen their filesystem where they are unpickled (an
+executor): ``storage_options`` travel with them, credentials from the environment do not.
+
+Writes: ``write_bytes_atomic`` writes a temporary object next to the target, checks its size,
+then moves it over the target: a rename on local disks, HDFS and DBFS, a server-side copy on
+object stores, which publish an object whole.  A reader therefore sees the old file or the
+whole new one, never a half-written one, on every store.  A temporary left by a process killed
+mid-write (``.<name>.<32 hex>.tmp``, hidden from the data reader) is removed by the next write
+of the same name, and by ``remove_temporaries`` (fit calls it when it resumes a run).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
+import re
 import uuid
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import urlparse
@@ -40,20 +60,34 @@ RUNS_DIR = "runs"
 CHECKPOINT_DIR = "checkpoint"
 LOGS_DIR = "logs"
 
-# Object stores: an object appears whole when its upload completes, and "rename" is a copy.
-OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "az",
-                                  "adl", "wasb", "wasbs", "oss", "r2", "memory"})
+logger = logging.getLogger(__name__)
+
+# Object stores: no directories, an object appears whole when its upload completes, and
+# "rename" is a copy.  Each scheme's fsspec driver, as `pip install` names it.
+OBJECT_STORE_DRIVERS = {
+    "s3": "s3fs", "s3a": "s3fs", "s3n": "s3fs",
+    "gs": "gcsfs", "gcs": "gcsfs",
+    "abfs": "adlfs", "abfss": "adlfs", "az": "adlfs", "adl": "adlfs",
+    "wasb": "adlfs", "wasbs": "adlfs",
+    "oss": "ossfs",
+    "memory": "fsspec",
+}
+OBJECT_STORE_SCHEMES = frozenset(OBJECT_STORE_DRIVERS)
+HADOOP_SCHEMES = frozenset({"hdfs", "viewfs"})
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 
 
 class Store:
     """A root directory on a pyarrow filesystem (see the module docstring)."""
 
     def __init__(self, prefix: str, filesystem: pafs.FileSystem, url: Optional[str] = None,
-                 atomic_rename: bool = True) -> None:
+                 object_store: bool = False) -> None:
         self._prefix = prefix.rstrip("/") or "/"
         self._filesystem = filesystem
         self.url = url if url is not None else self._prefix
-        self.atomic_rename = atomic_rename
+        #: No directories and no atomic rename (s3, gs, abfs...): see the module docstring.
+        self.object_store = object_store
 
     # -- construction -------------------------------------------------------------------
 
@@ -123,7 +157,10 @@ class Store:
         return self._filesystem.get_file_info(path).type == pafs.FileType.Directory
 
     def makedirs(self, path: str) -> None:
-        self._filesystem.create_dir(path, recursive=True)
+        """Create directory ``path`` and its parents; nothing on object stores, which have no
+        directories (and where fsspec would create a missing bucket)."""
+        if not self.object_store:
+            self._filesystem.create_dir(path, recursive=True)
 
     def listdir(self, path: str) -> List[str]:
         """The sorted names (not paths) of the entries of directory ``path``."""
@@ -137,26 +174,87 @@ class Store:
     def write_bytes_atomic(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` so that a reader sees the old file or the whole new one.
 
-        Where the filesystem renames atomically (local disks, HDFS, DBFS FUSE) the bytes go
-        to a temporary name in the same directory, then are renamed over ``path``.  Object
-        stores (s3, gs, abfs, memory...) have no atomic rename but publish an object only when
-        its upload completes, so there the bytes are written to ``path`` directly.
+        The bytes go to a temporary name in the same directory; once its size is checked it is
+        moved over ``path`` (see the module docstring).  Temporaries of ``path`` left by a
+        killed writer are removed first.
         """
-        parent = posixpath.dirname(path)
+        parent, name = posixpath.split(path)
         if parent:
             self.makedirs(parent)
-        if not self.atomic_rename:
-            with self._filesystem.open_output_stream(path) as f:
-                f.write(data)
-            return
-        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+            self.remove_temporaries(parent, name)
+        tmp = posixpath.join(parent, f".{name}.{uuid.uuid4().hex}.tmp")
         try:
             with self._filesystem.open_output_stream(tmp) as f:
                 f.write(data)
+            written = self._filesystem.get_file_info(tmp).size
+            if written != len(data):
+                raise OSError(f"writing {path}: the temporary {tmp} holds {written} bytes of "
+                              f"{len(data)}; the old file is left as it was")
             self._filesystem.move(tmp, path)
         except BaseException:
             self._delete_quietly(tmp)
             raise
+
+    def remove_temporaries(self, directory: str, name: Optional[str] = None) -> List[str]:
+        """Remove the temporaries ``write_bytes_atomic`` left in ``directory`` (only those of
+        ``name`` when given): what a writer killed mid-write leaves.  Returns their paths."""
+        try:
+            names = self.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        stale = [posixpath.join(directory, n) for n in names
+                 if (m := _TEMPORARY.match(n)) and (name is None or m.group("name") == name)]
+        for path in stale:
+            logger.info("removing %s, left by an interrupted write", path)
+            self._delete_quietly(path)
+        return stale
+
+    def check_writable(self) -> None:
+        """Raise InvalidArgumentError naming the store and the fix unless a file can be
+        written, read back and deleted under the root.  Leaves nothing behind: directories it
+        had to create are removed again."""
+        created = [] if self.object_store else self._missing_dirs(self._prefix)
+        probe = self.join(f".spark_hvd-write-check-{uuid.uuid4().hex}")
+        try:
+            self.makedirs(self._prefix)
+            with self._filesystem.open_output_stream(probe) as f:
+                f.write(b"ok")
+            self._filesystem.delete_file(probe)
+        except Exception as exc:  # any failure (OSError, a cloud SDK's own) means: not usable
+            self._delete_quietly(probe)
+            raise InvalidArgumentError(
+                f"the store {self.url} is not writable: writing {probe} failed with "
+                f"{type(exc).__name__}: {exc}. {self._writable_fix()}") from None
+        finally:
+            for path in created:
+                try:
+                    self._filesystem.delete_dir(path)
+                except (OSError, pa.ArrowException):
+                    pass
+
+    def _missing_dirs(self, path: str) -> List[str]:
+        """``path`` and its ancestors that do not exist yet, innermost first."""
+        missing = []
+        while path and path != posixpath.dirname(path):
+            try:
+                if self._filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+                    break
+            except (OSError, pa.ArrowException):
+                break
+            missing.append(path)
+            path = posixpath.dirname(path)
+        return missing
+
+    def _writable_fix(self) -> str:
+        if self.object_store:
+            return ("Fix: check that the bucket or container exists and that the credentials "
+                    "this process finds (environment variables, the cloud SDK's config files, "
+                    "an instance role) may write under this prefix on the driver and on every "
+                    "executor; or pass credentials or an endpoint as storage_options to "
+                    "Store.create.")
+        return ("Fix: create the directory, or give a path this user can write on the driver "
+                "and on every executor (on a cluster: a shared filesystem such as HDFS, DBFS "
+                "or an object store).")
 
     def delete(self, path: str) -> None:
         """Remove ``path`` (a file, or a directory and everything in it); absent is fine.
@@ -180,7 +278,7 @@ class Store:
     # -- pickling ------------------------------------------------------------------------
 
     def _reopen_args(self) -> Tuple[Any, ...]:
-        return (self._prefix, self._filesystem, self.url, self.atomic_rename)
+        return (self._prefix, self._filesystem, self.url, self.object_store)
 
     def __reduce__(self):
         return (type(self), self._reopen_args())
@@ -235,7 +333,7 @@ class FilesystemStore(Store):
         self.storage_options: Dict[str, Any] = dict(storage_options)
         filesystem, prefix, scheme = _open_url(url, self.storage_options)
         super().__init__(prefix, filesystem, url=url.rstrip("/"),
-                         atomic_rename=scheme not in OBJECT_STORE_SCHEMES)
+                         object_store=scheme in OBJECT_STORE_SCHEMES)
 
     def _reopen_args(self) -> Tuple[Any, ...]:
         return (self.url,)
@@ -250,21 +348,58 @@ def _reopen_filesystem_store(url: str, storage_options: Dict[str, Any]) -> Files
 
 def _open_url(url: str, storage_options: Dict[str, Any]) -> Tuple[pafs.FileSystem, str, str]:
     scheme = urlparse(url).scheme.lower()
+    if scheme in OBJECT_STORE_SCHEMES:
+        return _open_fsspec(url, scheme, storage_options)
+    if scheme in HADOOP_SCHEMES and not storage_options:
+        return _open_hadoop(url, scheme)
     if not storage_options:
         try:
             fs, path = pafs.FileSystem.from_uri(url)
             return fs, path, scheme
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             pass  # a scheme pyarrow does not know: try fsspec
+    return _open_fsspec(url, scheme, storage_options)
+
+
+def _open_fsspec(url: str, scheme: str, storage_options: Dict[str, Any]
+                 ) -> Tuple[pafs.FileSystem, str, str]:
+    """``url`` through fsspec.  Object stores get ``use_listings_cache=False`` unless the
+    options say otherwise: other processes (the executors) write there, and a cached listing
+    would miss their files."""
+    package = OBJECT_STORE_DRIVERS.get(scheme)
+    install = f"pip install {package}" if package else "pip install the fsspec driver for it"
     try:
         import fsspec
     except ImportError:
         raise InvalidArgumentError(
-            f"pyarrow cannot open '{url}' and fsspec is not installed; "
-            f"pip install fsspec (and the driver for '{scheme}://', e.g. s3fs, gcsfs, adlfs)") \
-            from None
+            f"cannot open the store '{url}': fsspec is not installed; pip install fsspec "
+            f"{package or ''}".rstrip()) from None
+    options = dict(storage_options)
+    if scheme in OBJECT_STORE_SCHEMES and scheme != "memory":
+        options.setdefault("use_listings_cache", False)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **storage_options)
-    except (ImportError, ValueError) as exc:
-        raise InvalidArgumentError(f"cannot open store URL '{url}': {exc}") from exc
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ImportError as exc:
+        raise InvalidArgumentError(
+            f"cannot open the store '{url}': the fsspec driver for '{scheme}://' does not "
+            f"import ({exc}). Fix: {install} on the driver and on every executor"
+            f"{' (or pip install spark_hvd[s3])' if package == 's3fs' else ''}.") from None
+    except ValueError as exc:  # "Protocol not known": no installed driver registers it
+        fix = (f" Fix: {install} on the driver and on every executor." if package else "")
+        raise InvalidArgumentError(f"cannot open store URL '{url}': {exc}.{fix}") from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path, scheme
+
+
+def _open_hadoop(url: str, scheme: str) -> Tuple[pafs.FileSystem, str, str]:
+    """``hdfs://`` through pyarrow's HadoopFileSystem, which loads libhdfs and a JVM."""
+    try:
+        fs, path = pafs.FileSystem.from_uri(url)
+    except (OSError, pa.ArrowException) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidArgumentError(
+            f"cannot open the store '{url}' with pyarrow's HadoopFileSystem: {first}. It needs "
+            f"a JVM and libhdfs on the driver and on every executor: set JAVA_HOME, "
+            f"HADOOP_HOME (or ARROW_LIBHDFS_DIR, the directory holding libhdfs.so) and "
+            f"CLASSPATH=$(hadoop classpath --glob), and check that the namenode in the URL "
+            f"answers.") from None
+    return fs, path, scheme

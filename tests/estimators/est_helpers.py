@@ -22,6 +22,21 @@ def make_net(seed=0, hidden=64):
                                torch.nn.Linear(hidden, 10))
 
 
+def torch_estimator(store, **kw):
+    """The digits TorchEstimator: make_net, Adam, cross-entropy and accuracy, 2 ranks, 4
+    epochs, 10% validation; ``kw`` overrides any param."""
+    import torch
+    import torch.nn.functional as F
+    from spark_hvd.estimators import TorchEstimator
+    net = make_net()
+    args = dict(num_proc=2, store=store, model=net,
+                optimizer=torch.optim.Adam(net.parameters(), lr=1e-2), loss=F.cross_entropy,
+                metrics=[accuracy], feature_cols=["features"], label_cols=["label"],
+                batch_size=32, epochs=4, validation=0.1, random_seed=1, verbose=1)
+    args.update(kw)
+    return TorchEstimator(**args)
+
+
 def kill_once(net, rank, step, marker):
     """``net`` wrapped so that, while training, rank ``rank`` SIGKILLs its own process at its
     ``step``-th forward pass, once: it creates the file ``marker`` first, and a process that

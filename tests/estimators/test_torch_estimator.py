@@ -5,24 +5,14 @@ import os
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from pyspark.ml.linalg import VectorUDT
 
-from est_helpers import accuracy, bad_input, kill_once, listing, make_net
-from spark_hvd.estimators import LocalStore, TorchEstimator, TorchModel
+from est_helpers import bad_input, kill_once, listing, make_net
+from est_helpers import torch_estimator as _estimator
+from spark_hvd.estimators import LocalStore, TorchModel
 from spark_hvd.exceptions import RankFailedError
 
 pytestmark = pytest.mark.spark
-
-
-def _estimator(store, **kw):
-    net = make_net()
-    args = dict(num_proc=2, store=store, model=net,
-                optimizer=torch.optim.Adam(net.parameters(), lr=1e-2), loss=F.cross_entropy,
-                metrics=[accuracy], feature_cols=["features"], label_cols=["label"],
-                batch_size=32, epochs=4, validation=0.1, random_seed=1, verbose=1)
-    args.update(kw)
-    return TorchEstimator(**args)
 
 
 def _test_accuracy(model, test_df):

@@ -2,10 +2,12 @@
 
 import os
 import pickle
+import posixpath
 
 import numpy as np
 import pytest
 
+from _s3 import s3_endpoint, s3_url, spark_s3_environment  # noqa: F401 (fixtures)
 from estimators import materialize
 from estimators.materialize import META_FILE, DataMeta, prepare_data, validate_dataframe
 from estimators.store import Store
@@ -205,9 +207,117 @@ def test_nulls_are_refused_and_cleaned_up(spark_local, store, writes):
     before = _listing(store.prefix)
     data = spark_local.createDataFrame([(float(i), None if i == 3 else 1.0) for i in range(8)],
                                        "x double, y double")
-    with pytest.raises(InvalidArgumentError, match=r"null values in 'y' \(1\)"):
+    with pytest.raises(InvalidArgumentError, match=r"^column 'y' has null values; training "
+                                                   r"data must not contain nulls"):
         prepare_data(data, store, ["x"], ["y"])
     assert _listing(store.prefix) == before and len(writes) == 1
+
+
+def _vectors(spark, sizes, nulls=()):
+    from pyspark.ml.linalg import Vectors
+    rows = [(i, None if i in nulls else Vectors.dense([1.0] * n), float(i % 2))
+            for i, n in enumerate(sizes)]
+    return spark.createDataFrame(rows, ["id", "features", "label"]).repartition(2)
+
+
+_RAGGED = (lambda s: _vectors(s, [4] * 10 + [5] + [4] * 9),
+           r"^column 'features' has a row of length 5, expected 4 \(the length of the first "
+           r"row\)")
+_NULL_INSIDE = (lambda s: s.createDataFrame([(i, [float(i), None if i == 6 else 1.0])
+                                             for i in range(8)], "id long, features array<double>"),
+                r"^null values inside the arrays of 'features' \(1\)")
+
+
+@pytest.mark.parametrize("make, message, writer", [
+    _RAGGED + ("spark",),
+    _RAGGED + ("arrow",),
+    (lambda s: _vectors(s, [4] * 20, nulls={13}),
+     r"^column 'features' has null values; training data must not contain nulls\. Drop or "
+     r"fill them first, e\.g\. df\.na\.drop\(subset=\['features'\]\)\.$", "spark"),
+    (lambda s: s.createDataFrame([(i, [[1, 2], [3, 4 + i]] if i != 5 else [[1, 2], [3]])
+                                  for i in range(8)], "id long, features array<array<int>>"),
+     r"^column 'features' has a row with an array of length 1 at depth 2, expected 2 ", "spark"),
+    _NULL_INSIDE + ("spark",),
+    _NULL_INSIDE + ("arrow",),
+], ids=["ragged-spark", "ragged-arrow", "null-vector", "ragged-nested", "null-inside-spark",
+        "null-inside-arrow"])
+def test_ragged_rows_and_nulls_fail_the_write_naming_the_column(spark_local, store, writes,
+                                                                 make, message, writer):
+    """Caught while materializing, not by a rank seconds into training: the error names the
+    column, the row's length and the expected one; nothing is left in the store."""
+    with pytest.raises(InvalidArgumentError, match=message) as err:
+        prepare_data(make(spark_local), store, ["features"], ["id"], writer=writer)
+    assert "Py4J" not in str(err.value) and "at org.apache" not in str(err.value)
+    assert len(writes) == 1 and not os.path.exists(store.prefix)
+
+
+def test_an_unwritable_store_fails_before_any_write(df, tmp_path, writes):
+    (tmp_path / "file").write_text("")
+    store = Store.create(str(tmp_path / "file" / "store"))
+    with pytest.raises(InvalidArgumentError, match=r"^the store file://.* is not writable: "):
+        prepare_data(df, store, ["features"], ["label"])
+    assert not writes
+
+
+def test_the_arrow_writer_gives_the_reader_the_same_data(df, store, writes):
+    """writer='arrow' (the executors write through the store, as for object stores): the same
+    rows, splits and columns as Spark's writer, small row groups as asked."""
+    by_spark = prepare_data(df, store, ["features", "id"], ["label"], "w", validation=0.25,
+                            num_proc=2, seed=3)
+    by_arrow = prepare_data(df, store, ["features", "id"], ["label"], "w", validation=0.25,
+                            num_proc=2, seed=3, writer="arrow", cache=False,
+                            row_group_size_bytes=1024)
+    assert by_arrow.columns == by_spark.columns
+    assert (by_arrow.train_rows, by_arrow.val_rows) == (by_spark.train_rows, by_spark.val_rows)
+    for split in ("train", "val"):
+        assert sorted(_ids(by_arrow, split, 2)[0]) == sorted(_ids(by_spark, split, 2)[0])
+    files = [f for f in _listing(store.get_data_path(by_arrow.key)) if f.endswith(".parquet")]
+    assert files and all(f.split("/")[-1].startswith("part-") for f in files)
+    assert not [f for f in _listing(store.get_data_path(by_arrow.key)) if "tmp" in f]
+    from spark_hvd.data import ParquetShardReader
+    assert len(ParquetShardReader(by_arrow.train_path, rank=0, size=1,
+                                  batch_size=8).row_groups) > len(files)
+
+
+def test_the_arrow_writer_keeps_only_the_manifest(spark_local, store):
+    """A file under the data directory that no successful task reported (what a failed or
+    speculative attempt leaves) is removed once the job is done."""
+    from estimators._arrow_writer import write_with_arrow
+    split = materialize.SPLIT_COL
+    rows = spark_local.createDataFrame(
+        [(i, "val" if i % 3 == 0 else "train") for i in range(30)], f"x long, {split} string")
+    base = store.get_data_path("k")
+    stray = posixpath.join(base, f"{split}=train", "part-00007.parquet")
+
+    class LeavesAStray:
+        def mapInArrow(self, fn, schema):
+            store.write_bytes_atomic(stray, b"from an attempt Spark gave up on")
+            return rows.repartition(2).mapInArrow(fn, schema)
+
+    manifest = write_with_arrow(LeavesAStray(), store, base, split, 1 << 20, None)
+    assert sum(r["rows"] for r in manifest) == 30
+    assert sorted(_listing(base)) == sorted(
+        [f"{split}=train", f"{split}=val"]
+        + [posixpath.relpath(r["path"], base) for r in manifest])
+    assert not os.path.exists(stray)
+
+
+def test_prepare_on_s3(df, spark_local, s3_endpoint, s3_url, writes):
+    """An s3:// store (moto's server): the executors write the Parquet files through s3fs
+    (Spark here has no S3 connector), the marker is reused, every row is read once."""
+    s3 = Store.create(s3_url)
+    with spark_s3_environment(spark_local, s3_endpoint):
+        meta = prepare_data(df, s3, ["features", "id"], ["label"], validation=0.2, num_proc=2,
+                            seed=5)
+        again = prepare_data(df, s3, ["features", "id"], ["label"], validation=0.2,
+                             num_proc=2, seed=5)
+    assert again == meta and len(writes) == 1 and writes[0][3] == "arrow"
+    assert meta.train_path.startswith(s3.prefix + "/intermediate_train_data/")
+    assert s3.exists(posixpath.join(s3.get_data_path(meta.key), META_FILE))
+    clone = pickle.loads(pickle.dumps(meta))  # as the ranks get it
+    train, _ = _ids(clone, "train", 2)
+    val, _ = _ids(clone, "val", 2)
+    assert sorted(train + val) == list(range(N)) and not set(train) & set(val)
 
 
 def test_validate_dataframe_returns_column_info(df):
