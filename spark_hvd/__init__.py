@@ -33,10 +33,11 @@ _OPS = (
     "Sum", "Average", "Min", "Max", "Product", "Adasum",
 )
 _LAZY = {**{n: "spark_hvd._basics" for n in _BASICS}, **{n: "spark_hvd._ops" for n in _OPS},
-         "ReduceOp": "spark_hvd._types"}
+         "ReduceOp": "spark_hvd._types",
+         "run": "spark_hvd.runner"}  # horovod.run: a function as N ranks (spark_hvd.runner.run)
 
 __all__ = list(_BASICS) + list(_OPS) + [
-    "ReduceOp", "SparkHvdError", "InvalidArgumentError", "TensorMismatchError",
+    "ReduceOp", "run", "SparkHvdError", "InvalidArgumentError", "TensorMismatchError",
     "NotInitializedError", "CollectiveTimeoutError", "PeerLostError", "InternalError",
     "HorovodInternalError", "HostsUpdatedInterrupt",
 ]

@@ -119,7 +119,7 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
            kill_grace_s: float = DEFAULT_KILL_GRACE_S, ssh_port: Optional[int] = None,
            ssh_identity_file: Optional[str] = None,
            network_interface: Optional[str] = None,
-           elastic: Optional[ElasticOptions] = None) -> int:
+           elastic: Optional[ElasticOptions] = None, exchange=None) -> int:
     """Run ``command`` as ``np`` ranks and return the job's exit code.
 
     Parameters
@@ -146,6 +146,9 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
         How long ranks get between SIGTERM and SIGKILL when the job is torn down.
     ssh_port, ssh_identity_file:
         ``ssh -p`` and ``ssh -i`` for the other hosts.
+    exchange:
+        Used by :func:`spark_hvd.runner.run`: ``before(server)`` runs once the rendezvous
+        server is up and before any rank starts, ``after(server)`` once the ranks ended.
     network_interface:
         A NIC name or an address of this host: the rendezvous server listens there
         and every rank is told to reach it there (default: 127.0.0.1 for a job on
@@ -206,22 +209,36 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
     addrs = _addresses(slots, ssh, network_interface, base_env,
                        max(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S + 5), err)
     with RendezvousServer(host=addrs.bind) as server:
-        rdv_env = _env.rendezvous_env(addrs.local, server.port, server.secret, server.run_id)
-        if verbose:
-            told = "" if not addrs.remote else "; ranks reach it at " + ", ".join(
-                [f"{addrs.local} (here)"] + [f"{a} ({h})" for h, a in addrs.remote.items()])
-            err.write(f"{PROG}: rendezvous server at {addrs.bind}:{server.port}{told} (run id "
-                      f"{server.run_id}), {np} ranks, {'mpi' if mpi else 'gloo'}\n".encode())
-        if source is not None:
-            return _elastic_launch.launch_elastic(command, elastic, sizes, source, base_env,
-                                                  server, addrs, ssh, start_timeout_s, verbose,
-                                                  out, err, kill_grace_s)
-        if mpi:
-            return _launch_mpi(command, np, base_env, dict(env or {}), rdv_env,
-                               start_timeout_s, verbose, out, err, hosts if remote else None,
-                               ssh)
-        return _launch_gloo(command, slots, base_env, server, addrs, ssh, start_timeout_s,
-                            verbose, out, err, kill_grace_s)
+        if exchange is not None:  # spark_hvd.runner.run: the function in, the results out
+            exchange.before(server)
+        try:
+            return _launch_on(command, np, env, mpi, hosts, remote, slots, source, elastic,
+                              sizes, base_env, server, addrs, ssh, start_timeout_s, verbose,
+                              out, err, kill_grace_s)
+        finally:
+            if exchange is not None:
+                exchange.after(server)
+
+
+def _launch_on(command, np, env, mpi, hosts, remote, slots, source, elastic, sizes, base_env,
+               server, addrs, ssh, start_timeout_s, verbose, out, err, kill_grace_s) -> int:
+    """The launch once the rendezvous server runs (see :func:`launch`)."""
+    rdv_env = _env.rendezvous_env(addrs.local, server.port, server.secret, server.run_id)
+    if verbose:
+        told = "" if not addrs.remote else "; ranks reach it at " + ", ".join(
+            [f"{addrs.local} (here)"] + [f"{a} ({h})" for h, a in addrs.remote.items()])
+        err.write(f"{PROG}: rendezvous server at {addrs.bind}:{server.port}{told} (run id "
+                  f"{server.run_id}), {np} ranks, {'mpi' if mpi else 'gloo'}\n".encode())
+    if source is not None:
+        return _elastic_launch.launch_elastic(command, elastic, sizes, source, base_env,
+                                              server, addrs, ssh, start_timeout_s, verbose,
+                                              out, err, kill_grace_s)
+    if mpi:
+        return _launch_mpi(command, np, base_env, dict(env or {}), rdv_env,
+                           start_timeout_s, verbose, out, err, hosts if remote else None,
+                           ssh)
+    return _launch_gloo(command, slots, base_env, server, addrs, ssh, start_timeout_s,
+                        verbose, out, err, kill_grace_s)
 
 
 def _launch_gloo(command: List[str], slots: Sequence[Slot], base_env: Dict[str, str],
@@ -362,6 +379,38 @@ def _launch_mpi(command: List[str], np: int, base_env: Dict[str, str], user_env:
     return exit_code(failure[1])
 
 
+# horovodrun's tuning flags: flag -> (the setting it sets for every rank, its type, the
+# factor from the flag's unit to the setting's).
+TUNING_FLAGS = {
+    "--fusion-threshold-mb": (_config.FUSION_THRESHOLD_ENV_VAR, float, 1024 * 1024),
+    "--cycle-time-ms": (_config.CYCLE_TIME_MS_ENV_VAR, float, 1),
+    "--cache-capacity": (_config.CACHE_CAPACITY_ENV_VAR, int, 1),
+    "--timeline-filename": (_config.TIMELINE_ENV_VAR, str, None),
+    "--stall-check-warning-time-seconds": (_config.STALL_CHECK_TIME_S_ENV_VAR, float, 1),
+    "--stall-check-shutdown-time-seconds": (_config.STALL_SHUTDOWN_TIME_S_ENV_VAR, float, 1),
+    "--log-level": (_config.LOG_LEVEL_ENV_VAR, str, None),
+}
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
+    """The settings the tuning flags given set, as environment variables."""
+    env = {}
+    for flag, (var, _kind, scale) in TUNING_FLAGS.items():
+        value = getattr(args, _dest(flag), None)
+        if value is None:
+            continue
+        if scale is None:
+            env[var] = str(value)
+        else:
+            scaled = value * scale
+            env[var] = str(int(scaled)) if float(scaled).is_integer() else f"{scaled:g}"
+    return env
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description="Run a command as N spark_hvd ranks, on this host or on "
@@ -370,7 +419,10 @@ def _parser() -> argparse.ArgumentParser:
               f"[-i SSH_IDENTITY_FILE] [--network-interface NIC_OR_ADDRESS] [--start-timeout S] "
               f"[--verbose] [--min-np A] [--max-np B] [--host-discovery-script SCRIPT] "
               f"[--slots-per-host N] [--reset-limit K] [--elastic-timeout S] "
-              f"[--blacklist-cooldown-range LOW HIGH] command [args...]")
+              f"[--blacklist-cooldown-range LOW HIGH] [--fusion-threshold-mb MB] "
+              f"[--cycle-time-ms MS] [--cache-capacity N] [--timeline-filename PATH] "
+              f"[--stall-check-warning-time-seconds S] [--stall-check-shutdown-time-seconds S] "
+              f"[--log-level LEVEL] command [args...]")
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                    help="number of ranks")
     mode = p.add_mutually_exclusive_group()
@@ -398,6 +450,10 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"seconds ranks wait for each other at startup "
                         f"(default {_config.DEFAULT_START_TIMEOUT_S:g})")
     p.add_argument("--verbose", action="store_true", help="say where the rendezvous server is")
+    tuning = p.add_argument_group("tuning (horovodrun's flags; each sets a setting for the ranks)")
+    for flag, (var, kind, _scale) in TUNING_FLAGS.items():
+        tuning.add_argument(flag, dest=_dest(flag), type=kind, default=None, metavar="VALUE",
+                            help=f"sets {var}")
     _elastic_launch.add_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="the command each rank runs")
     return p
@@ -418,7 +474,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, interrupted)
     try:
-        code = launch(command, args.np, mpi=args.mpi, hosts=args.hosts,
+        code = launch(command, args.np, env=tuning_env(args), mpi=args.mpi, hosts=args.hosts,
                       start_timeout_s=args.start_timeout, verbose=args.verbose,
                       ssh_port=args.ssh_port, ssh_identity_file=args.ssh_identity_file,
                       network_interface=args.network_interface,

@@ -297,3 +297,18 @@ def test_mpi_propagates_the_exit_code_and_ends_the_others(tmp_path):
 def test_mpi_without_mpirun_says_what_to_install(tmp_path):
     with pytest.raises(launch_mod.CommandNotFoundError, match="apt-get install openmpi-bin"):
         launch_mod.launch(["true"], np=1, mpi=True, env={"PATH": str(tmp_path)})
+
+
+def test_horovodrun_tuning_flags_become_the_ranks_settings():
+    proc = hvdrun("-np", "2", "--fusion-threshold-mb", "8", "--cycle-time-ms", "2.5",
+                  "--cache-capacity", "16", "--timeline-filename", "/tmp/tl.json",
+                  "--stall-check-warning-time-seconds", "30", "--log-level", "debug",
+                  *script("""
+                      import os
+                      print(*(os.environ.get("SPARK_HVD_" + k) for k in (
+                          "FUSION_THRESHOLD", "CYCLE_TIME_MS", "CACHE_CAPACITY", "TIMELINE",
+                          "STALL_CHECK_TIME_S", "LOG_LEVEL")))
+                  """))
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sorted(lines(proc.stdout)) == [f"[{r}] 8388608 2.5 16 /tmp/tl.json 30 debug"
+                                          for r in (0, 1)]
