@@ -6,10 +6,10 @@ KerasEstimator/KerasModel build on them (torch, or TensorFlow and Keras, are imp
 only when they are used).
 """
 
-from .store import DBFSLocalStore, FilesystemStore, LocalStore, Store
+from .store import DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore, Store
 
-__all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "TorchEstimator",
-           "TorchModel", "KerasEstimator", "KerasModel"]
+__all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore",
+           "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel"]
 
 _LAZY = {"TorchEstimator": ".torch_estimator", "TorchModel": ".torch_model",
          "KerasEstimator": ".keras_estimator", "KerasModel": ".keras_model"}

@@ -342,6 +342,40 @@ class FilesystemStore(Store):
         return (_reopen_filesystem_store, (self.url, self.storage_options))
 
 
+class HDFSStore(FilesystemStore):
+    """Horovod's ``HDFSStore``: ``prefix_path`` on HDFS (``hdfs://host:port/path``, or a path
+    with ``host``/``port`` given apart), through pyarrow's HadoopFileSystem (a JVM and
+    libhdfs on the driver and every executor). ``user`` and ``kerb_ticket`` go to it;
+    ``driver`` must be ``'libhdfs'`` (pyarrow dropped libhdfs3); ``extra_conf`` and
+    ``temp_dir`` are accepted for Horovod compatibility."""
+
+    def __init__(self, prefix_path: str, host: Optional[str] = None,
+                 port: Optional[int] = None, user: Optional[str] = None,
+                 kerb_ticket: Optional[str] = None, driver: str = "libhdfs",
+                 extra_conf: Optional[Dict[str, str]] = None, temp_dir: Optional[str] = None,
+                 *args: Any, **kwargs: Any) -> None:
+        if driver != "libhdfs":
+            raise InvalidArgumentError(f"HDFSStore(driver={driver!r}): only 'libhdfs' is "
+                                       f"available (pyarrow's HadoopFileSystem)")
+        super().__init__(hdfs_url(prefix_path, host, port, user, kerb_ticket))
+
+
+def hdfs_url(prefix_path: str, host: Optional[str] = None, port: Optional[int] = None,
+             user: Optional[str] = None, kerb_ticket: Optional[str] = None) -> str:
+    """The ``hdfs://`` URL of HDFSStore's arguments (user and ticket as pyarrow's query
+    options)."""
+    parsed = urlparse(prefix_path)
+    if parsed.scheme:
+        if parsed.scheme.lower() not in HADOOP_SCHEMES:
+            raise InvalidArgumentError(f"HDFSStore needs an hdfs:// path, got {prefix_path!r}")
+        url = prefix_path
+    else:
+        where = f"{host or 'default'}" + (f":{port}" if port else "")
+        url = f"hdfs://{where}/{prefix_path.lstrip('/')}"
+    query = "&".join(f"{k}={v}" for k, v in (("user", user), ("kerb_ticket", kerb_ticket)) if v)
+    return f"{url}{'&' if '?' in url else '?'}{query}" if query else url
+
+
 def _reopen_filesystem_store(url: str, storage_options: Dict[str, Any]) -> FilesystemStore:
     return FilesystemStore(url, **storage_options)
 

@@ -280,3 +280,21 @@ def test_bad_urls():
         Store.create("file://somehost/x")
     with pytest.raises(InvalidArgumentError, match="cannot open store URL"):
         Store.create("nosuchscheme-xyz://bucket/x")
+
+
+def test_hdfs_store_takes_horovods_arguments():
+    """Horovod's HDFSStore(prefix_path, host, port, user, kerb_ticket): the URL it opens,
+    and without a JVM/libhdfs here, the error that says what to set."""
+    from spark_hvd.estimators import HDFSStore
+    from spark_hvd.estimators.store import hdfs_url
+
+    assert hdfs_url("/user/me/runs", "nn", 8020, user="me") == \
+        "hdfs://nn:8020/user/me/runs?user=me"
+    assert hdfs_url("hdfs://nn/runs", kerb_ticket="/tmp/k") == "hdfs://nn/runs?kerb_ticket=/tmp/k"
+    assert hdfs_url("runs") == "hdfs://default/runs"
+    with pytest.raises(InvalidArgumentError, match="hdfs://"):
+        hdfs_url("s3://bucket/runs")
+    with pytest.raises(InvalidArgumentError, match="libhdfs"):
+        HDFSStore("/runs", driver="libhdfs3")
+    with pytest.raises(InvalidArgumentError, match="JAVA_HOME"):
+        HDFSStore("/user/me/runs", host="127.0.0.1", port=1)
