@@ -264,7 +264,7 @@ _RESTARTS = _int_at_least(0, "it is how many times fit restarts training from th
                        allow_none=False)
 
 # Horovod's names for params spark_hvd names otherwise (its models' column params).
-HOROVOD_NAMES = {"feature_columns": "feature_cols", "label_columns": "label_cols"}
+PARAM_NAMES_OF_HOROVOD = {"feature_columns": "feature_cols", "label_columns": "label_cols"}
 
 # The estimators' params.  Defaults are JSON values (Spark ML saves them as such).
 ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
@@ -504,7 +504,7 @@ class ParamsFromTable(Params):
         """Set any params by keyword; an unknown keyword is an error. Horovod's names for
         params spark_hvd names otherwise (``feature_columns`` and ``label_columns`` of its
         models) are taken too."""
-        for horovod, ours in HOROVOD_NAMES.items():
+        for horovod, ours in PARAM_NAMES_OF_HOROVOD.items():
             if horovod in kwargs and ours in self._param_specs:
                 if ours in kwargs:
                     raise InvalidArgumentError(f"{horovod} and {ours} are one parameter; "
