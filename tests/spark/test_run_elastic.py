@@ -22,6 +22,19 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 STEPS, KILL_AT = 30, 10
 
 
+def _no_active_jobs(spark, wait_s=15.0):
+    """Whether Spark shows no active job within ``wait_s`` (its status tracker learns that a
+    job ended through the listener bus, a moment after the job did)."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while spark.sparkContext.statusTracker().getActiveJobsIds():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def _train_losing_rank_1_once(marker_dir):
     """An elastic loop that sums allreduces of ones (each adds the job's size); rank 1
     SIGKILLs its own process once, at step KILL_AT."""
@@ -86,7 +99,7 @@ def test_a_lost_worker_leaves_the_survivor_to_finish_from_its_last_commit(spark_
     assert re.search(r"run_elastic: worker \d+ .*lost \(rank 1 of epoch 1\)", err), err
     assert re.search(r"run_elastic: worker \d+ ended: its process was killed by signal 9", err)
     assert re.search(r"run_elastic: epoch 2: 1 ranks \(workers \d+\), reset 1", err), err
-    assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
+    assert _no_active_jobs(spark_local)
 
 
 def _train_until_two_ranks(marker_dir):
@@ -133,7 +146,7 @@ def test_a_worker_that_starts_later_joins_up_to_max_num_proc(spark_local, tmp_pa
     assert results[0]["total"] == results[1]["total"], results
     assert re.search(r"run_elastic: epoch 1: 1 ranks", err), err
     assert re.search(r"run_elastic: epoch 2: 2 ranks", err), err
-    assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
+    assert _no_active_jobs(spark_local)
 
 
 @pytest.mark.spark
@@ -144,7 +157,7 @@ def test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order(spark_local
     assert results == [(0, 2, [3.0] * 3), (1, 2, [3.0] * 3)]
     lines = sorted(out.getvalue().splitlines())
     assert len(lines) == 2 and all(re.fullmatch(r"\[w\d+\] rank [01] of 2", l) for l in lines)
-    assert not spark_local.sparkContext.statusTracker().getActiveJobsIds()
+    assert _no_active_jobs(spark_local)
 
 
 @pytest.mark.spark
