@@ -1,6 +1,7 @@
 """Training-step time: spark_hvd DistributedOptimizer vs torch DDP (gloo), same run.
 
     python bench/torch_step.py [--layers 25 --width 256 --batch 64]
+    python bench/torch_step.py --autotune [--repeats 3]
 
 The driver launches the worker twice through spark-hvdrun: with 2 ranks and with
 1 rank (for scaling efficiency). Every worker rank builds the same MLP (``--layers``
@@ -25,6 +26,15 @@ of medians, and
 scaling efficiency = 2-rank throughput / (2 x 1-rank throughput) per variant,
 both from the separate 1-rank launch and against ``local`` in the same run (on a
 shared or oversubscribed host the load differs between launches).
+
+``--autotune`` compares SPARK_HVD_AUTOTUNE with the default fusion threshold and
+cycle time instead: ``--repeats`` pairs of 2-rank launches, one with the defaults and
+one with autotune, whose workers first train spark_hvd steps until rank 0's search
+has ended (the launch with the defaults then trains as many steps first, so both are
+warmed up alike; the other variants warm up as usual). Reported per pair: the
+configuration autotune chose, the spark_hvd step time autotuned / default (medians),
+and the same ratio with each launch's ``ddp`` as the yardstick (load differs between
+launches); then the min and median of those ratios over the pairs.
 """
 
 from __future__ import annotations
@@ -38,6 +48,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from spark_hvd import _config
 
 MARK = "@@TORCHSTEP "
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +65,13 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--cycle-time-ms", type=float, default=None,
                    help="SPARK_HVD_CYCLE_TIME_MS for the workers (default: the core's)")
+    p.add_argument("--autotune", action="store_true",
+                   help="compare SPARK_HVD_AUTOTUNE=1 with the defaults (see above)")
+    p.add_argument("--repeats", type=int, default=3, help="launch pairs for --autotune")
+    p.add_argument("--max-tune-steps", type=int, default=3000,
+                   help="--autotune: give up waiting for the search after this many steps")
+    p.add_argument("--tune-first", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--pre-steps", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -110,6 +129,23 @@ def worker(args) -> None:
         F.mse_loss(model(x), y).backward()
         opt.step()
 
+    tuned = None
+    if args.tune_first or args.pre_steps:
+        # Train until rank 0's autotune search has ended (rank 0 decides), or for as many
+        # steps as the search took (the launch with the defaults: the same warm-up).
+        from spark_hvd import _core
+
+        tune_steps, searching = 0, args.tune_first
+        while (searching or tune_steps < args.pre_steps) and tune_steps < args.max_tune_steps:
+            for _ in range(10):
+                step("spark_hvd")
+            tune_steps += 10
+            if searching:
+                searching = hvd.broadcast_object(_core.tuned_parameters()["searching"], 0,
+                                                 name="bench.searching")
+        tuned = dict(_core.tuned_parameters(), steps=tune_steps)
+        tuned.pop("history")
+
     times = {name: [] for name in variants}
     cpu = {name: [] for name in variants}  # process CPU seconds (all threads) per step
     for name in variants:
@@ -134,8 +170,8 @@ def worker(args) -> None:
                           for i in range(len(times[name]))] for name in variants}
         cpu_sum = {name: [sum(c[name][i] for _, c in everyone) for i in range(args.rounds)]
                    for name in variants}
-        sys.stdout.write(MARK + json.dumps({"size": size, "times": slowest, "cpu": cpu_sum})
-                         + "\n")
+        sys.stdout.write(MARK + json.dumps({"size": size, "times": slowest, "cpu": cpu_sum,
+                                            "tuned": tuned}) + "\n")
         sys.stdout.flush()
     dist.destroy_process_group()
     hvd.barrier()
@@ -143,11 +179,12 @@ def worker(args) -> None:
 
 # -- driver ------------------------------------------------------------------------
 
-def launch(np: int, argv, cycle_time_ms) -> dict:
+def launch(np: int, argv, cycle_time_ms, extra_env=None) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), OMP_NUM_THREADS="1")
     if cycle_time_ms is not None:
-        env["SPARK_HVD_CYCLE_TIME_MS"] = str(cycle_time_ms)
+        env[_config.CYCLE_TIME_MS_ENV_VAR] = str(cycle_time_ms)
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "spark_hvd.runner", "-np", str(np), sys.executable,
            os.path.abspath(__file__), "--worker", *argv]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -159,12 +196,46 @@ def launch(np: int, argv, cycle_time_ms) -> dict:
                      f"{proc.stderr[-3000:]}")
 
 
+def compare_autotune(args, argv) -> None:
+    """--autotune: pairs of 2-rank launches, defaults vs SPARK_HVD_AUTOTUNE=1."""
+    argv = [a for a in argv if a != "--autotune"]
+    print(f"MLP {args.layers} x Linear({args.width}, {args.width}), batch {args.batch} per rank, "
+          f"2 ranks, {args.rounds} rounds x {args.steps} steps per variant, {args.repeats} "
+          f"launch pairs ({_config.AUTOTUNE_ENV_VAR}=1, then the defaults); load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    ratios, vs_ddp = [], []
+    print(f"{'pair':>4} {'default ms':>10} {'tuned ms':>9} {'tuned/default':>13} "
+          f"{'(/ddp each)':>11}  chosen by autotune")
+    for i in range(args.repeats):
+        tuned = launch(2, argv + ["--tune-first"], args.cycle_time_ms,
+                       {_config.AUTOTUNE_ENV_VAR: "1"})
+        base = launch(2, argv + ["--pre-steps", str(tuned["tuned"]["steps"])],
+                      args.cycle_time_ms)
+        med = {k: {v: statistics.median(r["times"][v]) for v in ("spark_hvd", "ddp")}
+               for k, r in (("base", base), ("tuned", tuned))}
+        ratios.append(med["tuned"]["spark_hvd"] / med["base"]["spark_hvd"])
+        vs_ddp.append((med["tuned"]["spark_hvd"] / med["tuned"]["ddp"])
+                      / (med["base"]["spark_hvd"] / med["base"]["ddp"]))
+        t = tuned["tuned"]
+        chosen = (f"{t['fusion_threshold'] / (1 << 20):g} MiB, {t['cycle_time_ms']:g} ms "
+                  f"after {t['steps']} steps{' (still searching)' if t['searching'] else ''}")
+        print(f"{i:>4} {med['base']['spark_hvd'] * 1e3:>10.2f} "
+              f"{med['tuned']['spark_hvd'] * 1e3:>9.2f} {ratios[-1]:>13.3f} "
+              f"{vs_ddp[-1]:>11.3f}  {chosen}")
+    print(f"autotuned / default step time: min {min(ratios):.3f}, median "
+          f"{statistics.median(ratios):.3f}; against ddp in each launch: min {min(vs_ddp):.3f}, "
+          f"median {statistics.median(vs_ddp):.3f} (<= 1.0: autotune no slower)")
+
+
 def main() -> None:
     args = parse_args()
     if args.worker:
         worker(args)
         return
     argv = sys.argv[1:]
+    if args.autotune:
+        compare_autotune(args, argv)
+        return
     print(f"MLP {args.layers} x Linear({args.width}, {args.width}) "
           f"({2 * args.layers} parameter tensors), batch {args.batch} per rank, 1 thread "
           f"per rank, {args.rounds} rounds x {args.steps} steps per variant, "

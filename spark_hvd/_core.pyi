@@ -118,6 +118,12 @@ def controller() -> str:
     """"gloo" or "mpi"."""
 def enqueue(specs: List[OpSpec]) -> List[Work]:
     """Queues the ops together or none of them (a group is never half submitted)."""
+def tuned_parameters() -> Dict[str, Any]:
+    """The fusion threshold (bytes) and cycle time (ms) the engine uses now, as
+    ``fusion_threshold``, ``cycle_time_ms``; ``autotune``: rank 0 runs
+    SPARK_HVD_AUTOTUNE; ``searching``: it is still searching; ``history``: every change
+    as (cycle, fusion_threshold, cycle_time_ms), the same on every rank.
+    NotInitializedError before init()."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

@@ -27,6 +27,12 @@ Value AsValue(const String& v) { return v; }
 
 }  // namespace
 
+bool IsSet(const char* name, const char* alias) {
+  const char* used;
+  const char* v = Lookup(name, alias, &used);
+  return v != nullptr && *v != '\0';
+}
+
 Int Read(const char* name, const char* alias, Int default_value) {
   const char* used;
   const char* v = Lookup(name, alias, &used);

@@ -49,12 +49,17 @@ const std::vector<Setting>& Settings();
 // has that name. For spark_hvd._core.setting_value() (tests compare it with Python's).
 bool Effective(const std::string& name, Value* value);
 
-// One getter per setting, e.g. env::FusionThresholdBytes().
+// Is the variable, or when it is absent its alias, set to a non-empty value?
+bool IsSet(const char* name, const char* alias);
+
+// One getter per setting, e.g. env::FusionThresholdBytes(), and one saying whether the
+// value was chosen rather than defaulted, e.g. env::FusionThresholdBytesIsSet().
 #define SHVD_SETTING(getter, name, type, default_value, unit, meaning, alias) \
   inline const type& getter() {                                              \
     static const type v = Read(name, alias, type(default_value));            \
     return v;                                                                \
-  }
+  }                                                                          \
+  inline bool getter##IsSet() { return IsSet(name, alias); }
 #include "spark_hvd/settings.def"
 #undef SHVD_SETTING
 

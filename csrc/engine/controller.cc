@@ -25,7 +25,7 @@ std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
 
 bool CycleRecords::AnyFlagOrBit() const {
   for (size_t r = 0; r < headers.size(); ++r) {
-    if (headers[r].flags != 0) return true;
+    if ((headers[r].flags & (kFlagShutdown | kFlagJoined)) != 0) return true;
     const char* bits = records.data() + static_cast<int64_t>(r) * record_bytes +
                        static_cast<int64_t>(sizeof(CycleHeader));
     for (int64_t b = 0; b < record_bytes - static_cast<int64_t>(sizeof(CycleHeader)); ++b) {
@@ -35,10 +35,11 @@ bool CycleRecords::AnyFlagOrBit() const {
   return false;
 }
 
-Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets)
+Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner)
     : rank_(rank),
       size_(size),
       sets_(sets),
+      tuner_(tuner),
       cache_(env::CacheCapacity()),
       stalls_(rank, sets),
       joined_(static_cast<size_t>(size), false),
@@ -192,6 +193,7 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incomi
     result.shutdown = true;
     return result;
   }
+  tuner_->Apply(records.headers[0], cycle_);
   ApplyJoins(records);
   ApplyRequests(records);
   std::vector<Response> ready;
@@ -202,7 +204,8 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incomi
   Answered(ready);
   result.idle = !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() &&
                 table_.empty() && groups_.empty();
-  result.responses = FuseResponses(std::move(ready), env::FusionThresholdBytes());
+  result.responses = FuseResponses(std::move(ready), tuner_->fusion_threshold_bytes());
+  tuner_->Measure(result.responses);
   return result;
 }
 
@@ -217,7 +220,9 @@ CycleRecords Controller::Exchange(Communicator* control, bool shutdown) {
   const int64_t bit_bytes = ((cache_.capacity() + 63) / 64) * 8;
   x.record_bytes = static_cast<int64_t>(sizeof(CycleHeader)) + bit_bytes;
   std::vector<char> mine(static_cast<size_t>(x.record_bytes), 0);
-  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_)};
+  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_),
+                0, 0};
+  tuner_->Publish(&h);
   if (shutdown) h.flags |= kFlagShutdown;
   if (join_pending_) h.flags |= kFlagJoined;
   std::memcpy(mine.data(), &h, sizeof(h));

@@ -9,8 +9,9 @@
 //     is in the response cache becomes a bit (its slot); any other becomes
 //     "uncached".
 //  2. Exchange: fixed-size records (AllgatherFixed): each rank sends a header
-//     {flags: shutdown|joined, bytes of its uncached requests, stall cutoff}
-//     followed by its cache bit vector. Every rank now knows every rank's bits.
+//     {flags: shutdown|joined, bytes of its uncached requests, stall cutoff,
+//     autotune's parameters} followed by its cache bit vector. Every rank now
+//     knows every rank's bits.
 //  3. Exchange: only if some rank has uncached requests, an Allgatherv of the
 //     serialized requests. Idle and steady-state cycles (every tensor cached)
 //     skip this.
@@ -25,7 +26,8 @@
 //     rank has joined; stall inspection (stall_inspector.h): rank 0's cutoff
 //     turns tensors pending since that cycle into errors on every rank.
 //  6. Fusion (fusion.h): adjacent ready allreduces with the same
-//     dtype/op/scales/set/device are fused up to SPARK_HVD_FUSION_THRESHOLD bytes.
+//     dtype/op/scales/set/device are fused up to SPARK_HVD_FUSION_THRESHOLD bytes,
+//     or the threshold rank 0's header carries (autotune.h, which then measures).
 // The resulting response list is identical on all ranks; each rank executes
 // the responses of the process sets it belongs to.
 #pragma once
@@ -36,6 +38,7 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "engine/autotune.h"
 #include "engine/message.h"
 #include "engine/negotiation.h"
 #include "engine/process_set.h"
@@ -55,7 +58,8 @@ struct CycleResult {
 
 class Controller {
  public:
-  Controller(int32_t rank, int32_t size, ProcessSetTable* sets);
+  // `tuner` (the engine's) outlives the controller.
+  Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner);
 
   // Runs one negotiation cycle over this rank's new requests. Throws StatusError
   // when the control plane fails.
@@ -81,6 +85,7 @@ class Controller {
   int32_t rank_;
   int32_t size_;
   ProcessSetTable* sets_;
+  Autotuner* tuner_;
   ResponseCache cache_;
   StallInspector stalls_;
   int64_t cycle_ = 0;

@@ -110,16 +110,15 @@ void Engine::Loop(std::promise<Status>* ready) {
     ready->set_value(Status::Internal(std::string("engine start failed: ") + e.what()));
     return;
   }
-  controller_ = std::make_unique<Controller>(rank_, size_, &sets_);
+  tuner_.Reset(rank_);
+  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_);
   InFlight in_flight(&completions_);
   Executor executor(rank_, &sets_, &queue_, &completions_, &in_flight, &timeline_);
   running_ = true;
   ready->set_value(Status::OK());  // `ready` dies with Init's frame: no use after this
 
-  const auto cycle = std::chrono::duration<double, std::milli>(env::CycleTimeMs());
-  const auto idle_cap = std::chrono::duration<double, std::milli>(
-      std::max(env::CycleTimeMs(), env::IdleCycleTimeMs()));
-  auto wait = cycle;
+  using Ms = std::chrono::duration<double, std::milli>;
+  auto wait = Ms(tuner_.cycle_time_ms());
   Status stop = Status::OK();
   while (true) {
     const auto start = std::chrono::steady_clock::now();
@@ -171,8 +170,10 @@ void Engine::Loop(std::promise<Status>* ready) {
     // cycle), so a blocking op does not pay up to a whole cycle of latency.
     // While every rank is idle the pause doubles up to SPARK_HVD_IDLE_CYCLE_TIME_MS:
     // 1 ms cycles cost ~15% of a core per rank on loopback with nothing to do.
-    wait = cr.idle ? std::min<std::chrono::duration<double, std::milli>>(wait * 2, idle_cap)
-                   : cycle;
+    // The cycle time is SPARK_HVD_CYCLE_TIME_MS, or autotune's (the same cycle everywhere).
+    const Ms cycle(tuner_.cycle_time_ms());
+    const Ms idle_cap = std::max(cycle, Ms(env::IdleCycleTimeMs()));
+    wait = cr.idle ? std::min(wait * 2, idle_cap) : cycle;
     const bool negotiating = controller_->HasPending();
     negotiating_ = negotiating;
     std::unique_lock<std::mutex> lock(mu_);

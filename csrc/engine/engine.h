@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backends/registry.h"
+#include "engine/autotune.h"
 #include "engine/controller.h"
 #include "engine/op_state.h"
 #include "engine/tensor_queue.h"
@@ -62,6 +63,9 @@ class Engine {
   // Backends, in priority order; a test or plugin may add one before Init.
   BackendRegistry& registry() { return registry_; }
 
+  // The fusion threshold and cycle time in force, and autotune's switches (autotune.h).
+  TuneState Tuned() const { return tuner_.Snapshot(); }
+
   bool StartTimeline(const std::string& path);
   void StopTimeline();
 
@@ -90,6 +94,7 @@ class Engine {
   std::vector<Backend*> backends_;  // the ones this job uses, in priority order
   ProcessSetTable sets_;
   Timeline timeline_;
+  Autotuner tuner_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
                                      // backend that can carry it
 

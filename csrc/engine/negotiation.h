@@ -17,9 +17,17 @@ struct CycleHeader {
   uint32_t flags;
   uint32_t uncached_bytes;
   int64_t stall_cutoff;  // rank 0 only: fail tensors pending since this cycle; -1 = none
+  // Rank 0 only, under kFlagTuned (autotune.h): the parameters every rank applies from
+  // this cycle's fusion on; kKeepOwn: each rank's own setting (one set explicitly).
+  uint32_t fusion_threshold_kib;
+  uint32_t cycle_time_us;
 };
+static_assert(sizeof(CycleHeader) == 24, "the header is exchanged as raw bytes every cycle");
 constexpr uint32_t kFlagShutdown = 1;
 constexpr uint32_t kFlagJoined = 2;
+constexpr uint32_t kFlagTuned = 4;      // rank 0 runs autotune: apply its parameters
+constexpr uint32_t kFlagSearching = 8;  // ... and is still searching
+constexpr uint32_t kKeepOwn = 0xFFFFFFFFu;
 
 // What every rank sent in one cycle (steps 2 and 3).
 struct CycleRecords {

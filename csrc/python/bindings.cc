@@ -329,6 +329,26 @@ PYBIND11_MODULE(_core, m) {
         return py::make_tuple(out, state->output_shape, state->received_splits, state->value);
       });
 
+  m.def(
+      "tuned_parameters",
+      [] {
+        if (!TheEngine().initialized()) {
+          Raise(Status::NotInitialized("spark_hvd is not initialized: call spark_hvd.init() first"));
+        }
+        const TuneState s = TheEngine().Tuned();
+        py::list history;
+        for (const auto& h : s.history) {
+          history.append(py::make_tuple(h.cycle, h.params.fusion_threshold_bytes,
+                                        h.params.cycle_time_ms));
+        }
+        return py::dict(py::arg("fusion_threshold") = s.current.fusion_threshold_bytes,
+                        py::arg("cycle_time_ms") = s.current.cycle_time_ms,
+                        py::arg("autotune") = s.tuned, py::arg("searching") = s.searching,
+                        py::arg("history") = history);
+      },
+      "The fusion threshold (bytes) and cycle time (ms) the engine uses now; autotune: rank 0 "
+      "runs SPARK_HVD_AUTOTUNE, searching: still searching; history: every change as "
+      "(cycle, fusion_threshold, cycle_time_ms), the same on every rank.");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {

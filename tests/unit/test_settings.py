@@ -152,7 +152,9 @@ _HOROVOD_ENV = {
     "HOROVOD_GLOO_TIMEOUT_SECONDS": "45", "HOROVOD_CPU_OPERATIONS": "GLOO",
     "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_LOG_LEVEL": "ERROR",
     "HOROVOD_START_TIMEOUT": "50", "HOROVOD_TIMELINE": "/tmp/Horovod_Timeline.json",
-    "HOROVOD_CONTROLLER": "GLOO",
+    "HOROVOD_CONTROLLER": "GLOO", "HOROVOD_AUTOTUNE": "1",
+    "HOROVOD_AUTOTUNE_LOG": "/tmp/Autotune_Log.csv", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "2",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4",
 }
 _READ_BOTH = """
 import json
@@ -177,8 +179,29 @@ def test_the_core_reads_the_horovod_aliases_like_python():
     assert values["SPARK_HVD_GPU_OPERATIONS"][0] == "nccl"
     assert values["SPARK_HVD_LOG_LEVEL"][0] == "error"
     assert values["SPARK_HVD_TIMELINE"][0] == "/tmp/Horovod_Timeline.json"
+    assert values["SPARK_HVD_AUTOTUNE"][0] == 1
+    assert values["SPARK_HVD_AUTOTUNE_LOG"][0] == "/tmp/Autotune_Log.csv"
+    assert values["SPARK_HVD_AUTOTUNE_WARMUP_SAMPLES"][0] == 2
+    assert values["SPARK_HVD_AUTOTUNE_STEPS_PER_SAMPLE"][0] == 4
     aliased = {s.name for s in _config.SETTINGS if s.alias in _HOROVOD_ENV}
     assert aliased == {s.name for s in _config.SETTINGS if s.alias}  # every alias tried
+
+
+def test_autotune_rows_take_horovods_names_and_defaults():
+    """Autotune is off by default; its sample settings default to Horovod's (3 warm-up
+    samples, 10 steps per sample, the median of 5 samples per configuration, a number
+    Horovod fixes and does not read)."""
+    rows = {s.key: s for s in _config.SETTINGS if s.key.startswith("AUTOTUNE")}
+    assert {k: (s.type, s.default, s.alias) for k, s in rows.items()} == {
+        "AUTOTUNE": ("Int", 0, "HOROVOD_AUTOTUNE"),
+        "AUTOTUNE_LOG": ("String", "", "HOROVOD_AUTOTUNE_LOG"),
+        "AUTOTUNE_WARMUP_SAMPLES": ("Int", 3, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"),
+        "AUTOTUNE_STEPS_PER_SAMPLE": ("Int", 10, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"),
+        "AUTOTUNE_SAMPLES": ("Int", 5, ""),
+    }
+    assert _config.autotune({"HOROVOD_AUTOTUNE": "1"}) == 1
+    assert _config.autotune({"HOROVOD_AUTOTUNE": "1", _config.AUTOTUNE_ENV_VAR: "0"}) == 0
+    assert _config.autotune_steps_per_sample({"HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "5"}) == 5
 
 
 def test_setting_value_rejects_an_unknown_name():
