@@ -389,6 +389,9 @@ TUNING_FLAGS = {
     "--stall-check-warning-time-seconds": (_config.STALL_CHECK_TIME_S_ENV_VAR, float, 1),
     "--stall-check-shutdown-time-seconds": (_config.STALL_SHUTDOWN_TIME_S_ENV_VAR, float, 1),
     "--log-level": (_config.LOG_LEVEL_ENV_VAR, str, None),
+    "--autotune-log-file": (_config.AUTOTUNE_LOG_ENV_VAR, str, None),
+    "--autotune-warmup-samples": (_config.AUTOTUNE_WARMUP_SAMPLES_ENV_VAR, int, 1),
+    "--autotune-steps-per-sample": (_config.AUTOTUNE_STEPS_PER_SAMPLE_ENV_VAR, int, 1),
 }
 
 
@@ -398,7 +401,7 @@ def _dest(flag: str) -> str:
 
 def tuning_env(args: argparse.Namespace) -> Dict[str, str]:
     """The settings the tuning flags given set, as environment variables."""
-    env = {}
+    env = {_config.AUTOTUNE_ENV_VAR: "1"} if getattr(args, "autotune", False) else {}
     for flag, (var, _kind, scale) in TUNING_FLAGS.items():
         value = getattr(args, _dest(flag), None)
         if value is None:
@@ -422,7 +425,9 @@ def _parser() -> argparse.ArgumentParser:
               f"[--blacklist-cooldown-range LOW HIGH] [--fusion-threshold-mb MB] "
               f"[--cycle-time-ms MS] [--cache-capacity N] [--timeline-filename PATH] "
               f"[--stall-check-warning-time-seconds S] [--stall-check-shutdown-time-seconds S] "
-              f"[--log-level LEVEL] command [args...]")
+              f"[--log-level LEVEL] [--autotune] [--autotune-log-file PATH] "
+              f"[--autotune-warmup-samples N] [--autotune-steps-per-sample N] "
+              f"command [args...]")
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                    help="number of ranks")
     mode = p.add_mutually_exclusive_group()
@@ -451,6 +456,8 @@ def _parser() -> argparse.ArgumentParser:
                         f"(default {_config.DEFAULT_START_TIMEOUT_S:g})")
     p.add_argument("--verbose", action="store_true", help="say where the rendezvous server is")
     tuning = p.add_argument_group("tuning (horovodrun's flags; each sets a setting for the ranks)")
+    tuning.add_argument("--autotune", action="store_true",
+                        help=f"sets {_config.AUTOTUNE_ENV_VAR}=1")
     for flag, (var, kind, _scale) in TUNING_FLAGS.items():
         tuning.add_argument(flag, dest=_dest(flag), type=kind, default=None, metavar="VALUE",
                             help=f"sets {var}")

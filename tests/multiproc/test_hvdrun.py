@@ -303,12 +303,14 @@ def test_horovodrun_tuning_flags_become_the_ranks_settings():
     proc = hvdrun("-np", "2", "--fusion-threshold-mb", "8", "--cycle-time-ms", "2.5",
                   "--cache-capacity", "16", "--timeline-filename", "/tmp/tl.json",
                   "--stall-check-warning-time-seconds", "30", "--log-level", "debug",
-                  *script("""
+                  "--autotune", "--autotune-log-file", "/tmp/at.csv",
+                  "--autotune-warmup-samples", "2", *script("""
                       import os
                       print(*(os.environ.get("SPARK_HVD_" + k) for k in (
                           "FUSION_THRESHOLD", "CYCLE_TIME_MS", "CACHE_CAPACITY", "TIMELINE",
-                          "STALL_CHECK_TIME_S", "LOG_LEVEL")))
+                          "STALL_CHECK_TIME_S", "LOG_LEVEL", "AUTOTUNE", "AUTOTUNE_LOG",
+                          "AUTOTUNE_WARMUP_SAMPLES")))
                   """))
     assert proc.returncode == 0, proc.stderr.decode()
-    assert sorted(lines(proc.stdout)) == [f"[{r}] 8388608 2.5 16 /tmp/tl.json 30 debug"
-                                          for r in (0, 1)]
+    assert sorted(lines(proc.stdout)) == [
+        f"[{r}] 8388608 2.5 16 /tmp/tl.json 30 debug 1 /tmp/at.csv 2" for r in (0, 1)]
