@@ -121,7 +121,8 @@ def test_checkpoint_is_a_keras_file_with_metadata(tmp_path):
 
 def test_batch_converter():
     convert = trainer.batch_converter(["a", "b"], ["y"], [None, [-1, 2, 2]], None, "w",
-                                      np.float32, lambda b: dict(b, a=b["a"] + 1))
+                                      np.float32,  # Horovod's transformation_fn: pandas
+                                      lambda df: df.assign(a=df["a"].map(lambda v: v + 1)))
     x, y, w = convert({"a": np.zeros((3, 2)), "b": np.zeros((3, 4)), "y": np.arange(3),
                        "w": np.ones(3)})
     assert x[0].dtype == np.float32 and float(x[0][0, 0]) == 1.0 and x[1].shape == (3, 2, 2)
