@@ -25,7 +25,9 @@
    ``max_restarts`` times: the ranks resume from the last epoch checkpoint, on the data
    already in the Store (``_train``).  An exception of the user's code is not retried.
 7. The trained model comes back through the Store (``_trained_model``), and the fitted
-   Spark Model (``_model_class``) is returned.
+   Spark Model (``_model_class``) is returned, after the fit is logged to MLflow when
+   ``mlflow_log`` is True and mlflow imports (``_mlflow``: params, the history, the model
+   through ``_log_mlflow_model``).
 
 ``p``, the dict of param values that ``fit`` passes to the hooks, is private to one call;
 a hook may add entries to it (names starting with ``_``) for the hooks after it.
@@ -114,6 +116,13 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         """Params of the fitted model beyond the shared ones."""
         return {}
 
+    def _log_mlflow_model(self, p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
+                          signature: Callable[..., Any]) -> None:
+        """Log the trained ``model`` into the active MLflow run with its flavor, its
+        signature being ``signature(inputs, outputs)`` of the model on the zero batch (see
+        ``_mlflow``)."""
+        raise NotImplementedError
+
     # -- fit -------------------------------------------------------------------------------
     def _fit(self, dataset: Any) -> Any:
         p = self._values()
@@ -158,7 +167,22 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             phases.done(f"training on {num_proc} processes")
         model, history = self._trained_model(p, run_id)
         phases.done("model from the store")
-        return self._make_model(p, model, history, run_id, zeros, output_shapes)
+        fitted = self._make_model(p, model, history, run_id, zeros, output_shapes)
+        if self._log_to_mlflow(p, fitted, zeros):
+            phases.done("logged to MLflow")
+        return fitted
+
+    def _log_to_mlflow(self, p: Dict[str, Any], fitted: Any, zeros: Dict[str, np.ndarray]
+                       ) -> Optional[str]:
+        """Log the fit that made the Spark Model ``fitted`` to MLflow (see ``_mlflow``); the
+        MLflow run's id, or None when nothing was logged."""
+        if not p["mlflow_log"]:
+            return None
+        from ._mlflow import log_fit
+        model = fitted.getModel()
+        return log_fit(type(self).__name__, p, list(self._param_specs), fitted.getRunId(),
+                       fitted.getHistory(), fitted.getFeatureCols(), fitted.getOutputCols(),
+                       lambda signature: self._log_mlflow_model(p, model, zeros, signature))
 
     def _train(self, p: Dict[str, Any], run_id: str, launch: Callable[[], Any]) -> None:
         """``launch()`` (one training run), launched again after a failure a restart can get
@@ -268,8 +292,9 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             raise InvalidArgumentError(
                 f"gradient_compression must be spark_hvd.{framework}.Compression.none, .fp16 or "
                 f".bf16")
-        # Spark ML sets None without converting it: the table's check, for None too.
-        self._param_specs["max_restarts"].convert("max_restarts", p["max_restarts"])
+        # Spark ML sets None without converting it: the table's checks, for None too.
+        for flag in ("max_restarts", "mlflow_log"):
+            self._param_specs[flag].convert(flag, p[flag])
 
 
 # -- fit helpers ------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ One rank, in order:
    :class:`_Coordinator` (``model.stop_training`` agreed by every rank at the epoch's end;
    ``terminate_on_nan``) and :class:`_Recorder` (history; on rank 0 the progress lines and,
    each epoch, ``last.keras`` (and ``best.keras`` when the monitored loss improved) written
-   atomically to the Store, plus ``<run>/logs/history.json``).
+   atomically to the Store, plus ``<run>/logs/history.json`` and the epoch's TensorBoard
+   event (``_tensorboard``)).
 6. Return a small summary; the model itself goes back through the Store.
 
 A checkpoint is a ``.keras`` file (``keras.models.load_model`` opens it) with one more
@@ -37,6 +38,7 @@ import keras
 import numpy as np
 
 from . import _keras_io as keras_io
+from ._tensorboard import open_events
 from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
                               apply_transformation, as_outputs, checkpoint_file, cpu_share,
                               load_objects, next_batch, reshape_to, write_history)
@@ -189,7 +191,9 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                  hvd.callbacks.MetricAverageCallback(),
                  *(objs.get("callbacks") or []),
                  _Coordinator(hvd, config.terminate_on_nan, rank),
-                 _Recorder(config, record, rank, readers.train_steps)]
+                 _Recorder(config, record, rank, readers.train_steps,
+                           open_events(config.store, config.run_id, config.verbose)
+                           if rank == 0 else None)]
     try:
         model.fit(
             _feed(readers.train, start, readers.train_steps, "train", to_keras),
@@ -253,9 +257,11 @@ class _Coordinator(keras.callbacks.Callback):
 class _Recorder(keras.callbacks.Callback):
     """The run's record on every rank; on rank 0 the progress lines and the checkpoints."""
 
-    def __init__(self, config: TrainConfig, record: RunRecord, rank: int, steps: int) -> None:
+    def __init__(self, config: TrainConfig, record: RunRecord, rank: int, steps: int,
+                 events: Any = None) -> None:
         super().__init__()
         self.c, self.record, self.rank, self.steps = config, record, rank, steps
+        self.events = events  # rank 0's TensorBoard event file (None: none)
         self.progress: Any = None
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
@@ -280,3 +286,5 @@ class _Recorder(keras.callbacks.Callback):
         if improved:
             write_checkpoint(c.store, c.run_id, BEST_CHECKPOINT, data, meta)
         write_history(c.store, c.run_id, epoch + 1, self.record.history)
+        if self.events is not None:
+            self.events.add_epoch(epoch, logs)

@@ -17,7 +17,8 @@ One rank, in order:
    validate, allreduce the sums of loss/metrics and row counts (so the epoch's numbers are
    averages over every row of every rank), call the callbacks, and on rank 0 print the
    epoch line and write ``last.pt`` (and ``best.pt`` when the monitored loss improved)
-   atomically to the Store, plus ``<run>/logs/history.json``.
+   atomically to the Store, plus ``<run>/logs/history.json`` and the epoch's TensorBoard
+   event (``_tensorboard``).
 6. Return a small summary; the model itself goes back through the Store.
 """
 
@@ -31,6 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ._tensorboard import open_events
 from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
                               apply_transformation, as_outputs, checkpoint_file, cpu_share,
                               load_objects, next_batch, reshape_to, write_history)
@@ -270,6 +272,7 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     record = RunRecord(resume)
     start = record.epoch
     announce_start(config, rank, start, started, runner.train_steps)
+    events = open_events(config.store, config.run_id, config.verbose) if rank == 0 else None
     callbacks.call("on_train_begin", {"rank": rank, "size": size, "start_epoch": start})
     epoch = start
     try:
@@ -287,6 +290,8 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                 if improved:
                     _write_checkpoint(config.store, config.run_id, BEST_CHECKPOINT, state)
                 write_history(config.store, config.run_id, epoch + 1, record.history)
+                if events is not None:
+                    events.add_epoch(epoch, logs)
             cb_logs = dict(logs, rank=rank, stop_training=False)
             callbacks.call("on_epoch_end", epoch, cb_logs)
             stop = hvd.allreduce(torch.tensor([1.0 if cb_logs.get("stop_training") else 0.0]),

@@ -15,7 +15,9 @@ with spark_hvd.
 * a checkpoint of ``run_id`` is checked against the model's weight shapes on the driver;
 * each rank runs ``_trainer_keras.train``;
 * the trained model comes back from ``<run>/checkpoint/last.keras``, compiled on the driver
-  with a plain (not distributed) optimizer of the same config, in a KerasModel.
+  with a plain (not distributed) optimizer of the same config, in a KerasModel;
+* MLflow gets the model in the ``mlflow.keras`` flavor (MLflow's Keras 3 flavor, a
+  ``.keras`` file; ``mlflow.tensorflow`` is for tf.keras 2).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from spark_hvd.exceptions import InvalidArgumentError
 from . import _keras_io as keras_io
 from ._estimator_base import (DistributedEstimator, check_outputs, checkpoint_error,
                               input_shape_error, loss_error, transformed)
+from ._mlflow import MODEL_NAME
 from .keras_model import KerasModel
 from .params import KERAS_ESTIMATOR_PARAMS, declare_params
 
@@ -107,6 +110,19 @@ class KerasEstimator(keras_io.KerasParamsMixin, DistributedEstimator):
 
     def _model_extra(self, p: Dict[str, Any]) -> Dict[str, Any]:
         return {"custom_objects": p["custom_objects"]}
+
+    def _log_mlflow_model(self, p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
+                          signature: Any) -> None:
+        import mlflow.keras
+
+        from . import _trainer_keras as trainer
+        dtype = trainer.model_float_dtype(model)
+        shapes = p["input_shapes"] or [None] * len(p["feature_cols"])
+        inputs = [trainer.to_array(zeros[c], dtype, shapes[i])
+                  for i, c in enumerate(p["feature_cols"])]
+        outputs = [np.asarray(o) for o in
+                   trainer.as_outputs(model(trainer.as_group(inputs), training=False))]
+        mlflow.keras.log_model(model, name=MODEL_NAME, signature=signature(inputs, outputs))
 
     # -- parameter checks (no Spark) -------------------------------------------------------
     def _check_params(self, p: Dict[str, Any]) -> None:

@@ -71,6 +71,12 @@ def _bool(name: str, value: Any) -> Optional[bool]:
     raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
 
 
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+
+
 def _opt_bool(name: str, value: Any) -> Optional[bool]:
     if value is None or isinstance(value, bool):
         return value
@@ -357,6 +363,14 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
        "how many times fit restarts training from the last epoch checkpoint when a rank is "
        "lost (its process killed or crashed, its executor lost) or a collective fails; an "
        "ordinary exception raised by the model, loss, metrics or callbacks is not retried"),
+    _P("mlflow_log", True, _flag, JSON,
+       "when mlflow is installed, log the fit to MLflow from the driver: params, per-epoch "
+       "metrics (step = epoch index), the trained model with its signature and a "
+       "'spark_hvd.run_id' tag; into the active MLflow run, else a new one (False: do not)"),
+    _P("mlflow_experiment", None, _str, JSON,
+       "name of the MLflow experiment of the run fit starts when no MLflow run is active "
+       "(created if missing); default: MLflow's own choice (MLFLOW_EXPERIMENT_NAME, else its "
+       "'Default' experiment)"),
 )
 
 # The fitted model's params.

@@ -9,7 +9,9 @@
   of another architecture is an error, not a crash on the workers);
 * each rank runs ``_trainer_torch.train``;
 * the trained weights come back through the Store (``<run>/checkpoint/last.pt``), are
-  loaded into a copy of the model, and a TorchModel is returned.
+  loaded into a copy of the model, and a TorchModel is returned;
+* MLflow gets the model in the ``mlflow.pytorch`` flavor, pickled (see
+  ``_log_mlflow_model``); its pyfunc takes one float tensor as the model does.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from spark_hvd.exceptions import InvalidArgumentError
 from . import _trainer_torch as trainer
 from ._estimator_base import (DistributedEstimator, check_outputs, checkpoint_error,
                               input_shape_error, loss_error, transformed)
+from ._mlflow import MODEL_NAME
 from .params import ESTIMATOR_PARAMS, declare_params
 from .torch_model import TorchModel
 
@@ -80,6 +83,23 @@ class TorchEstimator(DistributedEstimator):
         model.load_state_dict(state["model"])
         model.eval()
         return model, state["history"]
+
+    def _log_mlflow_model(self, p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
+                          signature: Any) -> None:
+        import mlflow.pytorch
+        import torch
+        dtype = trainer.model_float_dtype(model)
+        shapes = p["input_shapes"] or [None] * len(p["feature_cols"])
+        inputs = [trainer.to_tensor(zeros[c], c, dtype, shapes[i], torch.device("cpu"))
+                  for i, c in enumerate(p["feature_cols"])]
+        with torch.no_grad():
+            outputs = trainer.as_outputs(model(*inputs))
+        # Pickled (cloudpickle), as the model travels to the executors and into saved
+        # Pipelines: whatever trains logs, where MLflow's default torch.export format
+        # needs an example input and a model that exports.
+        mlflow.pytorch.log_model(
+            model, name=MODEL_NAME, serialization_format="pickle",
+            signature=signature([t.numpy() for t in inputs], [o.numpy() for o in outputs]))
 
     # -- parameter checks (no Spark) -------------------------------------------------------
     def _check_params(self, p: Dict[str, Any]) -> None:

@@ -4,6 +4,7 @@ Helpers the tests import live in est_helpers.py: ``from conftest import`` would 
 whichever conftest.py of the test tree Python imported first.
 """
 
+import importlib.util
 import os
 import sys
 
@@ -72,6 +73,30 @@ def digits(estimator_spark):
         rows = [(Vectors.dense(a.tolist()), int(b)) for a, b in zip(xs, ys)]
         return estimator_spark.createDataFrame(rows, ["features", "label"]).repartition(2)
     return frame(x_train, y_train), frame(x_test, y_test)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_tracking_uri(tmp_path_factory):
+    """Every fit of these tests logs to MLflow (mlflow_log defaults to True) in a SQLite
+    store of a temporary directory, never to MLflow's default ``./mlflow.db``; the notebooks'
+    kernels inherit the variables.  The URI, or None without mlflow.
+
+    A ``sqlite:`` store puts artifacts (the models) in ``./mlruns`` unless it runs in an
+    MLflow server, whose artifact root MLflow passes in ``_MLFLOW_SERVER_ARTIFACT_ROOT``:
+    that variable sends them to the temporary directory too, and the end of the session
+    checks that no ``./mlruns`` appeared."""
+    if importlib.util.find_spec("mlflow") is None:
+        yield None
+        return
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    had_mlruns = os.path.exists("mlruns")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
+        mp.setenv("_MLFLOW_SERVER_ARTIFACT_ROOT", str(root / "artifacts"))
+        yield uri
+    assert had_mlruns or not os.path.exists("mlruns"), \
+        f"MLflow wrote artifacts to {os.path.abspath('mlruns')}, not under {root}"
 
 
 @pytest.fixture

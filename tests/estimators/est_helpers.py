@@ -120,3 +120,45 @@ def stop_mid_epoch(rank, epoch, batch):
                 self.model.stop_training = True
 
     return StopMidEpoch()
+
+
+def tensorboard_scalars(logdir):
+    """``{tag: [(step, value)]}`` of the event files in ``logdir``, read as TensorBoard
+    reads them (its plugin event accumulator)."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+    from tensorboard.util import tensor_util
+    acc = plugin_event_accumulator.EventAccumulator(logdir)
+    acc.Reload()
+    return {tag: [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
+                  for e in acc.Tensors(tag)]
+            for tag in acc.Tags()["tensors"]}
+
+
+def mlflow_runs(run_id, experiment=None):
+    """The MLflow runs tagged with the Store's ``run_id`` (in ``experiment``, else in all)."""
+    import mlflow
+    where = dict(experiment_names=[experiment]) if experiment else \
+        dict(search_all_experiments=True)
+    return mlflow.search_runs(filter_string=f"tags.`spark_hvd.run_id` = '{run_id}'",
+                              output_format="list", **where)
+
+
+def assert_mlflow_history(mlflow_run_id, history):
+    """The MLflow run has every epoch of ``history`` once, step = epoch index."""
+    import mlflow
+    client = mlflow.MlflowClient()
+    for key, values in history.items():
+        logged = client.get_metric_history(mlflow_run_id, key)
+        assert sorted((m.step, m.value) for m in logged) == list(enumerate(values)), key
+
+
+def assert_tensorboard_history(logdir, history):
+    """The event files in the local directory ``logdir`` (a run's logs) hold every epoch of
+    ``history`` once, step = epoch index."""
+    import numpy as np
+    scalars = tensorboard_scalars(logdir)
+    assert set(scalars) == set(history)
+    for key, values in history.items():
+        got = sorted(scalars[key])
+        assert [s for s, _ in got] == list(range(len(values))), (key, got)
+        np.testing.assert_allclose([v for _, v in got], values, rtol=1e-6)

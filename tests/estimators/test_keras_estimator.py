@@ -1,6 +1,7 @@
 """KerasEstimator/KerasModel: the driver-side pieces (no Spark), then end to end on a
 local-cluster Spark (two executor JVMs, two ranks)."""
 
+import importlib.util
 import os
 
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from est_helpers import bad_input, listing, make_keras_net, stop_mid_epoch  # noqa: E402
+from est_helpers import (assert_mlflow_history, assert_tensorboard_history,  # noqa: E402
+                         bad_input, listing, make_keras_net, mlflow_runs, stop_mid_epoch)
 from spark_hvd.estimators import KerasEstimator, KerasModel, LocalStore  # noqa: E402
 from spark_hvd.estimators import _keras_io as keras_io  # noqa: E402
 from spark_hvd.estimators import _trainer_keras as trainer  # noqa: E402
@@ -166,6 +168,29 @@ def test_fit_digits_history_checkpoints_and_transform(fitted, digits):
 
 
 @pytest.mark.spark
+def test_fit_logs_to_mlflow_and_tensorboard(fitted, digits):
+    """The first fit: rank 0's TensorBoard events, and the driver's MLflow run (MLflow's
+    default experiment) with the params, one metric value per epoch, the tag and a
+    mlflow.keras model predicting as transform does."""
+    store, model = fitted
+    history = model.getHistory()
+    assert_tensorboard_history(store.get_logs_path("kdigits"), history)
+    mlflow = pytest.importorskip("mlflow")
+    [run] = mlflow_runs("kdigits")
+    assert run.data.params["epochs"] == "3" and run.data.params["metrics"] == "['accuracy']"
+    assert run.data.params["optimizer"] == "Adam(learning_rate=0.01)"
+    assert run.data.params["loss"] == "SparseCategoricalCrossentropy"
+    assert_mlflow_history(run.info.run_id, history)
+    logged = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    assert logged.metadata.flavors.keys() >= {"keras", "python_function"}
+    out = model.transform(digits[1].limit(5)).collect()
+    feats = np.array([r["features"].toArray() for r in out], np.float32)
+    np.testing.assert_allclose(logged.predict(feats),
+                               np.array([r["label__output"].toArray() for r in out]),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.spark
 def test_resume_with_a_compiled_model_and_a_callback_stopping_one_rank(fitted, digits, capfd):
     """Same run_id, up to 2 epochs more, the model compiled instead of optimizer/loss/metrics;
     a callback on rank 1 alone stops training in the middle of the first new epoch."""
@@ -174,7 +199,7 @@ def test_resume_with_a_compiled_model_and_a_callback_stopping_one_rank(fitted, d
                                                 loss=_loss(), metrics=["accuracy"]))
     est = KerasEstimator(num_proc=2, store=store, model=compiled, feature_cols=["features"],
                          label_cols=["label"], batch_size=32, epochs=5, validation=0.1,
-                         random_seed=1, run_id="kdigits",
+                         random_seed=1, run_id="kdigits", mlflow_log=False,
                          callbacks=[stop_mid_epoch(rank=1, epoch=3, batch=1)])
     model = est.fit(digits[0])
     out = capfd.readouterr().out
@@ -184,6 +209,10 @@ def test_resume_with_a_compiled_model_and_a_callback_stopping_one_rank(fitted, d
     history = model.getHistory()
     assert len(history["accuracy"]) == 4
     assert {k: v[:3] for k, v in history.items()} == first.getHistory()
+    # A second event file holds epoch 4.
+    assert_tensorboard_history(store.get_logs_path("kdigits"), history)
+    if importlib.util.find_spec("mlflow") is not None:
+        assert len(mlflow_runs("kdigits")) == 1  # the first fit's; mlflow_log=False here
 
 
 @pytest.mark.spark

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from _s3 import make_bucket, s3_endpoint, spark_s3_environment  # noqa: F401 (fixture)
-from est_helpers import listing, torch_estimator
+from est_helpers import assert_tensorboard_history, listing, torch_estimator
 from spark_hvd.estimators import LocalStore, Store, TorchEstimator, TorchModel
 from spark_hvd.exceptions import InvalidArgumentError
 
@@ -23,7 +23,8 @@ STALE = ".last.pt." + "0" * 32 + ".tmp"  # what a rank 0 killed while writing la
 
 
 def _estimator(store, epochs=2, **kw):
-    return torch_estimator(store, epochs=epochs, **kw)
+    # MLflow is tested on the local-store fits (test_torch_estimator.py): not again here.
+    return torch_estimator(store, epochs=epochs, mlflow_log=False, **kw)
 
 
 def _files(store, sub=""):
@@ -43,12 +44,20 @@ def s3(estimator_spark, s3_endpoint):
         yield Store.create(f"s3://{make_bucket()}/store")
 
 
-def test_fit_checkpoints_and_resume_on_s3(s3, digits, capfd):
+def test_fit_checkpoints_and_resume_on_s3(s3, digits, capfd, tmp_path):
     model = _estimator(s3, run_id="s3run").fit(digits[0])
     assert len(model.getHistory()["loss"]) == 2
     files = _files(s3)
+    runs = [f for f in files if f.startswith("runs/")]
+    events = [f for f in runs if f.startswith("runs/s3run/logs/events.out.tfevents.")]
     assert ["runs/s3run/checkpoint/best.pt", "runs/s3run/checkpoint/last.pt",
-            "runs/s3run/logs/history.json"] == [f for f in files if f.startswith("runs/")]
+            "runs/s3run/logs/history.json"] == [f for f in runs if f not in events]
+    # Rank 0's TensorBoard events: one file, rewritten whole each epoch on an object store.
+    assert len(events) == 1
+    (tmp_path / "events").mkdir()
+    (tmp_path / "events" / posixpath.basename(events[0])).write_bytes(
+        s3.read_bytes(s3.join(events[0])))
+    assert_tensorboard_history(str(tmp_path / "events"), model.getHistory())
     data = [f for f in files if f.startswith("intermediate_train_data/")]
     assert any(f.endswith("/_spark_hvd_meta.json") for f in data)
     assert any("__spark_hvd_split=val/part-" in f for f in data)

@@ -1,5 +1,7 @@
 """TorchEstimator/TorchModel end to end on a local-cluster Spark (two executor JVMs)."""
 
+import contextlib
+import importlib.util
 import os
 
 import numpy as np
@@ -7,7 +9,8 @@ import pytest
 import torch
 from pyspark.ml.linalg import VectorUDT
 
-from est_helpers import bad_input, kill_once, listing, make_net
+from est_helpers import (assert_mlflow_history, assert_tensorboard_history, bad_input,
+                         kill_once, listing, make_net, mlflow_runs)
 from est_helpers import torch_estimator as _estimator
 from spark_hvd.estimators import LocalStore, TorchModel
 from spark_hvd.exceptions import RankFailedError
@@ -21,13 +24,49 @@ def _test_accuracy(model, test_df):
     return float(np.mean(pred == np.array([r["label"] for r in out])))
 
 
+EXPERIMENT = "spark_hvd-tests-torch"
+
+
 @pytest.fixture(scope="module")
 def undisturbed(digits, tmp_path_factory):
-    """The first fit, undisturbed: 4 epochs, run_id 'digits'; (store, TorchModel, its test
-    accuracy)."""
+    """The first fit, undisturbed: 4 epochs, run_id 'digits', logged to a new MLflow run in
+    EXPERIMENT; (store, TorchModel, its test accuracy)."""
     store = LocalStore(str(tmp_path_factory.mktemp("torch") / "store"))
-    model = _estimator(store, run_id="digits", epochs=4).fit(digits[0])
+    model = _estimator(store, run_id="digits", epochs=4,
+                       mlflow_experiment=EXPERIMENT).fit(digits[0])
     return store, model, _test_accuracy(model, digits[1])
+
+
+def test_fit_logs_to_mlflow_and_tensorboard(undisturbed, digits):
+    """The digits fit: rank 0's TensorBoard events, and the driver's MLflow run with the
+    params, one metric value per epoch, the tag and a model predicting as transform does."""
+    store, model, _ = undisturbed
+    history = model.getHistory()
+    assert_tensorboard_history(store.get_logs_path("digits"), history)
+    mlflow = pytest.importorskip("mlflow")
+    [run] = mlflow_runs("digits", EXPERIMENT)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["epochs"] == "4" and run.data.params["metrics"] == "[accuracy]"
+    assert run.data.params["optimizer"] == "Adam(lr=0.01)"
+    assert_mlflow_history(run.info.run_id, history)
+    logged = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    out = model.transform(digits[1].limit(5)).collect()
+    feats = np.array([r["features"].toArray() for r in out], np.float32)
+    np.testing.assert_allclose(logged.predict(feats),
+                               np.array([r["label__output"].toArray() for r in out]),
+                               rtol=1e-5, atol=1e-5)
+
+
+@contextlib.contextmanager
+def _active_mlflow_run():
+    """An active MLflow run for the body (None without mlflow)."""
+    try:
+        import mlflow
+    except ImportError:
+        yield None
+        return
+    with mlflow.start_run() as run:
+        yield run
 
 
 def test_fit_digits_and_resume(undisturbed, digits, capfd):
@@ -38,13 +77,24 @@ def test_fit_digits_and_resume(undisturbed, digits, capfd):
     assert history["loss"][-1] < history["loss"][0]
     assert acc >= 0.9, acc
 
-    # Same run_id, more epochs: continues at the saved epoch.
-    model2 = _estimator(store, run_id="digits", epochs=6).fit(digits[0])
+    # Same run_id, more epochs: continues at the saved epoch, logging to the active MLflow
+    # run, which fit leaves open.
+    with _active_mlflow_run() as active:
+        model2 = _estimator(store, run_id="digits", epochs=6).fit(digits[0])
+        if active is not None:
+            import mlflow
+            assert mlflow.active_run().info.run_id == active.info.run_id
+            tags = mlflow.MlflowClient().get_run(active.info.run_id).data.tags
+            assert tags["spark_hvd.run_id"] == "digits"
     out = capfd.readouterr().out
     assert "resuming run 'digits' at epoch 5/6" in out
     assert "epoch 1/6" not in out and "[0] epoch 6/6" in out and "val_accuracy" in out
     h2 = model2.getHistory()
     assert len(h2["loss"]) == 6 and h2["loss"][:4] == history["loss"]
+    if active is not None:
+        assert_mlflow_history(active.info.run_id, h2)
+    # Two event files (the first fit's, the resumed one's): each epoch once.
+    assert_tensorboard_history(store.get_logs_path("digits"), h2)
     ckpt = os.path.join(store.prefix, "runs", "digits", "checkpoint")
     assert sorted(os.listdir(ckpt)) == ["best.pt", "last.pt"]
 
@@ -62,9 +112,11 @@ def test_a_lost_rank_restarts_from_the_last_epoch_checkpoint(undisturbed, digits
     """Rank 1's process is SIGKILLed in the middle of epoch 2 (about 19 steps per epoch):
     fit restarts the run from the epoch 1 checkpoint and ends as an undisturbed fit does."""
     marker = tmp_path / "killed"
-    model = _killing(store, marker, step=25, run_id="killed").fit(digits[0])
+    model = _killing(store, marker, step=25, run_id="killed", mlflow_log=False).fit(digits[0])
     out = capfd.readouterr().out
     assert marker.exists()
+    if importlib.util.find_spec("mlflow") is not None:
+        assert mlflow_runs("killed") == []  # mlflow_log=False
     assert ("TorchEstimator: rank 1 lost during epoch 2/4 (its process was killed by signal 9 "
             "(SIGKILL) without a Python exception); restarting from the epoch 1 checkpoint, "
             "attempt 2/4") in out, out
@@ -109,7 +161,8 @@ def test_pipeline_on_uneven_partitions_saves_loads_and_predicts_the_same(
     assert df.rdd.glom().map(len).collect() == [599, 1]
 
     assembler = VectorAssembler(inputCols=cols, outputCol="features")
-    pipeline = Pipeline(stages=[assembler, _estimator(store, epochs=1, validation=None)])
+    pipeline = Pipeline(stages=[assembler, _estimator(store, epochs=1, validation=None,
+                                                      mlflow_log=False)])
     pipeline.write().overwrite().save(str(tmp_path / "pipeline"))  # unfitted: saves too
     fitted = pipeline.fit(df)
     path = str(tmp_path / "fitted")
@@ -128,6 +181,7 @@ def test_pipeline_on_uneven_partitions_saves_loads_and_predicts_the_same(
     assert all(np.array_equal(before[k], after[k]) for k in before)
     reread = Pipeline.load(str(tmp_path / "pipeline")).getStages()[-1]
     assert reread.getEpochs() == 1 and isinstance(reread.getModel(), torch.nn.Module)
+    assert reread.getMlflowLog() is False
 
 
 @pytest.mark.parametrize("case", ["misspelt", "string_type", "empty", "shape", "num_proc",
