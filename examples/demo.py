@@ -86,6 +86,23 @@ def plot(history, path: str) -> None:
     plt.close(fig)
 
 
+def mlflow_experiment() -> "str | None":
+    """With MLflow installed and no tracking store configured, the demo's runs go to a
+    sqlite store and artifacts under demo_out/ (not MLflow's defaults in the working
+    directory); returns the experiment name to log into, None without MLflow."""
+    try:
+        import mlflow
+    except ImportError:
+        return None
+    name = "spark_hvd-demo"
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        root = os.path.abspath(OUT_DIR)
+        mlflow.set_tracking_uri(f"sqlite:///{root}/mlflow.db")
+        if mlflow.get_experiment_by_name(name) is None:
+            mlflow.create_experiment(name, artifact_location=f"file://{root}/mlruns")
+    return name
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
@@ -108,13 +125,15 @@ def main(argv=None) -> int:
           flush=True)
     train_df, test_df = digits_frames(spark, seed=0)
 
+    experiment = mlflow_experiment()
     model = make_model()
     estimator = TorchEstimator(
         num_proc=args.num_proc, store=LocalStore(store_dir), model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=3e-3),
         loss=F.cross_entropy, metrics=[accuracy],
         feature_cols=["features"], label_cols=["label"], input_shapes=[[-1, 1, 8, 8]],
-        batch_size=32, epochs=args.epochs, validation=0.1, random_seed=0)
+        batch_size=32, epochs=args.epochs, validation=0.1, random_seed=0,
+        mlflow_log=experiment is not None, mlflow_experiment=experiment)
     fit_start = time.time()
     fitted = estimator.fit(train_df)
     print(f"fit: {time.time() - fit_start:.1f}s", flush=True)
@@ -130,6 +149,11 @@ def main(argv=None) -> int:
     test_accuracy = float(np.mean(predicted == truth))
     print(f"\ntest accuracy: {test_accuracy:.4f} on {len(truth)} held-out digits")
 
+    if experiment is not None:
+        import mlflow
+
+        print(f"MLflow: experiment '{experiment}' at {mlflow.get_tracking_uri()} (mlflow ui "
+              f"--backend-store-uri {mlflow.get_tracking_uri()})")
     png = os.path.join(OUT_DIR, "loss_curve.png")
     plot(history, png)
     print(f"loss curves: {png}")
