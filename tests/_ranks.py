@@ -98,6 +98,16 @@ def running(pid: int) -> bool:
         return True
 
 
+def poll_until(predicate, timeout_s: float, interval_s: float = 0.02) -> bool:
+    """Polls ``predicate`` until it holds or ``timeout_s`` passed; returns whether it held."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
+
+
 def wait_gone(pids: Sequence[int], timeout_s: float) -> List[int]:
     """Waits (on pidfds, not polling) up to timeout_s for every pid to end; returns
     those still running."""

@@ -29,7 +29,6 @@ lost ranks of one epoch never spill into the next.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -122,12 +121,3 @@ def pending_updates(client: RendezvousClient, since: int) -> Optional[bool]:
     kinds = [client.get(f"{UPDATE}{u}", 10.0).decode() for u in range(since + 1, now + 1)]
     return all(k == REMOVED for k in kinds)
 
-
-def wait_until(predicate, timeout_s: float, poll_s: float = 0.05) -> bool:
-    """Polls ``predicate`` until it is true or ``timeout_s`` passed; returns its last value."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-    return True

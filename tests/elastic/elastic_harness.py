@@ -99,9 +99,8 @@ def run_job(script: str, num_proc: int, outdir: str, *, min_np: Optional[int] = 
     ``num_proc`` elastic workers (ids 0..num_proc-1) until they all exit or ``timeout_s``
     passes. ``late`` more workers (the next ids) start once ``start_late()`` is true; the
     job starts forming its first epoch with ``num_proc``."""
-    from _ranks import ENV, PYTHON, wait_gone  # tests/ (conftest.py): not on a worker's path
+    from _ranks import ENV, PYTHON, poll_until, wait_gone  # tests/: not on a worker's path
     from spark_hvd._job import env as job_env
-    from spark_hvd._job.elastic import wait_until
     from spark_hvd.runner._elastic import Coordinator
     from spark_hvd.runner.rendezvous import RendezvousServer
 
@@ -136,7 +135,7 @@ def run_job(script: str, num_proc: int, outdir: str, *, min_np: Optional[int] = 
     try:
         for w in range(num_proc):
             start(w)
-        if late and wait_until(lambda: start_late() or all(p.poll() is not None
+        if late and poll_until(lambda: start_late() or all(p.poll() is not None
                                                            for p in procs.values()),
                                timeout_s) and start_late():
             for w in range(num_proc, num_proc + late):

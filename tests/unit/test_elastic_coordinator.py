@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from _ranks import poll_until
+
 from spark_hvd._job import elastic as proto
 from spark_hvd.runner._elastic import Coordinator
 from spark_hvd.runner.rendezvous import RendezvousClient, RendezvousServer
@@ -90,10 +92,7 @@ def formed(*workers):
 
 
 def until(predicate, timeout_s=WAIT_S):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    assert poll_until(predicate, timeout_s), f"still not true after {timeout_s} s"
 
 
 def test_first_epoch_forms_once_num_proc_workers_ask(job):
