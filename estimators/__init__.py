@@ -9,10 +9,12 @@ only when they are used).
 from .store import DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore, Store
 
 __all__ = ["Store", "LocalStore", "FilesystemStore", "DBFSLocalStore", "HDFSStore",
-           "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel"]
+           "TorchEstimator", "TorchModel", "KerasEstimator", "KerasModel",
+           "save_pipeline", "load_pipeline"]
 
 _LAZY = {"TorchEstimator": ".torch_estimator", "TorchModel": ".torch_model",
-         "KerasEstimator": ".keras_estimator", "KerasModel": ".keras_model"}
+         "KerasEstimator": ".keras_estimator", "KerasModel": ".keras_model",
+         "save_pipeline": ".pipelines", "load_pipeline": ".pipelines"}
 
 
 def __getattr__(name):

@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.spark._checks import is_connect
 
 from .store import OBJECT_STORE_SCHEMES, Store
 
@@ -77,6 +78,14 @@ def spark_can_open(spark: Any, path: str) -> bool:
         return False
 
 
+def connect_overwrite(path: str) -> None:
+    """Deletes ``path`` on the Spark Connect server, as ``write().overwrite()`` does (pyspark's
+    MLWriter deletes through the JVM, which a Connect client does not have)."""
+    from pyspark.ml.util import ML_CONNECT_HELPER_ID
+    from pyspark.ml.wrapper import JavaWrapper
+    JavaWrapper(java_obj=ML_CONNECT_HELPER_ID)._call_java("handleOverwrite", path, True)
+
+
 def direct_store(spark: Any, path: str) -> Optional[Store]:
     """A Store rooted at ``path`` when it is an object-store URL Spark cannot open; None
     when Spark reads and writes it (see the module docstring)."""
@@ -86,21 +95,43 @@ def direct_store(spark: Any, path: str) -> Optional[Store]:
     return Store.create(path)
 
 
-def _save_direct(instance: Any, spark: Any, path: str, overwrite: bool,
-                 extra: Dict[str, Any], plain: Dict[str, Any], blob: Optional[bytes]) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def direct_target(path: str, overwrite: bool,
+                  how: str = "write().overwrite().save(path)") -> tuple:
+    """``(store, directory)`` for writing an instance to ``path`` through a Store: an existing
+    ``path`` is removed when ``overwrite``, else an error naming ``how`` to replace it."""
     parent, name = posixpath.split(path.rstrip("/"))
     store = Store.create(parent)  # to delete `path` itself (a store never deletes its root)
     target = store.join(name)
     if store.exists(target):
         if not overwrite:
-            raise InvalidArgumentError(
-                f"path {path} already exists; use write().overwrite().save(path) to replace it")
+            raise InvalidArgumentError(f"path {path} already exists; use {how} to replace it")
         store.delete(target)
-    text = DefaultParamsWriter._get_metadata_to_save(instance, spark, extra, plain)
+    return store, target
+
+
+def write_metadata(store: Store, target: str, text: str) -> None:
+    """A DefaultParamsWriter metadata JSON line, where Spark's writer puts it."""
     store.write_bytes_atomic(posixpath.join(target, METADATA_DIR, "part-00000"),
                              (text + "\n").encode())
+
+
+def read_metadata(store: Store, directory: str) -> Dict[str, Any]:
+    """The metadata of the instance saved in ``directory`` (by Spark or ``write_metadata``)."""
+    meta_dir = posixpath.join(directory, METADATA_DIR)
+    if not store.is_dir(meta_dir):
+        raise InvalidArgumentError(f"{store.url}/{posixpath.relpath(directory, store.prefix)} "
+                                   f"holds no saved instance (no {METADATA_DIR}/)")
+    text = store.read_bytes(_visible_files(store, meta_dir)[0]).decode()
+    return DefaultParamsReader._parseMetaData(text.splitlines()[0])
+
+
+def _save_direct(instance: Any, spark: Any, path: str, overwrite: bool,
+                 extra: Dict[str, Any], plain: Dict[str, Any], blob: Optional[bytes]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    store, target = direct_target(path, overwrite)
+    write_metadata(store, target,
+                   DefaultParamsWriter._get_metadata_to_save(instance, spark, extra, plain))
     if blob is not None:
         parts = _chunks(blob)
         table = pa.table({"part": pa.array([p for p, _ in parts], pa.int32()),
@@ -119,11 +150,7 @@ def _visible_files(store: Store, directory: str) -> list:
 def _load_direct(store: Store) -> tuple:
     """(metadata dict, objects blob or None) of what ``_save_direct`` (or Spark) wrote."""
     import pyarrow.parquet as pq
-    meta_dir = store.join(METADATA_DIR)
-    if not store.is_dir(meta_dir):
-        raise InvalidArgumentError(f"{store.url} holds no saved instance (no {METADATA_DIR}/)")
-    text = store.read_bytes(_visible_files(store, meta_dir)[0]).decode()
-    metadata = DefaultParamsReader._parseMetaData(text.splitlines()[0])
+    metadata = read_metadata(store, store.prefix)
     objects_dir = store.join(OBJECTS_DIR)
     if not store.is_dir(objects_dir):
         return metadata, None
@@ -142,7 +169,11 @@ class TableParamsWriter(MLWriter):
 
     def save(self, path: str) -> None:
         if direct_store(self.sparkSession, path) is None:
-            super().save(path)
+            if self.shouldOverwrite and is_connect(self.sparkSession):
+                connect_overwrite(path)
+                self.saveImpl(path)
+            else:
+                super().save(path)
             return
         plain, objects, extra = self._parts()
         _save_direct(self.instance, self.sparkSession, path, self.shouldOverwrite, extra,

@@ -5,6 +5,9 @@ import signal
 import sys
 
 import cloudpickle
+from pyspark.ml import Transformer
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.util import DefaultParamsReadable, DefaultParamsWritable
 
 # Executors cannot import this file: ship what it defines (the model, the metric) by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -91,7 +94,6 @@ def listing(root):
     return sorted(out)
 
 
-
 def make_keras_net(seed=0, hidden=64, compile_with=None):
     """A Keras MLP for the 64 digits pixels (logits); compiled when ``compile_with`` is a dict
     of compile arguments."""
@@ -162,3 +164,17 @@ def assert_tensorboard_history(logdir, history):
         got = sorted(scalars[key])
         assert [s for s, _ in got] == list(range(len(values))), (key, got)
         np.testing.assert_allclose([v for _, v in got], values, rtol=1e-6)
+
+
+class LabelCast(Transformer, DefaultParamsReadable, DefaultParamsWritable):
+    """A Python pipeline stage (no JVM side): casts the ``label`` column to ``dtype``."""
+
+    dtype = Param(Params._dummy(), "dtype", "the label's new type", TypeConverters.toString)
+
+    def __init__(self, dtype="long"):
+        super().__init__()
+        self._set(dtype=dtype)
+
+    def _transform(self, df):
+        from pyspark.sql import functions as F
+        return df.withColumn("label", F.col("label").cast(self.getOrDefault(self.dtype)))

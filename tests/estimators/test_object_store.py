@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from _s3 import make_bucket, s3_endpoint, spark_s3_environment  # noqa: F401 (fixture)
-from est_helpers import assert_tensorboard_history, listing, torch_estimator
-from spark_hvd.estimators import LocalStore, Store, TorchEstimator, TorchModel
+from est_helpers import LabelCast, assert_tensorboard_history, listing, torch_estimator
+from spark_hvd.estimators import (LocalStore, Store, TorchEstimator, TorchModel, load_pipeline,
+                                  save_pipeline)
 from spark_hvd.exceptions import InvalidArgumentError
 
 pytestmark = pytest.mark.spark
@@ -119,3 +120,54 @@ def test_a_ragged_row_fails_fit_before_training(estimator_spark, tmp_path, capfd
         _estimator(store, validation=None).fit(df.repartition(2))
     assert "[0] epoch" not in capfd.readouterr().out
     assert not [p for p in listing(store.prefix) if p.endswith(".parquet")]
+
+
+def test_pipeline_save_and_load_on_s3(s3, digits, tmp_path):
+    """save_pipeline/load_pipeline write pyspark's Pipeline layout through the store where
+    Spark has no connector (s3:// here), and are pyspark's own writer/reader where it has."""
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.feature import VectorAssembler
+    pipeline = Pipeline(stages=[LabelCast("long"), _estimator(s3, epochs=1)])
+    url = s3.url + "/pipelines/digits"
+    save_pipeline(pipeline, url)
+    reread = load_pipeline(url)
+    assert isinstance(reread, Pipeline) and reread.uid == pipeline.uid
+    cast, est = reread.getStages()
+    assert isinstance(cast, LabelCast) and cast.getOrDefault("dtype") == "long"
+    assert isinstance(est, TorchEstimator) and est.getEpochs() == 1
+
+    fitted = reread.fit(digits[0])
+    model_url = s3.url + "/pipelines/model"
+    save_pipeline(fitted, model_url)
+    with pytest.raises(InvalidArgumentError, match=r"already exists; use save_pipeline\(\.\.\., "
+                                                   r"overwrite=True\)"):
+        save_pipeline(fitted, model_url)
+    save_pipeline(fitted, model_url, overwrite=True)
+    stages = [f"stages/0_{fitted.stages[0].uid}", f"stages/1_{fitted.stages[1].uid}"]
+    assert _files(s3, "pipelines/model") == [
+        "pipelines/model/metadata/part-00000",
+        f"pipelines/model/{stages[0]}/metadata/part-00000",
+        f"pipelines/model/{stages[1]}/metadata/part-00000",
+        f"pipelines/model/{stages[1]}/objects/part-00000.parquet"]
+    loaded = load_pipeline(model_url)
+    assert isinstance(loaded, PipelineModel) and isinstance(loaded.stages[1], TorchModel)
+    rows = digits[1].sparkSession.createDataFrame(digits[1].limit(40).collect(), digits[1].schema)
+    expected = [r["label__output"].toArray() for r in fitted.transform(rows).collect()]
+
+    def same(model):
+        got = [r["label__output"].toArray() for r in model.transform(rows).collect()]
+        return len(got) == 40 and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    assert same(loaded)
+
+    # A JVM stage is written by Spark only: an error naming it, before anything is written.
+    jvm = Pipeline(stages=[VectorAssembler(inputCols=["label"], outputCol="v"), fitted])
+    with pytest.raises(InvalidArgumentError, match=r"stage VectorAssembler_\w+ "
+                                                   r"\(VectorAssembler\) is written by Spark"):
+        save_pipeline(jvm, s3.url + "/pipelines/jvm")
+    assert not s3.exists(s3.join("pipelines/jvm"))
+
+    # Where Spark opens the path, the same calls go through pyspark's writer and reader.
+    local = str(tmp_path / "model")
+    save_pipeline(fitted, local)
+    save_pipeline(fitted, local, overwrite=True)
+    assert same(PipelineModel.load(local)) and same(load_pipeline(local))

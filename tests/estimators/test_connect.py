@@ -1,0 +1,145 @@
+"""TorchEstimator and KerasEstimator under a Spark Connect session: fit, transform, save and
+load (alone and in a Pipeline, with overwrite), a bad-input error, MLflow logging.
+
+The driver is a process of its own (``SparkSession.builder.remote("local[2]")`` starts a local
+Connect server; a process cannot hold it beside the classic session of the other tests).  It
+prints one JSON line of what it saw; the assertions are here.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    sys.path.insert(0, {helpers!r})
+    from pyspark.sql import SparkSession
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.linalg import Vectors
+    from sklearn.datasets import load_digits
+
+    import est_helpers
+    from spark_hvd.estimators import (KerasEstimator, KerasModel, Store, TorchEstimator,
+                                      TorchModel)
+    from spark_hvd.exceptions import InvalidArgumentError
+
+    tmp = {tmp!r}
+    spark = SparkSession.builder.remote("local[2]").getOrCreate()
+    out = {{"session": type(spark).__module__}}
+    x, y = load_digits(return_X_y=True)
+    rows = [(Vectors.dense((a / 16.0).tolist()), int(b)) for a, b in zip(x[:720], y[:720])]
+    df = spark.createDataFrame(rows, ["features", "label"]).repartition(2)
+    feats = np.array([r["features"].toArray() for r in
+                      df.orderBy("label").limit(64).select("features").collect()])
+    probe = spark.createDataFrame([(Vectors.dense(f.tolist()),) for f in feats], ["features"])
+    store = Store.create(tmp + "/store")
+
+    def outputs(model, frame):
+        return np.array([r["label__output"] for r in model.transform(frame).collect()])
+
+    def forward(module):
+        import torch
+        with torch.no_grad():
+            return module.eval()(torch.tensor(feats, dtype=torch.float32)).numpy()
+
+    def check(key, model, local, cls):
+        # transform against the local outputs; save twice (overwrite), load, transform
+        got = outputs(model, probe)
+        out[key + "_transform_diff"] = float(np.abs(got - local).max())
+        path = f"{{tmp}}/{{key}}_model"
+        model.write().overwrite().save(path)
+        model.write().overwrite().save(path)
+        out[key + "_load_diff"] = float(np.abs(outputs(cls.load(path), probe) - got).max())
+
+    try:
+        est_helpers.torch_estimator(store, feature_cols=["featrues"]).fit(df)
+    except InvalidArgumentError as e:
+        out["bad_input"] = str(e)
+
+    # Torch: fit; transform against the fitted module's own forward pass; save/load.
+    est = est_helpers.torch_estimator(store, epochs=3, run_id="connect_torch")
+    model = est.fit(df)
+    out["torch_history"] = model.getHistory()
+    check("torch", model, forward(model.getModel()), TorchModel)
+
+    # A Pipeline of the estimator: fit, save twice (overwrite), load, transform.
+    pipeline = Pipeline(stages=[est_helpers.torch_estimator(store, epochs=2)])
+    pipeline.write().overwrite().save(tmp + "/pipeline")
+    loaded_pipeline = Pipeline.load(tmp + "/pipeline")
+    out["pipeline_stage"] = type(loaded_pipeline.getStages()[0]).__name__
+    fitted = loaded_pipeline.fit(df)
+    fitted.write().overwrite().save(tmp + "/pipeline_model")
+    fitted.write().overwrite().save(tmp + "/pipeline_model")
+    reloaded = PipelineModel.load(tmp + "/pipeline_model")
+    out["pipeline_load_diff"] = float(np.abs(outputs(reloaded, probe)
+                                             - outputs(fitted, probe)).max())
+    out["pipeline_transform_diff"] = float(np.abs(
+        outputs(reloaded, probe) - forward(reloaded.stages[0].getModel())).max())
+
+    # Keras: fit; transform against model.predict; save/load.
+    import keras
+    kest = KerasEstimator(
+        num_proc=2, store=store, model=est_helpers.make_keras_net(),
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"], feature_cols=["features"], label_cols=["label"],
+        batch_size=32, epochs=3, validation=0.1, random_seed=1, verbose=1,
+        run_id="connect_keras")
+    kmodel = kest.fit(df)
+    out["keras_history"] = kmodel.getHistory()
+    check("keras", kmodel, kmodel.getModel().predict(feats.astype("float32"), verbose=0),
+          KerasModel)
+    spark.stop()
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_estimators_under_spark_connect(tmp_path):
+    from pyspark.testing.connectutils import connect_requirement_message, should_test_connect
+    pytest.importorskip("keras")
+    mlflow = pytest.importorskip("mlflow")
+    assert should_test_connect, f"Spark Connect client dependencies: {connect_requirement_message}"
+    script = tmp_path / "connect_estimators.py"
+    script.write_text(DRIVER.format(helpers=str(Path(__file__).parent), tmp=str(tmp_path)))
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
+    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=str(tmp_path),
+                          capture_output=True, text=True, timeout=840)
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+    assert proc.returncode == 0, tail
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, tail
+    out = json.loads(lines[-1][len("RESULT "):])
+
+    assert out["session"] == "pyspark.sql.connect.session"
+    assert "feature column 'featrues' (did you mean 'features'?)" in out["bad_input"]
+    for key in ("torch", "keras"):
+        history = out[f"{key}_history"]
+        assert len(history["loss"]) == 3 and history["loss"][-1] < history["loss"][0], history
+        assert history["val_accuracy"][-1] > 0.7, history
+        assert out[f"{key}_transform_diff"] < 1e-4, out
+        assert out[f"{key}_load_diff"] == 0.0, out
+    assert out["pipeline_stage"] == "TorchEstimator"
+    assert out["pipeline_load_diff"] == 0.0 and out["pipeline_transform_diff"] < 1e-4, out
+    # Each fit logged to MLflow from the Connect client (the driver of this process).
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    for run_id, history in (("connect_torch", out["torch_history"]),
+                            ("connect_keras", out["keras_history"])):
+        runs = client.search_runs(experiments,
+                                  filter_string=f"tags.`spark_hvd.run_id` = '{run_id}'")
+        assert len(runs) == 1, run_id
+        assert runs[0].data.metrics["loss"] == pytest.approx(history["loss"][-1])
