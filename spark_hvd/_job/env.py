@@ -4,7 +4,7 @@ The launch contract: the variables every launcher sets for a rank (its place in 
 job, how to reach the rendezvous server), each a ``FOO_ENV_VAR`` constant here and
 listed in LAUNCH_ENV_VARS; no other module spells the names out. They are not
 settings: the settings a launcher also passes on (SPARK_HVD_CONTROLLER,
-SPARK_HVD_START_TIMEOUT_S) are declared with every other one in spark_hvd/settings.def
+SPARK_HVD_START_TIMEOUT_S, SPARK_HVD_ELASTIC_TIMEOUT_S) are declared with every other one in spark_hvd/settings.def
 (spark_hvd/_config.py).
 """
 
@@ -34,12 +34,13 @@ HOSTNAME_ENV_VAR = "SPARK_HVD_HOSTNAME"        # optional override of the host i
 # those at each init() (spark_hvd/_job/elastic.py).
 ELASTIC_ENV_VAR = "SPARK_HVD_ELASTIC"          # "1" in an elastic job
 ELASTIC_WORKER_ENV_VAR = "SPARK_HVD_ELASTIC_WORKER"  # the worker id; unset: one is allocated
-ELASTIC_TIMEOUT_S_ENV_VAR = "SPARK_HVD_ELASTIC_TIMEOUT_S"  # how long a worker waits for a place
-DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+# How long a worker waits for a place: the launcher's elastic timeout (a setting there).
+ELASTIC_TIMEOUT_S_ENV_VAR = _config.ELASTIC_TIMEOUT_S_ENV_VAR
+DEFAULT_ELASTIC_TIMEOUT_S = _config.DEFAULT_ELASTIC_TIMEOUT_S
 LAUNCH_ENV_VARS = (RANK_ENV_VAR, SIZE_ENV_VAR, LOCAL_RANK_ENV_VAR, LOCAL_SIZE_ENV_VAR,
                    CROSS_RANK_ENV_VAR, CROSS_SIZE_ENV_VAR, RENDEZVOUS_ADDR_ENV_VAR,
                    RENDEZVOUS_PORT_ENV_VAR, SECRET_ENV_VAR, RUN_ID_ENV_VAR, HOSTNAME_ENV_VAR,
-                   ELASTIC_ENV_VAR, ELASTIC_WORKER_ENV_VAR, ELASTIC_TIMEOUT_S_ENV_VAR)
+                   ELASTIC_ENV_VAR, ELASTIC_WORKER_ENV_VAR)
 
 # Values of SPARK_HVD_CONTROLLER.
 CONTROLLER_GLOO = "gloo"

@@ -37,9 +37,10 @@ import shlex
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from spark_hvd import _config
 from spark_hvd._job import env as _env
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 from spark_hvd.runner import _hosts, _ssh
@@ -73,7 +74,7 @@ class ElasticOptions:
     discovery_script: Optional[str] = None
     slots_per_host: int = 1
     reset_limit: Optional[int] = None
-    elastic_timeout_s: float = _env.DEFAULT_ELASTIC_TIMEOUT_S
+    elastic_timeout_s: float = field(default_factory=_config.elastic_timeout_s)
     cooldown_range_s: Tuple[float, float] = DEFAULT_COOLDOWN_RANGE_S
     discovery_interval_s: float = DEFAULT_DISCOVERY_INTERVAL_S
     discovery_timeout_s: float = DEFAULT_DISCOVERY_TIMEOUT_S
@@ -411,7 +412,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          "(default: no limit)")
     el.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, default=None,
                     help=f"seconds the job waits with fewer than --min-np workers before it "
-                         f"fails (default {_env.DEFAULT_ELASTIC_TIMEOUT_S:g})")
+                         f"fails (default: {_config.ELASTIC_TIMEOUT_S_ENV_VAR}, else "
+                         f"{_config.DEFAULT_ELASTIC_TIMEOUT_S:g})")
     el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=float, nargs=2,
                     default=None, metavar=("LOW", "HIGH"),
                     help="seconds a host where a worker failed gets no new worker: LOW after "

@@ -32,7 +32,7 @@ import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from spark_hvd._job import elastic as proto
-from spark_hvd._job.env import DEFAULT_ELASTIC_TIMEOUT_S
+from spark_hvd import _config
 from spark_hvd._job.store import MAX_TIMEOUT_S
 from spark_hvd.exceptions import CollectiveTimeoutError, InvalidArgumentError, SparkHvdError
 from spark_hvd.runner._elastic import Coordinator, check_sizes
@@ -86,7 +86,8 @@ def run_elastic(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str,
         default as :func:`spark_hvd.spark.run`.
     elastic_timeout:
         Seconds the job waits, after losing workers, for ``min_num_proc`` of them to
-        ask for a place before it fails; default 600.
+        ask for a place before it fails; default ``SPARK_HVD_ELASTIC_TIMEOUT_S`` (or Horovod's
+        ``HOROVOD_ELASTIC_TIMEOUT``) from the driver's environment, else 600.
     reset_limit:
         Fail the job when it would re-form more than this many times; default: no limit.
     env, stdout, stderr, verbose, prefix_output_with_timestamp, executable, use_gpu,
@@ -155,11 +156,12 @@ def _deprecated(old: str, old_value: Optional[int], new: str,
 
 
 def _elastic_timeout(value: Optional[float]) -> float:
-    if value is None:
-        return DEFAULT_ELASTIC_TIMEOUT_S
+    what = "elastic_timeout"
+    if value is None:  # the setting (or Horovod's variable), else its default
+        what = _config.BY_NAME[_config.ELASTIC_TIMEOUT_S_ENV_VAR].source() or what
+        value = _config.elastic_timeout_s()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise InvalidArgumentError(f"elastic_timeout must be a number of seconds > 0, got "
-                                   f"{value!r}")
+        raise InvalidArgumentError(f"{what} must be a number of seconds > 0, got {value!r}")
     return float(value)
 
 

@@ -154,7 +154,7 @@ _HOROVOD_ENV = {
     "HOROVOD_START_TIMEOUT": "50", "HOROVOD_TIMELINE": "/tmp/Horovod_Timeline.json",
     "HOROVOD_CONTROLLER": "GLOO", "HOROVOD_AUTOTUNE": "1",
     "HOROVOD_AUTOTUNE_LOG": "/tmp/Autotune_Log.csv", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "2",
-    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4",
+    "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4", "HOROVOD_ELASTIC_TIMEOUT": "90",
 }
 _READ_BOTH = """
 import json
@@ -183,6 +183,7 @@ def test_the_core_reads_the_horovod_aliases_like_python():
     assert values["SPARK_HVD_AUTOTUNE_LOG"][0] == "/tmp/Autotune_Log.csv"
     assert values["SPARK_HVD_AUTOTUNE_WARMUP_SAMPLES"][0] == 2
     assert values["SPARK_HVD_AUTOTUNE_STEPS_PER_SAMPLE"][0] == 4
+    assert values["SPARK_HVD_ELASTIC_TIMEOUT_S"][0] == 90.0
     aliased = {s.name for s in _config.SETTINGS if s.alias in _HOROVOD_ENV}
     assert aliased == {s.name for s in _config.SETTINGS if s.alias}  # every alias tried
 
@@ -209,3 +210,27 @@ def test_setting_value_rejects_an_unknown_name():
 
     with pytest.raises(InvalidArgumentError, match="no setting is named SPARK_HVD_NOPE"):
         _core.setting_value("SPARK_HVD_NOPE")
+
+
+def test_the_elastic_launchers_default_timeout_is_the_setting(monkeypatch):
+    """spark-hvdrun's --elastic-timeout and run_elastic's elastic_timeout default to
+    SPARK_HVD_ELASTIC_TIMEOUT_S, else Horovod's HOROVOD_ELASTIC_TIMEOUT, else 600 s."""
+    from spark_hvd.runner._elastic_launch import ElasticOptions
+    from spark_hvd.spark._elastic import _elastic_timeout
+    name = _config.ELASTIC_TIMEOUT_S_ENV_VAR
+    alias = _config.BY_NAME[name].alias
+    for var in (name, alias):
+        monkeypatch.delenv(var, raising=False)
+
+    def defaults():
+        return ElasticOptions().elastic_timeout_s, _elastic_timeout(None)
+    assert defaults() == (600.0, 600.0)
+    monkeypatch.setenv(alias, "42")
+    assert defaults() == (42.0, 42.0)
+    monkeypatch.setenv(name, "7.5")
+    assert defaults() == (7.5, 7.5)
+    assert ElasticOptions(elastic_timeout_s=3.0).elastic_timeout_s == _elastic_timeout(3) == 3.0
+    monkeypatch.delenv(name)
+    monkeypatch.setenv(alias, "0")
+    with pytest.raises(InvalidArgumentError, match=f"^{alias} must be a number of seconds > 0"):
+        _elastic_timeout(None)
