@@ -63,7 +63,7 @@ class GradientReducer:
         if self.gradient_predivide_factor == 1.0:
             return self.op, 1.0, 1.0
         f = self.gradient_predivide_factor
-        return mpi_ops.Sum, 1.0 / f, f / self.process_set.size()
+        return mpi_ops.Sum, 1.0 / f, mpi_ops._per_size(f, self.process_set)
 
     def __call__(self, grads: Sequence, name: Optional[str] = None,
                  variables: Optional[Sequence] = None, local=frozenset(),
@@ -102,8 +102,8 @@ class GradientReducer:
         return out
 
     def _local(self, g):
-        n = self.process_set.size()
+        scale = mpi_ops._per_size(1.0, self.process_set)
         if isinstance(g, tf.IndexedSlices):
-            return tf.IndexedSlices(g.values / tf.cast(n, g.values.dtype), g.indices,
+            return tf.IndexedSlices(mpi_ops._scaled_at_run(g.values, scale), g.indices,
                                     g.dense_shape)
-        return g / tf.cast(n, g.dtype)
+        return mpi_ops._scaled_at_run(g, scale)

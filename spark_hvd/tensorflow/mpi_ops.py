@@ -48,6 +48,28 @@ def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tensor * tf.cast(factor, tensor.dtype)
 
 
+# A scale factor is a float, or a function of no arguments that gives it when the op runs:
+# factors that depend on a process set's size (averaging, gradient_predivide_factor) are
+# computed at each run, since an elastic job's size changes between runs of a traced graph
+# (Horovod's TensorFlow ops read the size at run time in elastic mode too).
+
+
+def _resolve(scale) -> float:
+    return float(scale()) if callable(scale) else scale
+
+
+def _scaled_at_run(tensor: tf.Tensor, scale: Callable[[], float]) -> tf.Tensor:
+    """``tensor`` times ``scale()``, evaluated each time the op runs."""
+    (factor,) = host_call(lambda: [np.asarray(scale(), np.float64)], [], [tf.float64],
+                          "scale_factor")
+    return tensor * tf.cast(factor, tensor.dtype)
+
+
+def _per_size(numerator: float, process_set: ProcessSet) -> Callable[[], float]:
+    """``numerator / process_set.size()``, as a scale factor read at run time."""
+    return lambda: numerator / process_set.size()
+
+
 # -- numpy-side grouped submission ---------------------------------------------------------
 
 def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
@@ -63,8 +85,8 @@ def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
             out = np.empty_like(a)
             handles.append(_np.submit(
                 OpType.ALLREDUCE, f"{name}.{i}", code, a.shape, a.ctypes.data, out.ctypes.data,
-                (a, out), (lambda r, o=out: o), reduce_op=op, prescale=prescale,
-                postscale=postscale, process_set=process_set, group=name,
+                (a, out), (lambda r, o=out: o), reduce_op=op, prescale=_resolve(prescale),
+                postscale=_resolve(postscale), process_set=process_set, group=name,
                 group_size=len(arrays)))
     return [_np.synchronize(h).reshape(shape) for h, shape in zip(handles, shapes)]
 
@@ -84,8 +106,8 @@ def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
 
 def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
     def fn(x):
-        out = _np.allreduce(x, op=op, name=name, prescale_factor=prescale,
-                            postscale_factor=postscale, process_set=process_set)
+        out = _np.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
+                            postscale_factor=_resolve(postscale), process_set=process_set)
         return [out.reshape(x.shape)]  # numpy's layer returns 0-d arrays as shape (1,)
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allreduce")
     return _set_shape(out, tensor.shape)
@@ -115,8 +137,14 @@ def _allreduce_sparse(slices: tf.IndexedSlices, op, prescale, postscale, name, p
     with in_order():
         values = allgather(slices.values, name=name + ".values", process_set=process_set)
         indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
-    factor = prescale * postscale / (process_set.size() if op == Average else 1)
-    return tf.IndexedSlices(_scaled(values, factor), indices, dense_shape=slices.dense_shape)
+    if op == Average or callable(prescale) or callable(postscale):
+        def factor():
+            f = _resolve(prescale) * _resolve(postscale)
+            return f / process_set.size() if op == Average else f
+        values = _scaled_at_run(values, factor)
+    else:
+        values = _scaled(values, prescale * postscale)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
 @_not_autograph
@@ -415,9 +443,11 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
             with in_order(after=y):
                 full = allgather(dy, name=name + ".grad", process_set=process_set)
             factor = prescale_factor * postscale_factor
-            if rop == Sum:
-                factor *= process_set.size()
-            return tf.reshape(_scaled(full, factor), tf.shape(x))
+            if rop == Sum:  # the size when the gradient runs
+                full = _scaled_at_run(full, lambda: factor * process_set.size())
+            else:
+                full = _scaled(full, factor)
+            return tf.reshape(full, tf.shape(x))
         return y, grad
 
     return compression.decompress(forward(compressed), ctx)
@@ -461,23 +491,31 @@ def barrier(process_set: ProcessSet = global_process_set):
     return out
 
 
+def _int_at_run(value: Callable[[], int], name: Optional[str]):
+    """An int32 scalar read when the op runs, not when it is traced (as Horovod's ``*_op``:
+    in an elastic job rank and size change between runs of a traced graph)."""
+    (out,) = host_call(lambda: [np.asarray(value(), np.int32)], [], [tf.int32], "query")
+    out = _set_shape(out, [])
+    return tf.identity(out, name=name) if name else out
+
+
 def size_op(process_set: ProcessSet = global_process_set, name: Optional[str] = None):
-    return tf.constant(process_set.size(), dtype=tf.int32, name=name)
+    return _int_at_run(lambda: process_set.size(), name)
 
 
 def rank_op(process_set: ProcessSet = global_process_set, name: Optional[str] = None):
-    return tf.constant(process_set.rank(), dtype=tf.int32, name=name)
+    return _int_at_run(lambda: process_set.rank(), name)
 
 
 def process_set_included_op(process_set: ProcessSet = global_process_set,
                             name: Optional[str] = None):
     """Horovod's: 1 when this rank is a member of ``process_set``, else 0 (int32)."""
-    return tf.constant(1 if process_set.included() else 0, dtype=tf.int32, name=name)
+    return _int_at_run(lambda: 1 if process_set.included() else 0, name)
 
 
 def local_size_op(name: Optional[str] = None):
-    return tf.constant(local_size(), dtype=tf.int32, name=name)
+    return _int_at_run(local_size, name)
 
 
 def local_rank_op(name: Optional[str] = None):
-    return tf.constant(local_rank(), dtype=tf.int32, name=name)
+    return _int_at_run(local_rank, name)

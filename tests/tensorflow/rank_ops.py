@@ -410,3 +410,40 @@ def check_process_set():
     total = sum(q + 1 for q in members)
     if r in members:
         assert out == ([1.0 * total, 2.0 * total], members), out
+
+
+def check_size_dependent_factors_are_read_when_the_graph_runs():
+    """A traced graph reads the size at each run (an elastic job's size changes between
+    runs): size_op/rank_op, averaging of IndexedSlices, gradient_predivide_factor's
+    postscale and the scaling of local gradients. The size the Python side reports is
+    changed after tracing; the collectives themselves run on the real ranks."""
+    from spark_hvd.tensorflow._reducer import GradientReducer
+    r, n = rn()
+    dense = tf.constant([4.0, 8.0])
+    slices = tf.IndexedSlices(tf.constant([[4.0, 8.0]]), tf.constant([r]), tf.constant([n, 2]))
+    predivide = GradientReducer(gradient_predivide_factor=2.0, prefix="predivide")
+    sparse = GradientReducer(prefix="sparse")
+    local = GradientReducer(prefix="local")
+    key = object()
+
+    @tf.function
+    def step():
+        (d,) = predivide([dense])
+        (s,) = sparse([slices])
+        (g,) = local([dense], variables=[key], local={id(key)})
+        return d, s.values, g, hvd.size_op(), hvd.rank_op()
+
+    before = step()
+    process_set = type(hvd.global_process_set)
+    real_size = process_set.size
+    process_set.size = lambda self: 4 * n if self is hvd.global_process_set else real_size(self)
+    try:
+        after = step()
+    finally:
+        process_set.size = real_size
+    assert step.experimental_get_tracing_count() == 1
+    for (d, s, g, size, rank), shown in ((before, n), (after, 4 * n)):
+        same(d, tf.constant([4.0, 8.0]) * n / shown, f"predivide at {shown}")
+        same(s, tf.fill([n, 2], 1.0) * tf.constant([4.0, 8.0]) / shown, f"sparse at {shown}")
+        same(g, tf.constant([4.0, 8.0]) / shown, f"local at {shown}")
+        assert (int(size), int(rank)) == (shown, r), (int(size), int(rank), shown)
