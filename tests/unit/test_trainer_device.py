@@ -43,3 +43,32 @@ def test_gpu_without_any_way_to_allreduce_there(gpus):
     assert _pick_device(None, _hvd(False, False)) == torch.device("cpu")
     with pytest.raises(RuntimeError, match="SPARK_HVD_NCCL_LIBRARY"):
         _pick_device(True, _hvd(False, False))
+
+
+def test_transform_runs_on_the_gpu_spark_gave_the_task(gpus, monkeypatch):
+    """TorchModel.transform's device: the task's GPU (its index among the visible ones,
+    modulo what torch sees), the CPU with use_gpu=False."""
+    from spark_hvd.estimators import torch_model
+    monkeypatch.setattr(torch_model, "task_gpu_index", lambda: 3)
+    assert torch_model._task_device(None) == torch.device("cuda", 1)
+    assert torch_model._task_device(True) == torch.device("cuda", 1)
+    assert torch_model._task_device(False) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert torch_model._task_device(None) == torch.device("cpu")
+    with pytest.raises(RuntimeError, match="use_gpu=True but torch sees no CUDA device"):
+        torch_model._task_device(True)
+
+
+@pytest.mark.parametrize("visible, address, index", [
+    ("3,5", "5", 1), ("3, 5", "3", 0), ("", "2", 2), ("0,1", "7", 7)])
+def test_task_gpu_index_is_the_address_among_the_visible_devices(monkeypatch, visible,
+                                                                 address, index):
+    pyspark = pytest.importorskip("pyspark")
+    from spark_hvd.estimators._model_base import task_gpu_index
+    task = types.SimpleNamespace(
+        resources=lambda: {"gpu": types.SimpleNamespace(addresses=[address])})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: task))
+    assert task_gpu_index() == index
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: None))
+    assert task_gpu_index() == 0  # outside a task
