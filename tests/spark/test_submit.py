@@ -1,6 +1,8 @@
 """spark_hvd.spark.run from drivers in processes of their own: ``spark-submit`` of the
-digits example on ``local-cluster[2,1,1024]``, and a Spark Connect session."""
+digits example on ``local-cluster[2,1,1024]``, and a Spark Connect session (``run``, and
+``run_elastic`` losing a worker)."""
 
+import json
 import os
 import re
 import subprocess
@@ -79,6 +81,16 @@ CONNECT_DRIVER = textwrap.dedent("""
         spark_hvd.spark.run(fail_on_1, num_proc=2, verbose=0)
     except RankFailedError as e:
         print("FAILED", str(e).splitlines()[0])
+
+    # run_elastic's plain tasks under Connect: rank 1 SIGKILLs itself at step KILL_AT
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import test_run_elastic as elastic_test
+    marker = os.getcwd()  # the test's temporary directory
+    results = spark_hvd.spark.run_elastic(elastic_test._train_losing_rank_1_once,
+                                          args=(marker,), num_proc=2, min_num_proc=1,
+                                          start_timeout=60, elastic_timeout=30, verbose=0)
+    print("ELASTIC", json.dumps(results))
     spark.stop()
 """)
 
@@ -92,7 +104,7 @@ def test_spark_connect_session(tmp_path):
     if not should_test_connect:  # grpcio, grpcio-status, googleapis-common-protos, zstandard
         pytest.skip(f"Spark Connect client dependencies missing: {connect_requirement_message}")
     script = tmp_path / "connect_driver.py"
-    script.write_text(CONNECT_DRIVER)
+    script.write_text(CONNECT_DRIVER.replace("{tests!r}", repr(str(Path(__file__).parent))))
     proc = subprocess.run([sys.executable, str(script)], env=_driver_env(), cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=840)
     assert proc.returncode == 0, _tail(proc)
@@ -102,3 +114,9 @@ def test_spark_connect_session(tmp_path):
     assert "RESULTS [0, 10]" in lines, _tail(proc)
     assert "FAILED spark_hvd.spark.run: rank 1 failed: KeyError: 'no such weight'" in lines, \
         _tail(proc)
+    # the survivor went on alone from its commit at step KILL_AT (as on a classic session)
+    from test_run_elastic import KILL_AT, STEPS
+    elastic = [json.loads(l[len("ELASTIC "):]) for l in lines if l.startswith("ELASTIC ")]
+    assert elastic == [[{"rank": 0, "size": 1, "step": STEPS,
+                         "total": 2.0 * KILL_AT + (STEPS - KILL_AT),
+                         "starts": [[0, 2], [KILL_AT, 1]]}]], _tail(proc)
