@@ -11,6 +11,10 @@ APT_PACKAGES := libgloo-dev libopenmpi-dev openmpi-bin openssh-client cmake g++ 
 TEST_APT_PACKAGES := openssh-server
 STAMP_DEPS := $(VENV)/.deps-stamp
 STAMP_BUILD := $(VENV)/.build-stamp
+# The suite's Azure Blob emulator (tests/_azure.py): Azurite from npm, under .venv/azurite.
+# 3.35.0 is the newest release that runs on Node 20 (3.36 needs Node 21, 3.37 Node 22).
+AZURITE_VERSION := 3.35.0
+STAMP_AZURITE := $(VENV)/azurite/.installed-$(AZURITE_VERSION)
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
@@ -49,7 +53,13 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CORE_SOURCES)
 # a local-cluster session and a local[N] one cannot share a driver).
 TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic" "tests/spark" "tests/estimators"
 
-test: setup apt-test
+# npm as the machine has it, or Debian's nodejs and npm where it has none.
+$(STAMP_AZURITE):
+	@command -v npm >/dev/null || $(MAKE) --no-print-directory apt-install PACKAGES="nodejs npm"
+	npm install --prefix $(VENV)/azurite --no-audit --no-fund azurite@$(AZURITE_VERSION)
+	touch $@
+
+test: setup apt-test $(STAMP_AZURITE)
 	@status=0; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \

@@ -165,7 +165,7 @@ class Store:
     def listdir(self, path: str) -> List[str]:
         """The sorted names (not paths) of the entries of directory ``path``."""
         infos = self._filesystem.get_file_info(pafs.FileSelector(path, allow_not_found=False))
-        return sorted(info.base_name for info in infos)
+        return sorted(info.base_name for info in infos if not _below_an_entry(path, info.path))
 
     def read_bytes(self, path: str) -> bytes:
         with self._filesystem.open_input_stream(path) as f:
@@ -374,6 +374,13 @@ def hdfs_url(prefix_path: str, host: Optional[str] = None, port: Optional[int] =
         url = f"hdfs://{where}/{prefix_path.lstrip('/')}"
     query = "&".join(f"{k}={v}" for k, v in (("user", user), ("kerb_ticket", kerb_ticket)) if v)
     return f"{url}{'&' if '?' in url else '?'}{query}" if query else url
+
+
+def _below_an_entry(directory: str, path: str) -> bool:
+    """Whether ``path``, listed for ``directory``, lies below one of its entries: adlfs's
+    ``find`` ignores ``maxdepth``, so pyarrow lists an Azure directory recursively."""
+    prefix = directory.rstrip("/") + "/"
+    return path.startswith(prefix) and "/" in path[len(prefix):].strip("/")
 
 
 def _reopen_filesystem_store(url: str, storage_options: Dict[str, Any]) -> FilesystemStore:

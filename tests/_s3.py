@@ -12,9 +12,10 @@ bucket's ``s3://`` URL per test.
 
 import contextlib
 import logging
-import uuid
 
 import pytest
+
+from _emulators import environment, new_bucket
 
 DUMMY_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -37,15 +38,11 @@ def s3_endpoint():
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    with pytest.MonkeyPatch.context() as mp:
-        for name in UNSET:
-            mp.delenv(name, raising=False)
-        for name, value in s3_env(endpoint).items():
-            mp.setenv(name, value)
-        try:
+    try:
+        with environment(s3_env(endpoint), UNSET):
             yield endpoint
-        finally:
-            server.stop()
+    finally:
+        server.stop()
 
 
 def s3_env(endpoint):
@@ -71,9 +68,7 @@ def spark_s3_environment(spark, endpoint):
 def make_bucket(prefix="shvd"):
     """A new bucket on the moto server; its name."""
     import s3fs
-    name = f"{prefix}-{uuid.uuid4().hex[:12]}"
-    s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
-    return name
+    return new_bucket(s3fs.S3FileSystem, prefix)
 
 
 @pytest.fixture

@@ -1,18 +1,26 @@
-"""estimators.store: one contract, run against LocalStore, an fsspec memory store and S3
-(moto's server on 127.0.0.1, tests/_s3.py)."""
+"""estimators.store: one contract, run against LocalStore, an fsspec memory store and the
+object stores on emulators on 127.0.0.1: S3 (moto's server, tests/_s3.py), GCS
+(gcp-storage-emulator, tests/_gcs.py) and Azure Blob (Azurite, tests/_azure.py)."""
 
+import importlib
 import pickle
 import posixpath
+import sys
 import uuid
 
 import pyarrow.fs as pafs
 import pytest
 
-from _s3 import make_bucket, s3_endpoint, s3_url  # noqa: F401 (fixtures)
+from _azure import ACCOUNT, ACCOUNT_KEY, az_url, azure_endpoint  # noqa: F401 (fixtures)
+from _azure import connection_string as azure_connection_string
+from _emulators import bucket_name
+from _gcs import gcs_endpoint, gs_url  # noqa: F401 (fixtures)
+from _s3 import s3_endpoint, s3_url  # noqa: F401 (fixtures)
 from estimators.store import DBFSLocalStore, FilesystemStore, LocalStore, Store
 from spark_hvd.exceptions import InvalidArgumentError
 
 STALE = "." + "{}." + "0" * 32 + ".tmp"  # a temporary of write_bytes_atomic, by name
+DEAD = "http://127.0.0.1:1"  # no server: an endpoint that leads nowhere
 
 
 class _ShortWrites:
@@ -155,19 +163,76 @@ class TestLocalStore(StoreContract):
         assert len(moves) == 1 and moves[0][1] == path and moves[0][0] != path
 
 
-class TestS3Store(StoreContract):
+class ObjectStoreContract(StoreContract):
+    """StoreContract on an object store's emulator, and what object stores add: the scheme's
+    fsspec driver, no bucket created, a missing bucket's error, storage options that reach the
+    driver and travel pickled.  Subclasses name the scheme, its driver and their emulator's
+    fixtures (tests/_s3.py, _gcs.py, _azure.py)."""
+
+    scheme = driver = None  # "s3", "s3fs.S3FileSystem"
+    endpoint_fixture = url_fixture = None  # "s3_endpoint", "s3_url"
+    secret = None  # the environment's credential, never in an error message (None: anonymous)
+    elsewhere = {}  # environment variables that send the driver to no server (DEAD)
+
+    @staticmethod
+    def options(endpoint):
+        """Storage options that send the driver to ``endpoint``."""
+        return {"endpoint_url": endpoint}
+
+    @pytest.fixture
+    def endpoint(self, request):
+        """The emulator's URL, with the environment pointing at it."""
+        return request.getfixturevalue(self.endpoint_fixture)
+
+    @pytest.fixture
+    def url(self, request):
+        """The URL of a new bucket's ``store`` directory."""
+        return request.getfixturevalue(self.url_fixture)
+
+    @pytest.fixture
+    def store(self, url):
+        return Store.create(url)
+
+    def test_is_an_fsspec_object_store_of_the_scheme(self, store):
+        module, _, name = self.driver.rpartition(".")
+        assert type(store) is FilesystemStore and store.object_store
+        assert isinstance(store.filesystem.handler.fs,
+                          getattr(importlib.import_module(module), name))
+        assert store.storage_options == {} and store.url.startswith(f"{self.scheme}://")
+
+    def test_makedirs_creates_no_bucket(self, endpoint):
+        name = bucket_name("absent")
+        store = Store.create(f"{self.scheme}://{name}/root")
+        store.makedirs(store.join("x", "y"))
+        assert not store.filesystem.handler.fs.exists(name)
+
+    def test_missing_bucket_is_not_writable(self, endpoint):
+        url = f"{self.scheme}://{bucket_name('absent')}/root"
+        with pytest.raises(InvalidArgumentError) as err:
+            Store.create(url).check_writable()
+        msg = str(err.value)
+        assert msg.startswith(f"the store {url} is not writable: writing ")
+        assert "Fix: check that the bucket or container exists" in msg
+        assert self.secret is None or self.secret not in msg
+
+    def test_storage_options_reach_the_driver_and_travel_pickled(self, endpoint, url,
+                                                                   monkeypatch):
+        for name, value in self.elsewhere.items():
+            monkeypatch.setenv(name, value)  # only the options lead to the emulator now
+        store = Store.create(url, **self.options(endpoint))
+        store.write_bytes_atomic(store.join("f"), b"x")
+        clone = pickle.loads(pickle.dumps(store))
+        assert clone.storage_options == self.options(endpoint)
+        assert clone.read_bytes(store.join("f")) == b"x"
+
+
+class TestS3Store(ObjectStoreContract):
     """s3:// through s3fs against moto's S3 server; credentials and the endpoint only from the
     environment (tests/_s3.py)."""
 
-    @pytest.fixture
-    def store(self, s3_url):
-        return Store.create(s3_url)
-
-    def test_is_an_s3fs_object_store(self, store):
-        import s3fs
-        assert type(store) is FilesystemStore and store.object_store
-        assert isinstance(store.filesystem.handler.fs, s3fs.S3FileSystem)
-        assert store.storage_options == {} and store.url.startswith("s3://")
+    scheme, driver, secret = "s3", "s3fs.S3FileSystem", "testing"
+    endpoint_fixture, url_fixture = "s3_endpoint", "s3_url"
+    elsewhere = {"AWS_ENDPOINT_URL": DEAD}
 
     def test_s3a_is_the_same_store(self, s3_url):
         store = Store.create(s3_url.replace("s3://", "s3a://"))
@@ -175,29 +240,36 @@ class TestS3Store(StoreContract):
         assert Store.create(s3_url).read_bytes(store.join("a")) == b"1"
         assert store.to_spark_path(store.join("a")).startswith("s3a://")
 
-    def test_makedirs_creates_no_bucket(self, s3_endpoint):
-        import s3fs
-        name = f"absent-{uuid.uuid4().hex[:12]}"
-        store = Store.create(f"s3://{name}/root")
-        store.makedirs(store.join("x", "y"))
-        assert not s3fs.S3FileSystem(skip_instance_cache=True).exists(name)
 
-    def test_missing_bucket_is_not_writable(self, s3_endpoint):
-        url = f"s3://absent-{uuid.uuid4().hex[:12]}/root"
-        with pytest.raises(InvalidArgumentError) as err:
-            Store.create(url).check_writable()
-        msg = str(err.value)
-        assert msg.startswith(f"the store {url} is not writable: writing ")
-        assert "bucket" in msg and "Fix: check that the bucket or container exists" in msg
-        assert "testing" not in msg  # no credential in the message
+class TestGcsStore(ObjectStoreContract):
+    """gs:// through gcsfs against gcp-storage-emulator, anonymous, the endpoint only from the
+    environment (tests/_gcs.py)."""
 
-    def test_storage_options_reach_s3fs_and_travel_pickled(self, s3_endpoint):
-        bucket = make_bucket()
-        store = Store.create(f"s3://{bucket}/opts", endpoint_url=s3_endpoint)
-        store.write_bytes_atomic(store.join("f"), b"x")
-        clone = pickle.loads(pickle.dumps(store))
-        assert clone.storage_options == {"endpoint_url": s3_endpoint}
-        assert clone.read_bytes(store.join("f")) == b"x"
+    scheme, driver = "gs", "gcsfs.GCSFileSystem"
+    endpoint_fixture, url_fixture = "gcs_endpoint", "gs_url"
+    elsewhere = {"STORAGE_EMULATOR_HOST": DEAD}
+
+
+class TestAzureStore(ObjectStoreContract):
+    """az:// and abfss:// through adlfs against Azurite, with Azurite's development account
+    from the environment's connection string (tests/_azure.py)."""
+
+    scheme, driver, secret = "az", "adlfs.AzureBlobFileSystem", ACCOUNT_KEY
+    endpoint_fixture, url_fixture = "azure_endpoint", "az_url"
+    elsewhere = {"AZURE_STORAGE_CONNECTION_STRING": azure_connection_string(DEAD)}
+
+    @staticmethod
+    def options(endpoint):
+        return {"connection_string": azure_connection_string(endpoint)}
+
+    def test_abfss_url_is_the_same_store(self, az_url):
+        container = az_url.split("/")[2]
+        abfss_url = f"abfss://{container}@{ACCOUNT}.dfs.core.windows.net/store"
+        store = Store.create(abfss_url)
+        assert store.prefix == f"{container}/store"
+        store.write_bytes_atomic(store.join("a"), b"1")
+        assert Store.create(az_url).read_bytes(store.join("a")) == b"1"
+        assert store.to_spark_path(store.join("a")) == abfss_url + "/a"
 
 
 class TestMemoryFilesystemStore(StoreContract):
@@ -246,17 +318,17 @@ def test_local_store_not_writable(tmp_path):
 
 
 @pytest.mark.parametrize("url, package", [
+    ("s3://bucket/store", "s3fs"),
     ("gs://bucket/store", "gcsfs"),
     ("abfss://container@account.dfs.core.windows.net/store", "adlfs"),
     ("az://container/store", "adlfs"),
 ])
-def test_object_store_without_its_driver_names_the_package(url, package):
-    try:
-        __import__(package)
-    except ImportError:
-        pass
-    else:
-        pytest.skip(f"{package} is installed")
+def test_object_store_without_its_driver_names_the_package(url, package, monkeypatch):
+    """The drivers are installed here: the test hides the package (``import`` fails) and
+    fsspec's record of the class it already loaded for the scheme."""
+    from fsspec.registry import _registry
+    monkeypatch.setitem(sys.modules, package, None)
+    monkeypatch.delitem(_registry, url.split(":")[0], raising=False)
     with pytest.raises(InvalidArgumentError, match=f"Fix: pip install {package} on the driver "
                                                    f"and on every executor"):
         Store.create(url)
