@@ -17,7 +17,8 @@ has no connector for (``s3://`` on a plain Spark, where Hadoop knows no ``s3`` f
 is written and read through a Store instead (pyarrow over fsspec, as the training data):
 the same files, ``metadata/part-00000`` and ``objects/part-00000.parquet``, which Spark's
 readers read too.  A Pipeline's own metadata is written by pyspark's writer, through Spark,
-so a Pipeline on an object store still needs Spark's connector for that scheme.  Which params
+so ``pipeline.write().save`` on an object store needs Spark's connector for that scheme;
+pipelines.py (``save_pipeline``/``load_pipeline``) writes it through a Store instead.  Which params
 are JSON and which are objects is the ``persist`` column of the param tables
 (estimators/params.py).  Loading unpickles the objects: load only what you or your team saved.
 """
@@ -119,8 +120,8 @@ def read_metadata(store: Store, directory: str) -> Dict[str, Any]:
     """The metadata of the instance saved in ``directory`` (by Spark or ``write_metadata``)."""
     meta_dir = posixpath.join(directory, METADATA_DIR)
     if not store.is_dir(meta_dir):
-        raise InvalidArgumentError(f"{store.url}/{posixpath.relpath(directory, store.prefix)} "
-                                   f"holds no saved instance (no {METADATA_DIR}/)")
+        where = store.to_spark_path(directory)
+        raise InvalidArgumentError(f"{where} holds no saved instance (no {METADATA_DIR}/)")
     text = store.read_bytes(_visible_files(store, meta_dir)[0]).decode()
     return DefaultParamsReader._parseMetaData(text.splitlines()[0])
 
