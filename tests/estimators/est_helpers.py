@@ -106,22 +106,38 @@ def make_keras_net(seed=0, hidden=64, compile_with=None):
     return model
 
 
-def stop_mid_epoch(rank, epoch, batch):
-    """A Keras callback that sets model.stop_training on one rank only, in the middle of an
-    epoch (the estimator must stop every rank at that epoch's end, not hang)."""
+def at_batch(rank, epoch, batch, action):
+    """A Keras callback that calls ``action(model)`` on rank ``rank`` alone, after batch
+    ``batch`` of epoch ``epoch`` (0-based, as Keras counts)."""
     import keras
 
     import spark_hvd
 
-    class StopMidEpoch(keras.callbacks.Callback):
+    class AtBatch(keras.callbacks.Callback):
         def on_epoch_begin(self, e, logs=None):
             self.epoch = e
 
         def on_train_batch_end(self, b, logs=None):
             if spark_hvd.rank() == rank and self.epoch == epoch and b == batch:
-                self.model.stop_training = True
+                action(self.model)
 
-    return StopMidEpoch()
+    return AtBatch()
+
+
+def stop_mid_epoch(rank, epoch, batch):
+    """Sets model.stop_training on one rank only, in the middle of an epoch (the estimator
+    must stop every rank at that epoch's end, not hang)."""
+    return at_batch(rank, epoch, batch, lambda model: setattr(model, "stop_training", True))
+
+
+def kill_at_batch(rank, epoch, batch, marker):
+    """SIGKILLs rank ``rank``'s process at that batch, once: it creates the file ``marker``
+    first, and a process that finds it there trains on (the restarted run)."""
+    def kill(model):
+        if not os.path.exists(marker):
+            open(marker, "x").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+    return at_batch(rank, epoch, batch, kill)
 
 
 def tensorboard_scalars(logdir):

@@ -10,7 +10,8 @@ import pytest
 keras = pytest.importorskip("keras")
 
 from est_helpers import (assert_mlflow_history, assert_tensorboard_history,  # noqa: E402
-                         bad_input, listing, make_keras_net, mlflow_runs, stop_mid_epoch)
+                         bad_input, kill_at_batch, listing, make_keras_net, mlflow_runs,
+                         stop_mid_epoch)
 from spark_hvd.estimators import KerasEstimator, KerasModel, LocalStore  # noqa: E402
 from spark_hvd.estimators import _keras_io as keras_io  # noqa: E402
 from spark_hvd.estimators import _trainer_keras as trainer  # noqa: E402
@@ -213,6 +214,28 @@ def test_resume_with_a_compiled_model_and_a_callback_stopping_one_rank(fitted, d
     assert_tensorboard_history(store.get_logs_path("kdigits"), history)
     if importlib.util.find_spec("mlflow") is not None:
         assert len(mlflow_runs("kdigits")) == 1  # the first fit's; mlflow_log=False here
+
+
+@pytest.mark.spark
+def test_a_lost_rank_restarts_from_the_last_epoch_checkpoint(digits, tmp_path, capfd):
+    """Rank 1's process is SIGKILLed in the middle of epoch 2: fit restarts the run from the
+    epoch 1 checkpoint (last.keras) and finishes all 3 epochs."""
+    store = LocalStore(str(tmp_path / "store"))
+    marker = tmp_path / "killed"
+    model = _estimator(store, run_id="kkilled", mlflow_log=False,
+                       callbacks=[kill_at_batch(rank=1, epoch=1, batch=5,
+                                                marker=str(marker))]).fit(digits[0])
+    out = capfd.readouterr().out
+    assert marker.exists()
+    assert ("KerasEstimator: rank 1 lost during epoch 2/3 (its process was killed by signal 9 "
+            "(SIGKILL) without a Python exception); restarting from the epoch 1 checkpoint, "
+            "attempt 2/4") in out, out
+    assert out.count("restarting from") == 1
+    assert "resuming run 'kkilled' at epoch 2/3" in out and "[0] epoch 3/3" in out
+    history = model.getHistory()
+    assert {k: len(v) for k, v in history.items()} == {k: 3 for k in history}
+    assert history["loss"][-1] < history["loss"][0]
+    assert _test_accuracy(model, digits[1]) >= 0.9
 
 
 @pytest.mark.spark
