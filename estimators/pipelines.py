@@ -79,7 +79,7 @@ def _is_pipeline(stage: Any) -> bool:
 def save_pipeline(instance: Any, path: str, overwrite: bool = False) -> None:
     """Save a Pipeline or PipelineModel to ``path`` (see the module docstring); an existing
     ``path`` is replaced only with ``overwrite=True``."""
-    stages = _stages(instance)
+    _stages(instance)  # a Pipeline or a PipelineModel, else the error
     spark = _session()
     path = os.fspath(path)
     if direct_store(spark, path) is None:
@@ -88,23 +88,22 @@ def save_pipeline(instance: Any, path: str, overwrite: bool = False) -> None:
         return
     _check_writable(instance, path)
     store, target = direct_target(path, overwrite, _HOW)
-    _write(instance, stages, spark, store, target, path)
+    _write(instance, spark, store, target)
 
 
-def _write(instance: Any, stages: List[Any], spark: Any, store: Store, target: str,
-           url: str) -> None:
+def _write(instance: Any, spark: Any, store: Store, target: str) -> None:
+    stages = _stages(instance)
     params = {"stageUids": [s.uid for s in stages], "language": "Python"}
     write_metadata(store, target,
                    DefaultParamsWriter._get_metadata_to_save(instance, spark, paramMap=params))
     for index, stage in enumerate(stages):
         sub = _stage_path(target, stage.uid, index, len(stages))
-        sub_url = _stage_path(url, stage.uid, index, len(stages))
         if _is_pipeline(stage):
-            _write(stage, _stages(stage), spark, store, sub, sub_url)
+            _write(stage, spark, store, sub)
             continue
         writer = stage.write()
         if isinstance(writer, TableParamsWriter):
-            writer.save(sub_url)
+            writer.save(store.to_spark_path(sub))
         else:  # a Python stage's DefaultParamsWriter: its params are its metadata
             write_metadata(store, sub, DefaultParamsWriter._get_metadata_to_save(stage, spark))
 
@@ -117,18 +116,19 @@ def load_pipeline(path: str) -> Any:
     store = direct_store(spark, path)
     if store is None:
         return DefaultParamsReader.loadParamsInstance(path, spark)
-    return _read(store, store.prefix, path)
+    return _read(store, store.prefix)
 
 
-def _read(store: Store, directory: str, url: str) -> Any:
+def _read(store: Store, directory: str) -> Any:
     from pyspark.ml import Pipeline, PipelineModel
     metadata = read_metadata(store, directory)
     cls = _class(metadata["class"])
     if cls in (Pipeline, PipelineModel):
         uids = metadata["paramMap"]["stageUids"]
-        stages = [_read(store, _stage_path(directory, uid, i, len(uids)),
-                        _stage_path(url, uid, i, len(uids))) for i, uid in enumerate(uids)]
+        stages = [_read(store, _stage_path(directory, uid, i, len(uids)))
+                  for i, uid in enumerate(uids)]
         return cls(stages=stages)._resetUid(metadata["uid"])
+    url = store.to_spark_path(directory)
     reader = cls.read() if hasattr(cls, "read") else None
     if isinstance(reader, TableParamsReader):
         return reader.load(url)
