@@ -20,7 +20,7 @@ every retrace as long as the ranks run the same code.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -58,11 +58,16 @@ def _resolve(scale) -> float:
     return float(scale()) if callable(scale) else scale
 
 
+def _scalar_at_run(value: Callable[[], Any], dtype: tf.DType, kind: str) -> tf.Tensor:
+    """A ``dtype`` scalar that is ``value()`` when the op runs, not when it is traced (in an
+    elastic job rank and size change between runs of a traced graph)."""
+    (out,) = host_call(lambda: [np.asarray(value(), dtype.as_numpy_dtype)], [], [dtype], kind)
+    return _set_shape(out, [])
+
+
 def _scaled_at_run(tensor: tf.Tensor, scale: Callable[[], float]) -> tf.Tensor:
     """``tensor`` times ``scale()``, evaluated each time the op runs."""
-    (factor,) = host_call(lambda: [np.asarray(scale(), np.float64)], [], [tf.float64],
-                          "scale_factor")
-    return tensor * tf.cast(factor, tensor.dtype)
+    return tensor * tf.cast(_scalar_at_run(scale, tf.float64, "scale_factor"), tensor.dtype)
 
 
 def _per_size(numerator: float, process_set: ProcessSet) -> Callable[[], float]:
@@ -492,10 +497,8 @@ def barrier(process_set: ProcessSet = global_process_set):
 
 
 def _int_at_run(value: Callable[[], int], name: Optional[str]):
-    """An int32 scalar read when the op runs, not when it is traced (as Horovod's ``*_op``:
-    in an elastic job rank and size change between runs of a traced graph)."""
-    (out,) = host_call(lambda: [np.asarray(value(), np.int32)], [], [tf.int32], "query")
-    out = _set_shape(out, [])
+    """An int32 scalar read when the op runs, as Horovod's ``*_op`` are."""
+    out = _scalar_at_run(value, tf.int32, "query")
     return tf.identity(out, name=name) if name else out
 
 
