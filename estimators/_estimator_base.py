@@ -136,7 +136,8 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             wanted = int(p["backend"].num_processes())
         num_proc = launch_plan(dataset.sparkSession, wanted, p["use_gpu"])
         columns = needed_columns(p)
-        zeros = zero_batch(dataset, first_rows(dataset, columns, num_proc), columns)
+        first = first_rows(dataset, columns, num_proc)
+        zeros = zero_batch(dataset, first, columns)
         output_shapes = self._dry_run(p, zeros)
         phases.done("checks and dry run")
 
@@ -156,7 +157,7 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
                               if p["partitions_per_process"] else None)
             meta = prepare_data(dataset, p["store"], p["feature_cols"], p["label_cols"] or [],
                                 p["sample_weight_col"], p["validation"], num_proc=num_proc,
-                                seed=seed, num_partitions=num_partitions)
+                                seed=seed, num_partitions=num_partitions, first_row=first)
             phases.done("training data in the store")
             from spark_hvd import spark as hvd_spark
             config = self._train_config(p, run_id, seed, meta)

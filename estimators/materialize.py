@@ -11,7 +11,8 @@
    is ``<store>/intermediate_train_data/<key>``, or ``<parentCacheDirUrl>/<key>`` when the Spark
    conf ``petastorm.spark.converter.parentCacheDirUrl`` is set.
 3. One ``limit(num_proc)`` job: enough rows for every rank, and the first row's shape of
-   each array and Vector column.  Then the target must be writable (``Store.check_writable``:
+   each array and Vector column (no job when the caller passes that first row: fit has it
+   from its own checks).  Then the target must be writable (``Store.check_writable``:
    an error naming the store and the fix, not a Java stack trace from the job).
 4. One Spark job writes everything: the needed columns only, Vectors turned into arrays by
    ``vector_to_array``, decimals cast to double, and a split column (``rand(seed) <
@@ -206,15 +207,17 @@ def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: i
     return out.repartition(num_partitions) if num_partitions is not None else out
 
 
-def _first_row_shapes(df: Any, info: Dict[str, ColumnInfo], num_proc: int
-                      ) -> Dict[str, Tuple[int, ...]]:
-    """One ``limit(num_proc)`` job: at least num_proc rows (else the error), and the first
-    row's shape of every array and Vector column."""
+def _first_row_shapes(df: Any, info: Dict[str, ColumnInfo], num_proc: int,
+                      first_row: Any = None) -> Dict[str, Tuple[int, ...]]:
+    """The first row's shape of every array and Vector column; without ``first_row``, from
+    one ``limit(num_proc)`` job, which also needs num_proc rows (else the error)."""
     from pyspark.sql import functions as F
     names = [n for n, ci in info.items() if ci.kind in ("vector", "array")]
-    rows = df.select(*[_col(n) for n in names] or [F.lit(1)]).limit(num_proc).collect()
-    check_row_count(len(rows), num_proc)
-    return {n: row_shape(n, rows[0][n]) for n in names}
+    if first_row is None:
+        rows = df.select(*[_col(n) for n in names] or [F.lit(1)]).limit(num_proc).collect()
+        check_row_count(len(rows), num_proc)
+        first_row = rows[0]
+    return {n: row_shape(n, first_row[n]) for n in names}
 
 
 def _write_parquet(out: Any, target: Store, base: str, writer: str, row_group_size_bytes: int,
@@ -294,7 +297,8 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
                  num_partitions: Optional[int] = None,
                  row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
                  vector_dtype: str = "float64", compression: Optional[str] = None,
-                 cache: bool = True, writer: Optional[str] = None) -> DataMeta:
+                 cache: bool = True, writer: Optional[str] = None,
+                 first_row: Any = None) -> DataMeta:
     """Write the columns training needs as Parquet into the Store (or reuse an earlier write).
 
     Parameters
@@ -326,6 +330,10 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
         executor through the Store with pyarrow (see ``_arrow_writer.py``).  By default
         ``"arrow"`` for object stores (s3, gs, abfss...: no Hadoop connector needed) and
         ``"spark"`` for the others.  Both give the same files to the reader.
+    first_row : Row, optional
+        The first row of a ``limit(num_proc)`` of ``df`` with the feature, label and weight
+        columns, when the caller already ran that job and checked its row count (fit does):
+        step 3's job is then not run again.
 
     Returns
     -------
@@ -373,7 +381,7 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
                 return dataclasses.replace(meta, num_proc=num_proc)
 
     # After the cache lookup: a reuse needs no Spark job.
-    shapes = _first_row_shapes(df, info, num_proc)
+    shapes = _first_row_shapes(df, info, num_proc, first_row)
     target.check_writable()
     existed = [target.exists(p) for p in parents]
     out = _output_frame(df, info, validation, seed, vector_dtype, num_partitions, shapes)
