@@ -67,14 +67,12 @@ def import_mlflow() -> Any:
 def log_fit(estimator: str, p: Mapping[str, Any], param_names: Sequence[str], run_id: str,
             history: Mapping[str, Sequence[float]], feature_cols: Sequence[str],
             output_cols: Sequence[str], log_model: LogModel) -> Optional[str]:
-    """Log a fit (see the module docstring); the MLflow run's id, or None when nothing was
-    logged.
+    """Log a fit (see the module docstring; the caller checked ``mlflow_log``); the MLflow
+    run's id, or None when nothing was logged.
 
     ``p`` holds the param values (and what fit added, ``_optimizer``...), ``param_names``
     the params to log, ``run_id`` the Store's run and ``history`` its per-epoch metrics.
     """
-    if not p["mlflow_log"]:
-        return None
     mlflow = import_mlflow()
     if mlflow is None:
         if p["mlflow_experiment"]:
