@@ -15,6 +15,16 @@ STAMP_BUILD := $(VENV)/.build-stamp
 # 3.35.0 is the newest release that runs on Node 20 (3.36 needs Node 21, 3.37 Node 22).
 AZURITE_VERSION := 3.35.0
 STAMP_AZURITE := $(VENV)/azurite/.installed-$(AZURITE_VERSION)
+# The CUDA runtime and NCCL as the nvidia-* wheels ship them (headers and libraries, no
+# GPU needed), for tests/fakes/test_real_nvidia_libraries.py: api.h against the real
+# headers, the loader against the real libraries. Installed with --target beside the venv,
+# not into it (spark_hvd in the venv would otherwise find them).
+NVIDIA_LIBS := $(VENV)/nvidia-libs
+NVIDIA_CU12 := nvidia-cuda-runtime-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 \
+  nvidia-cuda-cccl-cu12==12.9.27
+NVIDIA_CU13 := nvidia-cuda-runtime==13.5.37 nvidia-cuda-crt==13.5.37 \
+  nvidia-cuda-cccl==13.3.5.0.6 nvidia-nccl-cu13==2.32.3
+STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
@@ -59,7 +69,13 @@ $(STAMP_AZURITE):
 	npm install --prefix $(VENV)/azurite --no-audit --no-fund azurite@$(AZURITE_VERSION)
 	touch $@
 
-test: setup apt-test $(STAMP_AZURITE)
+$(STAMP_NVIDIA): | $(VPY)
+	rm -rf $(NVIDIA_LIBS)
+	$(VPY) -m pip install -q --no-deps --target $(NVIDIA_LIBS)/cu12 $(NVIDIA_CU12)
+	$(VPY) -m pip install -q --no-deps --target $(NVIDIA_LIBS)/cu13 $(NVIDIA_CU13)
+	touch $@
+
+test: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	@status=0; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \

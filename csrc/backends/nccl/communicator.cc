@@ -146,6 +146,13 @@ Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
                     std::to_string(options_.rank) + ": " + nccl_->GetErrorString(err) +
                     (detail.empty() ? "" : " (" + detail + ")");
   if (err == ncclInvalidArgument || err == ncclInvalidUsage) return Status::InvalidArgument(msg);
+  // This rank's own CUDA or NCCL failed (no driver, a GPU fault...): not a lost peer.
+  if (err == ncclUnhandledCudaError) {
+    return Status::Internal(msg + "; a CUDA error on this rank: check that its GPU is visible "
+                                  "(CUDA_VISIBLE_DEVICES) and the NVIDIA driver loads");
+  }
+  if (err == ncclInternalError) return Status::Internal(msg);
+  // ncclSystemError, ncclRemoteError: the network or another rank.
   return Status::PeerLost(msg);
 }
 
