@@ -17,6 +17,7 @@ Importable everywhere because tests/conftest.py puts this directory on sys.path.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import json
 import os
@@ -177,6 +178,11 @@ class DirectJob:
         log.seek(0)
         return log.read().decode(errors="replace")
 
+    def outputs(self, tail: int = 2000) -> str:
+        """Every rank's last `tail` characters of output, for an assertion's message."""
+        return "\n".join(f"--- rank {r} ---\n{self.output(r)[-tail:]}"
+                         for r in range(len(self.procs)))
+
     def close(self) -> None:
         for p in self.procs:
             if p.poll() is None:
@@ -185,6 +191,22 @@ class DirectJob:
         for log in self.logs:
             log.close()
         self.server.stop()
+
+
+@contextlib.contextmanager
+def script_job(np: int, text: str, workdir, env: dict, timeout_s: float):
+    """Writes `text` to workdir/job.py, runs it on `np` ranks as a DirectJob (its argv[1] is
+    workdir, where it writes its results) and waits up to `timeout_s`; yields the exit codes
+    and every rank's output tail, then stops what is left."""
+    script = os.path.join(str(workdir), "job.py")
+    with open(script, "w") as f:
+        f.write(text)
+    job = DirectJob(np, [PYTHON, script, str(workdir)], env=env)
+    try:
+        codes = job.wait(timeout_s)
+        yield codes, job.outputs()
+    finally:
+        job.close()
 
 
 # -- judging one case from every rank's record -------------------------------------

@@ -3,6 +3,8 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <sstream>
+#include <string>
 
 #include "common/env.h"
 #include "common/logging.h"
@@ -49,6 +51,34 @@ void InFlight::Finish(Item& item, const Status& status) {
   item.entries.clear();  // the buffers may go now
 }
 
+namespace {
+
+std::string FormatSeconds(double s) {
+  std::ostringstream out;
+  out << s;
+  return out.str();
+}
+
+}  // namespace
+
+// "allreduce 'a', 'b' and 3 more": what a timed-out item was doing, for its error.
+std::string InFlight::Describe(const Item& item) {
+  std::string out;
+  size_t shown = 0;
+  for (const auto& e : item.entries) {
+    if (!e) continue;
+    if (shown == 3) {
+      size_t rest = 0;
+      for (const auto& r : item.entries) rest += r ? 1 : 0;
+      return out + " and " + std::to_string(rest - shown) + " more";
+    }
+    out += shown == 0 ? std::string(OpTypeName(e->req.op)) + " '" + e->req.name + "'"
+                      : ", '" + e->req.name + "'";
+    ++shown;
+  }
+  return shown == 0 ? "no tensor of this rank" : out;
+}
+
 void InFlight::Loop() {
   // Poll the oldest item (Poll never blocks, so the lock is held throughout and
   // AbortAll cannot race with it); sleep a little between polls while work is
@@ -63,9 +93,11 @@ void InFlight::Loop() {
     bool done = item.work->Poll(&status);
     if (!done && NowMicros() - item.started_us > env::TimeoutS() * 1e6) {
       done = true;
-      status = Status::Timeout("a GPU collective did not finish within SPARK_HVD_TIMEOUT_S=" +
-                               std::to_string(env::TimeoutS()) +
-                               " s; its communicator was aborted (a peer may be stuck or gone)");
+      status = Status::Timeout("a GPU collective (" + Describe(item) +
+                               ") did not finish within SPARK_HVD_TIMEOUT_S=" +
+                               FormatSeconds(env::TimeoutS()) +
+                               " s; its communicator was aborted (a peer, or this rank's GPU, "
+                               "may be stuck)");
     }
     if (!done) {
       cv_.wait_for(lock, pause, [this] { return stop_; });

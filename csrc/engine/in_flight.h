@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,6 +41,7 @@ class InFlight {
   };
   void Loop();
   void Finish(Item& item, const Status& status);
+  static std::string Describe(const Item& item);
 
   Completions* completions_;
   std::mutex mu_;

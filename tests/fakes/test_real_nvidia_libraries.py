@@ -17,11 +17,10 @@ without them these tests fail, naming the command that installs them.
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
-from _ranks import PYTHON, DirectJob
+from _ranks import PYTHON, script_job
 from fakes.build import CSRC, CXX, ROOT, cached_fakes, fake_env
 
 pytestmark = pytest.mark.nccl
@@ -166,25 +165,18 @@ def test_real_nccl_without_a_gpu_fails_every_rank_at_once(libs, tmp_path):
     """Real libnccl, bound by the loader (the fake CUDA runtime tells the backend there is
     a GPU; NCCL's own CUDA finds no driver): ncclGetUniqueId works, ncclCommInitRank fails,
     and each rank's op raises InternalError with NCCL's message within seconds."""
-    script = tmp_path / "real_nccl.py"
-    script.write_text(REAL_NCCL_SCRIPT)
     multiproc = os.path.join(ROOT, "tests", "multiproc")
     env = dict(fake_env(cached_fakes(), devices=2), SPARK_HVD_NCCL_LIBRARY=LIBNCCL,
                SHVD_TESTS_MULTIPROC=multiproc)
-    job = DirectJob(2, [PYTHON, str(script), str(tmp_path)], env=env)
-    try:
-        codes = job.wait(DEADLINE_S + 30)
-        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(2))
+    with script_job(2, REAL_NCCL_SCRIPT, tmp_path, env, DEADLINE_S + 30) as (codes, logs):
         assert list(codes) == [0, 0], (codes, logs)
-        for r in range(2):
-            res = json.loads((tmp_path / f"result{r}").read_text())
-            print(f"rank {r}: {res}")
-            assert res["nccl_built"] is True, res
-            assert res["error"] == "InternalError" and res["horovod_internal"], (res, logs)
-            assert "ncclCommInitRank" in res["message"], res
-            assert "unhandled cuda error" in res["message"], res
-            assert f"rank {r}" in res["message"], res
-            assert res["seconds"] < DEADLINE_S, res
-            assert res["shut_down"], res
-    finally:
-        job.close()
+    for r in range(2):
+        res = json.loads((tmp_path / f"result{r}").read_text())
+        print(f"rank {r}: {res}")
+        assert res["nccl_built"] is True, res
+        assert res["error"] == "InternalError" and res["horovod_internal"], (res, logs)
+        assert "ncclCommInitRank" in res["message"], res
+        assert "unhandled cuda error" in res["message"], res
+        assert f"rank {r}" in res["message"], res
+        assert res["seconds"] < DEADLINE_S, res
+        assert res["shut_down"], res

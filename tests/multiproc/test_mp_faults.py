@@ -47,7 +47,7 @@ def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
     job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)])
     try:
         codes = job.wait(DEADLINE_S + 20)
-        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(3))
+        logs = job.outputs()
         killed = load(tmp_path, "killed_at")
         assert killed is not None, logs
         assert codes[2] == -signal.SIGKILL, (codes, logs)
@@ -74,7 +74,7 @@ def test_rank_killed_during_init_survivors_raise_peer_lost_naming_it(tmp_path, s
     job = DirectJob(3, [PYTHON, WORKER, f"kill_in_init:{stage}", str(tmp_path)])
     try:
         codes = job.wait(DEADLINE_S + 40)
-        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(3))
+        logs = job.outputs()
         killed = load(tmp_path, "killed_at")
         assert killed is not None, logs
         assert codes[victim] == -signal.SIGKILL, (codes, logs)
@@ -109,7 +109,7 @@ def test_frozen_rank_is_declared_lost_after_spark_hvd_timeout_s(tmp_path):
                     env={"SPARK_HVD_TIMEOUT_S": "3"})
     try:
         codes = job.wait(DEADLINE_S + 20, ranks=[0, 1])
-        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(2))
+        logs = job.outputs()
         frozen = load(tmp_path, "frozen_at")
         assert frozen is not None, logs
         for r in (0, 1):

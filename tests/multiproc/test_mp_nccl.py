@@ -2,7 +2,8 @@
 tests/fakes (built here; CI has no GPU): the op matrix of cases_nccl.py on NCCL (one GPU
 per rank) and staged through host memory on the tcp backend (SPARK_HVD_GPU_OPERATIONS=tcp,
 every rank on GPU 0, which NCCL refuses), and a rank SIGKILLed in the middle of a GPU
-allreduce on NCCL (every survivor raises PeerLostError naming it within 10 s)."""
+allreduce on NCCL (every survivor raises PeerLostError naming it within 10 s), and a rank
+whose GPU stalls (every rank raises CollectiveTimeoutError after SPARK_HVD_TIMEOUT_S)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import time
 import pytest
 
 import cases_nccl
-from _ranks import PYTHON, DirectJob
+from _ranks import PYTHON, DirectJob, script_job
 from fakes.build import cached_fakes, fake_env
 
 pytestmark = pytest.mark.nccl
@@ -92,7 +93,7 @@ def test_rank_killed_mid_gpu_allreduce(gpu_env, tmp_path):
     job = DirectJob(3, [PYTHON, str(script), str(tmp_path)], env=env)
     try:
         codes = job.wait(DEADLINE_S + 30)
-        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(3))
+        logs = job.outputs()
         assert codes[2] == -signal.SIGKILL, (codes, logs)
         killed = json.loads((tmp_path / "killed_at").read_text())["at"]
         for r in (0, 1):
@@ -129,7 +130,7 @@ def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
     try:
         started = time.time()
         codes = job.wait(DEADLINE_S + 30)
-        logs = "\n".join(f"--- rank {r} ---\n{job.output(r)[-2000:]}" for r in range(2))
+        logs = job.outputs()
         assert codes[1] == 3, (codes, logs)
         failed = json.loads((tmp_path / "result1").read_text())
         assert failed["error"] and "7" in failed["message"], failed
@@ -142,3 +143,52 @@ def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
         assert res["at"] - started < DEADLINE_S + 20
     finally:
         job.close()
+
+
+# Rank 1's GPU stalls: each item on its fake streams takes 4 s (set before the fake CUDA
+# runtime loads), so its part of the first allreduce comes long after SPARK_HVD_TIMEOUT_S.
+# The script keeps the op's buffers: freeing fake device memory waits for every stream
+# (as cudaFree does), which would delay the report by the stall.
+STALL_SCRIPT = r"""
+import os
+if os.environ["SPARK_HVD_RANK"] == "1":
+    os.environ["SHVD_FAKE_CUDA_DELAY_US"] = "4000000"
+""" + PRELUDE + r"""
+x = g.DeviceArray(np.ones(1 << 10, np.float32))
+with open(os.path.join(out, f"started{me}"), "w") as f:
+    json.dump({"at": time.time()}, f)
+report(_ops.submit(OpType.ALLREDUCE, "stalled.grad", numpy_code(np.float32), (1 << 10,),
+                   x.ptr, x.ptr, x, lambda r: None, device=g.device()))
+if me == 0:
+    hvd.shutdown()  # after the abort, the healthy rank still shuts down cleanly
+    with open(os.path.join(out, "shut_down0"), "w") as f:
+        json.dump({"at": time.time()}, f)
+os._exit(0)  # rank 1's fake streams would drain for seconds more
+"""
+
+
+def test_a_stalled_gpu_times_out_on_every_rank(gpu_env, tmp_path):
+    """A collective that the GPUs do not finish within SPARK_HVD_TIMEOUT_S (here a stalled
+    stream on rank 1; on a real GPU a hung kernel, or a peer stuck before its NCCL call):
+    each rank aborts its communicator and raises within the timeout plus a little; the
+    stalled rank's CollectiveTimeoutError names the op, the other rank's error is that or,
+    if the stalled rank aborted first, PeerLostError (both HorovodInternalError)."""
+    timeout_s = 2.0
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)),
+               SPARK_HVD_TIMEOUT_S=str(timeout_s))
+    with script_job(2, STALL_SCRIPT, tmp_path, env, DEADLINE_S + 30) as (codes, logs):
+        assert list(codes) == [0, 0], (codes, logs)
+    for r in range(2):
+        started = json.loads((tmp_path / f"started{r}").read_text())["at"]
+        res = json.loads((tmp_path / f"result{r}").read_text())
+        took = res["at"] - started
+        print(f"rank {r}: {took:.2f} s: {res}")
+        if r == 1 or res["error"] == "CollectiveTimeoutError":
+            assert res["error"] == "CollectiveTimeoutError", (res, logs)
+            assert "allreduce 'stalled.grad'" in res["message"], res
+            assert "SPARK_HVD_TIMEOUT_S=2 s" in res["message"], res
+            assert timeout_s <= took, took
+        else:
+            assert res["error"] == "PeerLostError", (res, logs)
+        assert took < timeout_s + 5, took
+    assert (tmp_path / "shut_down0").exists(), logs
