@@ -5,12 +5,16 @@ prints ``PASS elastic_gpu ...`` or ``FAIL``."""
 
 import os
 import signal
+import sys
 import tempfile
 
 import torch
 
 import spark_hvd.torch as hvd
 
+if not torch.cuda.is_available():
+    print("SKIP elastic_gpu torch sees no CUDA device", flush=True)
+    sys.exit(0)
 MARK = os.path.join(tempfile.gettempdir(), f"shvd_elastic_gpu.{os.environ.get('SPARK_HVD_RUN_ID')}")
 hvd.init()
 torch.cuda.set_device(0)

@@ -90,6 +90,65 @@ def main() -> int:
         rs = hvd.reducescatter(torch.ones(2 * n, 3, device=dev), op=hvd.Sum, name="gpu.rs")
         assert rs.device == dev and torch.all(rs == n)
 
+    @check("grouped_allreduce_and_process_set")
+    def _():
+        xs = [torch.full((i + 3,), float(hvd.rank() + 1), device=dev) for i in range(5)]
+        outs = hvd.grouped_allreduce(xs, op=hvd.Sum, name="gpu.grouped")
+        want = float(sum(r + 1 for r in range(n)))
+        assert all(o.device == dev and torch.all(o == want) for o in outs), outs
+        ps = hvd.add_process_set([0])  # every rank adds it; only rank 0 is in it
+        try:
+            if ps.included():
+                y = hvd.allreduce(torch.full((4,), 3.0, device=dev), op=hvd.Sum,
+                                  process_set=ps, name="gpu.ps")
+                assert y.device == dev and torch.all(y == 3.0), y
+        finally:
+            hvd.remove_process_set(ps)
+
+    @check("producer_stream_is_waited_for")
+    def _():
+        # The input is written on a side stream by a long matmul chain; the op must wait
+        # for that stream (the tensor's current stream), not read stale memory.
+        side = torch.cuda.Stream(device=dev)
+        a = torch.randn(2048, 2048, device=dev)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(side):
+            y = a
+            for _ in range(20):
+                y = (y @ a) / 2048.0
+            x = torch.full((1 << 20,), float(hvd.rank() + 1), device=dev) + y.sum() * 0
+            got = hvd.allreduce(x, op=hvd.Sum, name="gpu.stream")
+        side.synchronize()
+        want = float(sum(r + 1 for r in range(n)))
+        ref = want + (y.sum() * 0).item()
+        assert torch.allclose(got, torch.full_like(got, ref)), (got[:4], ref)
+
+    @check("compression_sync_bn_optimizer_state")
+    def _():
+        x = torch.full((1000,), 0.5 * (hvd.rank() + 1), device=dev)
+        c = hvd.allreduce(x, op=hvd.Average, compression=hvd.Compression.fp16, name="gpu.fp16")
+        assert c.device == dev and c.dtype == torch.float32
+        assert torch.allclose(c, torch.full_like(c, 0.25 * (n + 1)), atol=1e-3), c[:4]
+        torch.manual_seed(7)
+        bn = torch.nn.BatchNorm2d(3).to(dev)
+        sbn = hvd.SyncBatchNorm(3).to(dev)
+        sbn.load_state_dict(bn.state_dict())
+        full = torch.randn(4 * n, 3, 5, 5, device=dev)  # the same on every rank (seeded)
+        mine = full[4 * hvd.rank():4 * (hvd.rank() + 1)].clone().requires_grad_()
+        out = sbn(mine)
+        out.square().sum().backward()
+        ref = bn(full)[4 * hvd.rank():4 * (hvd.rank() + 1)]
+        assert torch.allclose(out, ref, atol=1e-4), (out - ref).abs().max()
+        assert torch.allclose(sbn.running_mean, bn.running_mean, atol=1e-5)
+        assert mine.grad is not None and mine.grad.device == dev
+        model = torch.nn.Linear(8, 4).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        model(torch.randn(2, 8, device=dev)).sum().backward()
+        opt.step()
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        state = opt.state_dict()["state"]
+        assert all(v["exp_avg"].device == dev for v in state.values())
+
     @check("adasum_through_host_memory")
     def _():
         if n & (n - 1):
