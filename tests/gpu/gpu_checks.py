@@ -175,6 +175,43 @@ def main() -> int:
             opt.step()
         return f"loss {loss.item():.4f}"
 
+    @check("lightning_fit_on_cuda")
+    def _():
+        try:
+            from spark_hvd.torch.lightning import HorovodStrategy, lightning_package
+        except ImportError as e:
+            return f"skipped: {e}"
+        import importlib
+
+        pl = importlib.import_module(lightning_package())
+
+        class Net(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.layer = torch.nn.Linear(16, 4)
+
+            def training_step(self, batch, batch_idx):
+                x, y = batch
+                loss = torch.nn.functional.cross_entropy(self.layer(x), y)
+                self.log("loss", loss, sync_dist=True)
+                return loss
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        g = torch.Generator().manual_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(256, 16, generator=g),
+                                              torch.randint(0, 4, (256,), generator=g))
+        net = Net()
+        trainer = pl.Trainer(strategy=HorovodStrategy(), accelerator="gpu", devices=1,
+                             max_epochs=2, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(net, torch.utils.data.DataLoader(data, batch_size=32))
+        assert net.layer.weight.device == dev, net.layer.weight.device
+        digest = float(net.layer.weight.double().sum())
+        assert hvd.allgather_object(digest) == [digest] * n, "ranks ended with other weights"
+        return f"{lightning_package()} on {dev}, loss {float(trainer.callback_metrics['loss']):.4f}"
+
     @check("single_gpu_step_overhead")
     def _():
         if n != 1:
