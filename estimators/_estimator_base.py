@@ -101,8 +101,12 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         """The user's objects for the ranks, as bytes."""
         raise NotImplementedError
 
+    # The module of the per-rank trainer (its ``train`` and ``read_checkpoint``), for the
+    # estimators that can import it eagerly.
+    _trainer_module: Any = None
+
     def _train_fn(self) -> Callable[[TrainConfig], Dict[str, Any]]:
-        raise NotImplementedError
+        return self._trainer_module.train
 
     def _train_env(self) -> Dict[str, str]:
         return {}
@@ -421,6 +425,12 @@ def checkpoint_error(store: Any, run_id: str, exc: Exception) -> InvalidArgument
     return InvalidArgumentError(
         f"cannot read the checkpoint of run_id '{run_id}' in {store}: {exc}. Use another "
         f"run_id, or delete {store.get_checkpoint_path(run_id)}")
+
+
+def no_checkpoint_error(store: Any, run_id: str) -> InvalidArgumentError:
+    """The error when a finished training left no checkpoint (it always writes one)."""
+    return InvalidArgumentError(f"training finished but no checkpoint was found under "
+                                f"{store.get_checkpoint_path(run_id)}")
 
 
 def loss_error(pairs: str, exc: Exception) -> InvalidArgumentError:

@@ -218,19 +218,36 @@ def _optimizer_for(model: Any, optimizer: Any) -> Any:
     return optimizer(model.parameters())
 
 
-def train(config: TrainConfig) -> Dict[str, Any]:
-    """Train on this rank (see the module docstring); returns a small summary."""
-    started = time.perf_counter()
+def start_rank(config: TrainConfig) -> Tuple[Any, Any]:
+    """``hvd.init()``, this process's share of the cores, its device, the same seeds on
+    every rank; returns (spark_hvd.torch, the device)."""
     import torch
 
     import spark_hvd.torch as hvd
 
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
     _limit_threads(hvd)
     device = _pick_device(config.use_gpu, hvd)
     torch.manual_seed(config.seed)
     np.random.seed(config.seed % (2 ** 32))
+    return hvd, device
+
+
+def loaded_copy(model: Any, state_dict: Mapping[str, Any]) -> Any:
+    """A CPU copy of ``model`` with ``state_dict`` loaded, in eval mode."""
+    model = copy.deepcopy(model).cpu()
+    model.load_state_dict(state_dict)
+    model.eval()
+    return model
+
+
+def train(config: TrainConfig) -> Dict[str, Any]:
+    """Train on this rank (see the module docstring); returns a small summary."""
+    started = time.perf_counter()
+    import torch
+
+    hvd, device = start_rank(config)
+    rank, size = hvd.rank(), hvd.size()
 
     objs = load_objects(config.objects)
     model = objs["model"].to(device)

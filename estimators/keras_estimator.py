@@ -32,7 +32,7 @@ from spark_hvd.exceptions import InvalidArgumentError
 
 from . import _keras_io as keras_io
 from ._estimator_base import (DistributedEstimator, check_outputs, checkpoint_error,
-                              input_shape_error, loss_error, transformed)
+                              input_shape_error, loss_error, no_checkpoint_error, transformed)
 from ._mlflow import MODEL_NAME
 from .keras_model import KerasModel
 from .params import KERAS_ESTIMATOR_PARAMS, declare_params
@@ -100,10 +100,8 @@ class KerasEstimator(keras_io.KerasParamsMixin, DistributedEstimator):
                        ) -> Tuple[Any, Dict[str, List[float]]]:
         from . import _trainer_keras as trainer
         found = trainer.read_checkpoint(p["store"], run_id)
-        if found is None:
-            raise InvalidArgumentError(  # pragma: no cover - training always writes one
-                f"training finished but no checkpoint was found under "
-                f"{p['store'].get_checkpoint_path(run_id)}")
+        if found is None:  # pragma: no cover - training always writes one
+            raise no_checkpoint_error(p["store"], run_id)
         model = keras_io.model_from_bytes(found[0], p["custom_objects"])
         _compile(model, p)
         return model, found[1]["history"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from spark_hvd.exceptions import InvalidArgumentError
 
 from . import _trainer_torch as trainer
 from ._estimator_base import (DistributedEstimator, check_outputs, checkpoint_error,
-                              input_shape_error, loss_error, transformed)
+                              input_shape_error, loss_error, no_checkpoint_error, transformed)
 from ._mlflow import MODEL_NAME
 from .params import ESTIMATOR_PARAMS, declare_params
 from .torch_model import TorchModel
@@ -50,13 +50,14 @@ class TorchEstimator(DistributedEstimator):
 
     _RUN_PREFIX = "torch"
     _model_class = TorchModel
+    _trainer_module = trainer
 
     # -- fit hooks (see _estimator_base) ---------------------------------------------------
     def _dry_run(self, p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
         return _dry_run(p, zeros)
 
     def _checkpoint_epoch(self, p: Dict[str, Any], run_id: str) -> Optional[int]:
-        state = _compatible_checkpoint(p["store"], run_id, p["model"])
+        state = compatible_checkpoint(p["store"], run_id, p["model"])
         return None if state is None else int(state["epoch"])
 
     def _objects(self, p: Dict[str, Any]) -> bytes:
@@ -69,20 +70,12 @@ class TorchEstimator(DistributedEstimator):
             objects["model"].cpu()
         return cloudpickle.dumps(objects)
 
-    def _train_fn(self) -> Any:
-        return trainer.train
-
     def _trained_model(self, p: Dict[str, Any], run_id: str
                        ) -> Tuple[Any, Dict[str, List[float]]]:
         state = trainer.read_checkpoint(p["store"], run_id)
-        if state is None:
-            raise InvalidArgumentError(  # pragma: no cover - training always writes one
-                f"training finished but no checkpoint was found under "
-                f"{p['store'].get_checkpoint_path(run_id)}")
-        model = copy.deepcopy(p["model"]).cpu()
-        model.load_state_dict(state["model"])
-        model.eval()
-        return model, state["history"]
+        if state is None:  # pragma: no cover - training always writes one
+            raise no_checkpoint_error(p["store"], run_id)
+        return trainer.loaded_copy(p["model"], state["model"]), state["history"]
 
     def _log_mlflow_model(self, p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
                           signature: Any) -> None:
@@ -146,11 +139,14 @@ declare_params(TorchEstimator, ESTIMATOR_PARAMS)
 
 # -- fit helpers ------------------------------------------------------------------------------
 
-def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
-    """Run the model, loss and metrics on zero rows; returns each output's per-row shape."""
+def forward_on_zeros(p: Dict[str, Any], zeros: Dict[str, np.ndarray]
+                     ) -> Tuple[List[Any], Dict[str, Any], Any, Any]:
+    """The model's outputs on the zero rows (through ``transformation_fn``, reshaped by
+    ``input_shapes``), in eval mode; a failure is an error naming the columns and shapes.
+    Returns (outputs, the transformed batch, the model's float dtype, its device)."""
     import torch
     model = p["model"]
-    features, labels = p["feature_cols"], p["label_cols"] or []
+    features = p["feature_cols"]
     batch = transformed(p, zeros)
     float_dtype = trainer.model_float_dtype(model)
     device = next((t.device for t in model.parameters()), torch.device("cpu"))
@@ -167,6 +163,14 @@ def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]
         raise input_shape_error(given, exc) from exc
     finally:
         model.train(was_training)
+    return outputs, batch, float_dtype, device
+
+
+def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
+    """Run the model, loss and metrics on zero rows; returns each output's per-row shape."""
+    import torch
+    labels = p["label_cols"] or []
+    outputs, batch, float_dtype, device = forward_on_zeros(p, zeros)
     check_outputs(outputs, labels)
     lshapes = p["label_shapes"]
     label_t = [trainer.to_tensor(batch[c], c, float_dtype, lshapes[i] if lshapes else None,
@@ -198,18 +202,23 @@ def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]
     return [list(o.shape[1:]) for o in outputs]
 
 
-def _compatible_checkpoint(store: Any, run_id: str, model: Any) -> Optional[Dict[str, Any]]:
-    """The last checkpoint of ``run_id`` if any; an error if it does not fit ``model``."""
+def compatible_checkpoint(store: Any, run_id: str, model: Any,
+                          read: Callable[[Any, str], Optional[Dict[str, Any]]] = None,
+                          weights: str = "model",
+                          epoch_of: Callable[[Dict[str, Any]], int] = lambda s: s["epoch"]
+                          ) -> Optional[Dict[str, Any]]:
+    """The last checkpoint of ``run_id`` (``read``, TorchEstimator's by default) if any; an
+    error if its ``weights`` entry does not fit ``model``."""
     try:
-        state = trainer.read_checkpoint(store, run_id)
+        state = (read or trainer.read_checkpoint)(store, run_id)
     except Exception as exc:
         raise checkpoint_error(store, run_id, exc) from exc
     if state is None:
         return None
     try:
-        copy.deepcopy(model).cpu().load_state_dict(state["model"])
+        copy.deepcopy(model).cpu().load_state_dict(state[weights])
     except Exception as exc:
         raise InvalidArgumentError(
-            f"run_id '{run_id}' has a checkpoint (epoch {state['epoch']}) of a different model: "
-            f"{exc}. Use a new run_id to train this model from scratch") from exc
+            f"run_id '{run_id}' has a checkpoint (epoch {epoch_of(state)}) of a different "
+            f"model: {exc}. Use a new run_id to train this model from scratch") from exc
     return state

@@ -242,8 +242,8 @@ def test_checkpoint_round_trip(tmp_path):
     assert back["epoch"] == 2 and back["history"] == {"loss": [1.0, 0.5]}
     # A checkpoint of another architecture is refused on the driver, before any job.
     with pytest.raises(InvalidArgumentError, match="different model"):
-        te._compatible_checkpoint(store, "r", make_net(hidden=8))
-    assert te._compatible_checkpoint(store, "r", make_net())["epoch"] == 2
+        te.compatible_checkpoint(store, "r", make_net(hidden=8))
+    assert te.compatible_checkpoint(store, "r", make_net())["epoch"] == 2
 
 
 # -- restarts after a lost rank (the launch is a fake: no Spark) -------------------------------
