@@ -140,6 +140,8 @@ def _build(package: str):
             if hvd.ReduceOp(op) not in (hvd.ReduceOp.AVERAGE, hvd.ReduceOp.SUM):
                 raise InvalidArgumentError(f"HorovodStrategy(op=...) takes Average or Sum, "
                                            f"not {hvd.ReduceOp(op).name}")
+            if not hvd.is_initialized():  # the Trainer asks for ranks before setup
+                hvd.init()
             super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                              cluster_environment=SparkHvdEnvironment(),
                              checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
