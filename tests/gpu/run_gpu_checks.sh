@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # GPU checks on a machine with one NVIDIA GPU and nothing downloadable: builds the
 # extension in place, then runs tests/gpu/gpu_checks.py on one rank (NCCL) and prints
-# one line per check. Needs a Python with torch (a CUDA build), numpy, pybind11, cmake
-# and a C++ compiler; set PYTHON to choose it. Under 10 minutes.
+# one line per check: every op x dtype on CUDA tensors, fusion and scale factors, grouped
+# ops and a process set, the op waiting for the producer's stream, compression,
+# SyncBatchNorm, optimizer state, Adasum (host staged), a DistributedOptimizer step, a
+# Lightning fit with HorovodStrategy (when lightning imports) and the single-GPU step
+# overhead against plain torch. Needs a Python with torch (a CUDA build), numpy, pybind11,
+# cmake and a C++ compiler; set PYTHON to choose it. Under 10 minutes. Dry-run (no GPU:
+# every GPU part says SKIP) in a venv with only those packages, 2026-12-02.
 #
 # Then: the same checks as two ranks sharing the GPU (staged through host memory: NCCL
 # refuses two ranks on one device), an elastic job on the GPU that loses a worker, and
