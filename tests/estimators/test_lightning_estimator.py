@@ -19,7 +19,7 @@ pytestmark = pytest.mark.spark
 
 def _estimator(store, **kw):
     args = dict(num_proc=2, store=store, model=DigitsNet(), feature_cols=["features"],
-                label_cols=["label"], batch_size=32, epochs=3, validation=0.1, random_seed=1,
+                label_cols=["label"], batch_size=32, epochs=2, validation=0.1, random_seed=1,
                 run_id="lightning", mlflow_log=False, callbacks=[EpochsSeen()],
                 trainer_args={"gradient_clip_val": 5.0})
     args.update(kw)
@@ -31,7 +31,7 @@ EXPERIMENT = "spark_hvd-tests-lightning"
 
 @pytest.fixture(scope="module")
 def fitted(digits, tmp_path_factory):
-    """The first fit (3 epochs, run_id 'lightning'), logged to MLflow in EXPERIMENT."""
+    """The first fit (2 epochs, run_id 'lightning'), logged to MLflow in EXPERIMENT."""
     store = LocalStore(str(tmp_path_factory.mktemp("lightning") / "store"))
     return store, _estimator(store, mlflow_log=True, mlflow_experiment=EXPERIMENT).fit(
         digits[0])
@@ -48,7 +48,7 @@ def test_fit_transform_and_resume(fitted, digits, capfd):
     assert isinstance(model, TorchModel) and isinstance(model.getModel(), DigitsNet)
     history = model.getHistory()
     assert sorted(history) == ["train_loss", "val_acc", "val_loss"]
-    assert all(len(v) == 3 for v in history.values())
+    assert all(len(v) == 2 for v in history.values())
     assert history["train_loss"][-1] < history["train_loss"][0]
     assert history["val_acc"][-1] >= 0.85, history
     assert _accuracy(model, digits[1]) >= 0.85
@@ -71,18 +71,18 @@ def test_fit_transform_and_resume(fitted, digits, capfd):
     run = os.path.join(store.prefix, "runs", "lightning")
     assert os.listdir(os.path.join(run, "checkpoint")) == ["last.ckpt"]
     with open(os.path.join(run, "logs", "history.json")) as f:
-        assert json.load(f) == {"epochs": 3, "history": history}
+        assert json.load(f) == {"epochs": 2, "history": history}
 
-    # The same run_id with more epochs resumes at epoch 4: Lightning restores the weights,
+    # The same run_id with more epochs resumes at epoch 3: Lightning restores the weights,
     # the optimizer and the scheduler, and the history goes on.
     capfd.readouterr()
-    model2 = _estimator(store, epochs=4).fit(digits[0])
+    model2 = _estimator(store, epochs=3).fit(digits[0])
     out = capfd.readouterr().out
-    assert "resuming run 'lightning' at epoch 4/4" in out, out[-3000:]
-    assert "[0] epoch 4/4" in out and "[0] epoch 3/4" not in out
-    assert "[0] user callback: epoch 4 ended" in out
+    assert "resuming run 'lightning' at epoch 3/3" in out, out[-3000:]
+    assert "[0] epoch 3/3" in out and "[0] epoch 2/3" not in out
+    assert "[0] user callback: epoch 3 ended" in out
     h2 = model2.getHistory()
-    assert all(h2[k][:3] == history[k] and len(h2[k]) == 4 for k in history)
+    assert all(h2[k][:2] == history[k] and len(h2[k]) == 3 for k in history)
 
 
 def test_persistence_keeps_the_module_and_trainer_args(fitted, tmp_path):

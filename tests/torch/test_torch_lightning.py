@@ -20,7 +20,7 @@ def test_lightning_strategy(ranks, spec):
 
 def test_lightning_digits_example_two_ranks(tmp_path):
     ckpt = tmp_path / "ckpt"
-    proc = hvdrun(2, [sys.executable, EXAMPLE, "--epochs", "4", "--checkpoint-dir", str(ckpt)],
+    proc = hvdrun(2, [sys.executable, EXAMPLE, "--epochs", "3", "--checkpoint-dir", str(ckpt)],
                   timeout=240, cwd=ROOT)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
@@ -29,7 +29,7 @@ def test_lightning_digits_example_two_ranks(tmp_path):
     assert found and float(found[0]) >= 0.9, out[-3000:]
     assert not re.search(r"^\[1\] final", out, re.M), "only rank 0 reports"
     # Rank 0 alone writes the checkpoints, one per epoch.
-    assert sorted(os.listdir(ckpt)) == [f"digits-epoch={e}.ckpt" for e in range(4)]
+    assert sorted(os.listdir(ckpt)) == [f"digits-epoch={e}.ckpt" for e in range(3)]
 
 
 ALONE = r"""
