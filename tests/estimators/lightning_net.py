@@ -1,5 +1,7 @@
 """The LightningModule of the LightningEstimator tests (shipped to the executors by value)."""
 
+import os
+import signal
 import sys
 
 import cloudpickle
@@ -65,3 +67,20 @@ class EpochsSeen(pl.Callback):
         self.epochs += 1
         if trainer.global_rank == 0:
             print(f"user callback: epoch {trainer.current_epoch + 1} ended", flush=True)
+
+
+class KillOnce(DigitsNet):
+    """DigitsNet whose rank 1 SIGKILLs its own process at its ``step``-th training batch,
+    once: it creates the file ``marker`` first, and a process that finds it trains on."""
+
+    def __init__(self, step: int, marker: str) -> None:
+        super().__init__()
+        self.kill_at, self.marker, self.steps = step, marker, 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        if (self.steps == self.kill_at and self.global_rank == 1
+                and not os.path.exists(self.marker)):
+            open(self.marker, "x").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().training_step(batch, batch_idx)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from est_helpers import assert_mlflow_history, mlflow_runs
-from lightning_net import DigitsNet, EpochsSeen, ForwardOnly
+from lightning_net import DigitsNet, EpochsSeen, ForwardOnly, KillOnce
 from spark_hvd.estimators import LightningEstimator, LocalStore, TorchModel
 from spark_hvd.exceptions import InvalidArgumentError
 
@@ -83,6 +83,24 @@ def test_fit_transform_and_resume(fitted, digits, capfd):
     assert "[0] user callback: epoch 3 ended" in out
     h2 = model2.getHistory()
     assert all(h2[k][:2] == history[k] and len(h2[k]) == 3 for k in history)
+
+
+def test_a_lost_rank_restarts_from_the_last_lightning_checkpoint(digits, tmp_path, capfd):
+    """Rank 1's process is SIGKILLed in epoch 2 (about 19 batches per epoch): fit restarts
+    the run, the ranks resume from the epoch 1 Lightning checkpoint, and training ends."""
+    store = LocalStore(str(tmp_path / "store"))
+    marker = tmp_path / "killed"
+    model = _estimator(store, model=KillOnce(step=25, marker=str(marker)),
+                       run_id="killed").fit(digits[0])
+    out = capfd.readouterr().out
+    assert marker.exists()
+    assert "LightningEstimator: rank 1 lost during epoch 2/2" in out, out[-3000:]
+    assert "restarting from the epoch 1 checkpoint, attempt 2/4" in out
+    assert "resuming run 'killed' at epoch 2/2" in out and "[0] epoch 2/2" in out
+    history = model.getHistory()
+    assert {k: len(v) for k, v in history.items()} == {"train_loss": 2, "val_acc": 2,
+                                                        "val_loss": 2}
+    assert history["val_acc"][-1] >= 0.85, history
 
 
 def test_persistence_keeps_the_module_and_trainer_args(fitted, tmp_path):
