@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <chrono>
 #include <sstream>
 #include <string>
@@ -61,22 +62,18 @@ std::string FormatSeconds(double s) {
 
 }  // namespace
 
-// "allreduce 'a', 'b' and 3 more": what a timed-out item was doing, for its error.
+// "allreduce 'a', 'b', 'c' and 3 more": what a timed-out item was doing, for its error.
 std::string InFlight::Describe(const Item& item) {
-  std::string out;
-  size_t shown = 0;
+  std::vector<const TensorEntry*> mine;
   for (const auto& e : item.entries) {
-    if (!e) continue;
-    if (shown == 3) {
-      size_t rest = 0;
-      for (const auto& r : item.entries) rest += r ? 1 : 0;
-      return out + " and " + std::to_string(rest - shown) + " more";
-    }
-    out += shown == 0 ? std::string(OpTypeName(e->req.op)) + " '" + e->req.name + "'"
-                      : ", '" + e->req.name + "'";
-    ++shown;
+    if (e) mine.push_back(e.get());
   }
-  return shown == 0 ? "no tensor of this rank" : out;
+  if (mine.empty()) return "no tensor of this rank";
+  std::string out = std::string(OpTypeName(mine[0]->req.op)) + " '" + mine[0]->req.name + "'";
+  const size_t shown = std::min<size_t>(mine.size(), 3);
+  for (size_t i = 1; i < shown; ++i) out += ", '" + mine[i]->req.name + "'";
+  if (mine.size() > shown) out += " and " + std::to_string(mine.size() - shown) + " more";
+  return out;
 }
 
 void InFlight::Loop() {
