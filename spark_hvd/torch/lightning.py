@@ -26,7 +26,6 @@ import functools
 import importlib
 import sys
 import weakref
-from contextlib import contextmanager
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -193,7 +192,7 @@ def _build(package: str):
             hvd.broadcast_parameters(self.lightning_module.state_dict(), root_rank=0)
             named = list(self.lightning_module.named_parameters())
             wrapped = []
-            for i, optimizer in enumerate(self.optimizers):
+            for optimizer in self.optimizers:
                 hvd.broadcast_optimizer_state(optimizer, root_rank=0)
                 mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
                 distributed = hvd.DistributedOptimizer(
@@ -209,28 +208,21 @@ def _build(package: str):
 
         def optimizer_step(self, optimizer, closure: Callable[[], Any], model=None,
                            **kwargs: Any) -> Any:
+            if not isinstance(optimizer, hvd.optimizer._DistributedOptimizer):
+                return super().optimizer_step(optimizer, closure, model, **kwargs)
+
             # The closure runs forward and backward (the gradient hooks start the
             # allreduces); wait for the averages right after it, so that Lightning's
             # clipping and on_before_optimizer_step see them, then step without
             # synchronizing again.
             def closure_then_synchronize():
                 result = closure()
-                if isinstance(optimizer, hvd.optimizer._DistributedOptimizer):
-                    optimizer.synchronize()
+                optimizer.synchronize()
                 return result
 
-            with self._skip_synchronize(optimizer):
+            with optimizer.skip_synchronize():
                 return super().optimizer_step(optimizer, closure_then_synchronize, model,
                                               **kwargs)
-
-        @staticmethod
-        @contextmanager
-        def _skip_synchronize(optimizer):
-            if isinstance(optimizer, hvd.optimizer._DistributedOptimizer):
-                with optimizer.skip_synchronize():
-                    yield
-            else:
-                yield
 
         # -- collectives Lightning asks for -----------------------------------------------
         def reduce(self, tensor, group: Optional[Any] = None, reduce_op: Any = "mean"):
@@ -257,7 +249,8 @@ def _build(package: str):
     return HorovodStrategy, SparkHvdEnvironment
 
 
-HorovodStrategy, SparkHvdEnvironment = _build(lightning_package())
-_registry = importlib.import_module(f"{lightning_package()}.strategies").StrategyRegistry
+_PACKAGE = lightning_package()
+HorovodStrategy, SparkHvdEnvironment = _build(_PACKAGE)
+_registry = importlib.import_module(f"{_PACKAGE}.strategies").StrategyRegistry
 if "horovod" not in _registry:
     HorovodStrategy.register_strategies(_registry)
