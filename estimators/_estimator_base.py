@@ -233,7 +233,7 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             run_id=run_id, store=p["store"], meta=meta, objects=self._objects(p),
             feature_cols=list(p["feature_cols"]), label_cols=list(p["label_cols"] or []),
             sample_weight_col=p["sample_weight_col"], input_shapes=p["input_shapes"],
-            label_shapes=p["label_shapes"], loss_weights=p["loss_weights"],
+            label_shapes=p["label_shapes"], loss_weights=p.get("loss_weights"),
             batch_size=p["batch_size"], val_batch_size=p["val_batch_size"] or p["batch_size"],
             epochs=p["epochs"], train_steps_per_epoch=p["train_steps_per_epoch"],
             validation_steps_per_epoch=p["validation_steps_per_epoch"], shuffle=p["shuffle"],
@@ -265,9 +265,10 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
                 f"{name} needs label_cols, e.g. label_cols=['label'] (the loss compares "
                 f"the model's outputs with them)")
         n_out = max(n_losses, len(labels))
-        if p["loss_weights"] is not None and len(p["loss_weights"]) != n_out:
+        loss_weights = p.get("loss_weights")  # a table without losses has no such row
+        if loss_weights is not None and len(loss_weights) != n_out:
             raise InvalidArgumentError(
-                f"loss_weights has {len(p['loss_weights'])} value(s) for {n_out} loss(es); give "
+                f"loss_weights has {len(loss_weights)} value(s) for {n_out} loss(es); give "
                 f"one weight per label column")
         for what, cols in (("input_shapes", p["feature_cols"]), ("label_shapes", labels)):
             if p[what] is not None and len(p[what]) != len(cols):

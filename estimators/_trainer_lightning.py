@@ -20,6 +20,7 @@ One rank, in order:
 
 from __future__ import annotations
 
+import importlib
 import io
 import math
 import os
@@ -52,8 +53,16 @@ RESERVED_TRAINER_ARGS = {
 def read_checkpoint(store: Any, run_id: str) -> Optional[Dict[str, Any]]:
     """``run_id``'s last Lightning checkpoint (a dict), or None when there is none."""
     blob = read_checkpoint_bytes(store, run_id)
-    if blob is None:
-        return None
+    return None if blob is None else _loaded(store, run_id, blob)
+
+
+def read_checkpoint_bytes(store: Any, run_id: str) -> Optional[bytes]:
+    path = checkpoint_file(store, run_id, LAST_CHECKPOINT)
+    return store.read_bytes(path) if store.exists(path) else None
+
+
+def _loaded(store: Any, run_id: str, blob: bytes) -> Dict[str, Any]:
+    """The checkpoint ``blob`` of ``run_id``, checked to be one of ours."""
     import torch
     state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
     meta = state.get(META_KEY) if isinstance(state, dict) else None
@@ -61,11 +70,6 @@ def read_checkpoint(store: Any, run_id: str) -> Optional[Dict[str, Any]]:
         raise ValueError(f"{checkpoint_file(store, run_id, LAST_CHECKPOINT)} is not a "
                          f"spark_hvd LightningEstimator checkpoint")
     return state
-
-
-def read_checkpoint_bytes(store: Any, run_id: str) -> Optional[bytes]:
-    path = checkpoint_file(store, run_id, LAST_CHECKPOINT)
-    return store.read_bytes(path) if store.exists(path) else None
 
 
 class _Batches:
@@ -162,20 +166,22 @@ def _callback_class(pl: Any) -> Any:
 def train(config: TrainConfig) -> Dict[str, Any]:
     """Train on this rank (see the module docstring); returns a small summary."""
     started = time.perf_counter()
-    import torch
-
     hvd, device = start_rank(config)
     rank, size = hvd.rank(), hvd.size()
 
     objs = load_objects(config.objects)  # imports the module's Lightning package first
-    import importlib
-
     from spark_hvd.torch.lightning import HorovodStrategy, lightning_package
     pl = importlib.import_module(lightning_package())
     module = objs["model"]
 
-    blob = read_checkpoint_bytes(config.store, config.run_id) if rank == 0 else None
-    blob = hvd.broadcast_object(blob, root_rank=0, name="estimator.lightning.resume")
+    # Rank 0 reads the checkpoint and its spark_hvd entry once; every rank gets both.
+    blob, meta = None, None
+    if rank == 0:
+        blob = read_checkpoint_bytes(config.store, config.run_id)
+        if blob is not None:
+            meta = _loaded(config.store, config.run_id, blob)[META_KEY]
+    blob, meta = hvd.broadcast_object((blob, meta), root_rank=0,
+                                      name="estimator.lightning.resume")
     history: Dict[str, List[float]] = {}
     start = 0
     local_dir = tempfile.mkdtemp(prefix="shvd_lightning_")
@@ -184,7 +190,6 @@ def train(config: TrainConfig) -> Dict[str, Any]:
         resume_path = os.path.join(local_dir, "resume.ckpt")
         with open(resume_path, "wb") as f:
             f.write(blob)
-        meta = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)[META_KEY]
         history = {k: list(v) for k, v in meta["history"].items()}
         start = int(meta["epoch"])
 

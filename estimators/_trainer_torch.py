@@ -233,6 +233,14 @@ def start_rank(config: TrainConfig) -> Tuple[Any, Any]:
     return hvd, device
 
 
+def on_cpu(model: Any) -> Any:
+    """``model``, or a CPU copy of it when any parameter is elsewhere (executors may have no
+    such device)."""
+    if any(t.device.type != "cpu" for t in model.parameters()):
+        return copy.deepcopy(model).cpu()
+    return model
+
+
 def loaded_copy(model: Any, state_dict: Mapping[str, Any]) -> Any:
     """A CPU copy of ``model`` with ``state_dict`` loaded, in eval mode."""
     model = copy.deepcopy(model).cpu()

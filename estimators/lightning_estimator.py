@@ -19,7 +19,6 @@ TorchModel whose ``transform`` calls the module's ``forward`` on the feature col
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -31,7 +30,7 @@ from . import _trainer_torch as torch_trainer
 from ._estimator_base import DistributedEstimator, check_outputs, no_checkpoint_error
 from .params import ESTIMATOR_PARAMS, _P, PICKLE, _any, _dict, _list_of_objects, \
     declare_params, derive_table
-from .torch_estimator import TorchEstimator, compatible_checkpoint, forward_on_zeros
+from .torch_estimator import compatible_checkpoint, forward_on_zeros, log_torch_model
 from .torch_model import TorchModel
 
 # The rows of TorchEstimator's table a LightningModule makes moot (it computes its own
@@ -77,12 +76,6 @@ class LightningEstimator(DistributedEstimator):
     _model_class = TorchModel
     _trainer_module = trainer
 
-    def _values(self) -> Dict[str, Any]:
-        p = super()._values()
-        for name in _MOOT:
-            p.setdefault(name, None)
-        return p
-
     # -- fit hooks (see _estimator_base) ---------------------------------------------------
     def _dry_run(self, p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
         outputs = forward_on_zeros(p, zeros)[0]
@@ -96,10 +89,8 @@ class LightningEstimator(DistributedEstimator):
 
     def _objects(self, p: Dict[str, Any]) -> bytes:
         import cloudpickle
-        model = p["model"]
-        if any(t.device.type != "cpu" for t in model.parameters()):
-            model = copy.deepcopy(model).cpu()
-        return cloudpickle.dumps({"model": model, "callbacks": p["callbacks"],
+        return cloudpickle.dumps({"model": torch_trainer.on_cpu(p["model"]),
+                                  "callbacks": p["callbacks"],
                                   "transformation_fn": p["transformation_fn"],
                                   "gradient_compression": p["gradient_compression"],
                                   "trainer_args": p["trainer_args"]})
@@ -114,7 +105,7 @@ class LightningEstimator(DistributedEstimator):
 
     def _log_mlflow_model(self, p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
                           signature: Any) -> None:
-        TorchEstimator._log_mlflow_model(self, p, model, zeros, signature)
+        log_torch_model(p, model, zeros, signature)
 
     # -- parameter checks (no Spark) -------------------------------------------------------
     def _check_params(self, p: Dict[str, Any]) -> None:

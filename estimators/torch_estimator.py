@@ -79,20 +79,7 @@ class TorchEstimator(DistributedEstimator):
 
     def _log_mlflow_model(self, p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
                           signature: Any) -> None:
-        import mlflow.pytorch
-        import torch
-        dtype = trainer.model_float_dtype(model)
-        shapes = p["input_shapes"] or [None] * len(p["feature_cols"])
-        inputs = [trainer.to_tensor(zeros[c], c, dtype, shapes[i], torch.device("cpu"))
-                  for i, c in enumerate(p["feature_cols"])]
-        with torch.no_grad():
-            outputs = trainer.as_outputs(model(*inputs))
-        # Pickled (cloudpickle), as the model travels to the executors and into saved
-        # Pipelines: whatever trains logs, where MLflow's default torch.export format
-        # needs an example input and a model that exports.
-        mlflow.pytorch.log_model(
-            model, name=MODEL_NAME, serialization_format="pickle",
-            signature=signature([t.numpy() for t in inputs], [o.numpy() for o in outputs]))
+        log_torch_model(p, model, zeros, signature)
 
     # -- parameter checks (no Spark) -------------------------------------------------------
     def _check_params(self, p: Dict[str, Any]) -> None:
@@ -203,14 +190,15 @@ def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]
 
 
 def compatible_checkpoint(store: Any, run_id: str, model: Any,
-                          read: Callable[[Any, str], Optional[Dict[str, Any]]] = None,
+                          read: Callable[[Any, str], Optional[Dict[str, Any]]] =
+                          trainer.read_checkpoint,
                           weights: str = "model",
                           epoch_of: Callable[[Dict[str, Any]], int] = lambda s: s["epoch"]
                           ) -> Optional[Dict[str, Any]]:
     """The last checkpoint of ``run_id`` (``read``, TorchEstimator's by default) if any; an
     error if its ``weights`` entry does not fit ``model``."""
     try:
-        state = (read or trainer.read_checkpoint)(store, run_id)
+        state = read(store, run_id)
     except Exception as exc:
         raise checkpoint_error(store, run_id, exc) from exc
     if state is None:
@@ -222,3 +210,23 @@ def compatible_checkpoint(store: Any, run_id: str, model: Any,
             f"run_id '{run_id}' has a checkpoint (epoch {epoch_of(state)}) of a different "
             f"model: {exc}. Use a new run_id to train this model from scratch") from exc
     return state
+
+
+def log_torch_model(p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
+                    signature: Any) -> None:
+    """Log the trained torch ``model`` into the active MLflow run (``mlflow.pytorch``), its
+    signature from the model on the zero batch (see ``_log_mlflow_model``)."""
+    import mlflow.pytorch
+    import torch
+    dtype = trainer.model_float_dtype(model)
+    shapes = p["input_shapes"] or [None] * len(p["feature_cols"])
+    inputs = [trainer.to_tensor(zeros[c], c, dtype, shapes[i], torch.device("cpu"))
+              for i, c in enumerate(p["feature_cols"])]
+    with torch.no_grad():
+        outputs = trainer.as_outputs(model(*inputs))
+    # Pickled (cloudpickle), as the model travels to the executors and into saved
+    # Pipelines: whatever trains logs, where MLflow's default torch.export format
+    # needs an example input and a model that exports.
+    mlflow.pytorch.log_model(
+        model, name=MODEL_NAME, serialization_format="pickle",
+        signature=signature([t.numpy() for t in inputs], [o.numpy() for o in outputs]))

@@ -13,7 +13,6 @@ are its torch parts:
 
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Callable, List, Optional
 
@@ -29,9 +28,8 @@ class TorchModel(ArrowModel):
 
     def _model_bytes(self, model: Any) -> bytes:
         import cloudpickle
-        if any(t.device.type != "cpu" for t in model.parameters()):
-            model = copy.deepcopy(model).cpu()  # executors may have no such device
-        return cloudpickle.dumps(model)
+        from . import _trainer_torch as trainer
+        return cloudpickle.dumps(trainer.on_cpu(model))
 
     def _float32(self, model: Any) -> bool:
         import torch

@@ -12,17 +12,16 @@ ranks (``sync_dist=True``) and only rank 0 writes checkpoints. Under Spark, call
 
 import argparse
 import hashlib
+import importlib
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-from spark_hvd.torch.lightning import HorovodStrategy, lightning_package
-
-import importlib
 
 import spark_hvd.torch as hvd
+from spark_hvd.torch.lightning import HorovodStrategy, lightning_package
 
 pl = importlib.import_module(lightning_package())
 

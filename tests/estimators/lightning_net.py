@@ -1,5 +1,6 @@
 """The LightningModule of the LightningEstimator tests (shipped to the executors by value)."""
 
+import importlib
 import os
 import signal
 import sys
@@ -9,8 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from spark_hvd.torch.lightning import lightning_package
-
-import importlib
 
 pl = importlib.import_module(lightning_package())
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
