@@ -1,8 +1,8 @@
 """Torch tensors as core descriptors: dtype codes, checks, results back to tensors.
 
-The core sees a tensor as (dtype code, shape, data pointer); everything here is
-about producing that descriptor from a CPU tensor (with a clear error for
-anything else) and turning the core's byte buffer back into a tensor.
+The core sees a tensor as (dtype code, shape, data pointer, device); everything
+here is about producing that descriptor from a CPU or CUDA tensor (with a clear
+error for anything else) and turning the core's output back into a tensor.
 """
 
 from __future__ import annotations
@@ -45,21 +45,22 @@ def dtype_code(dtype: torch.dtype) -> DataType:
 def check(tensor, what: str) -> torch.Tensor:
     """Validates a tensor for the core and returns it detached (no autograd history).
 
-    Raises InvalidArgumentError for non-tensors, GPU or other non-CPU tensors,
-    sparse tensors and unsupported dtypes.
+    Raises InvalidArgumentError for non-tensors, CUDA tensors where the CUDA runtime
+    does not load, tensors on other devices, sparse tensors and unsupported dtypes.
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
     if tensor.device.type == "cuda":
-        if not _nccl():
+        if not _gpu_operations():
             from spark_hvd import _core
 
             raise InvalidArgumentError(
-                f"{what}: the tensor is on {tensor.device}, but GPU tensors need NCCL, which "
-                f"is not available here (spark_hvd.nccl_built() is False: "
-                f"{_core.nccl_unavailable_reason()}). Install the nvidia-nccl and "
-                "nvidia-cuda-runtime wheels (GPU builds of PyTorch bring them) or set "
-                "SPARK_HVD_NCCL_LIBRARY, or move the tensor to the CPU (tensor.cpu()).")
+                f"{what}: the tensor is on {tensor.device}, but spark_hvd cannot run GPU "
+                f"tensors here: they need the CUDA runtime, with NCCL or staged through host "
+                f"memory (spark_hvd.cuda_built() is False: {_core.nccl_unavailable_reason()}). "
+                "Install the nvidia-nccl and nvidia-cuda-runtime wheels (GPU builds of PyTorch "
+                "bring them) or set SPARK_HVD_CUDA_LIBRARY / SPARK_HVD_NCCL_LIBRARY, or move "
+                "the tensor to the CPU (tensor.cpu()).")
     elif tensor.device.type != "cpu":
         raise InvalidArgumentError(f"{what}: the tensor is on {tensor.device}; spark_hvd.torch "
                                    "supports CPU and CUDA tensors")
@@ -72,10 +73,12 @@ def check(tensor, what: str) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _nccl() -> bool:
-    from spark_hvd._basics import nccl_built
+def _gpu_operations() -> bool:
+    """True when a CUDA tensor has a backend here: NCCL, or the CUDA runtime alone
+    (the core then stages GPU tensors through pinned host memory on a CPU backend)."""
+    from spark_hvd._basics import cuda_built
 
-    return nccl_built()
+    return cuda_built()
 
 
 def device_of(tensor: torch.Tensor) -> Tuple[int, int]:

@@ -3,7 +3,8 @@ runtime and NCCL of tests/fakes (test_mp_nccl.py sets SPARK_HVD_CUDA_LIBRARY and
 SPARK_HVD_NCCL_LIBRARY): GPU tensors go through the numpy-level API with a device id.
 On NCCL each rank has its own (fake) GPU, hvd.local_rank(); with
 SPARK_HVD_GPU_OPERATIONS=tcp the tensors are staged through host memory and every rank
-shares GPU 0 (SHVD_TEST_SHARED_GPU=1), which NCCL would refuse.
+shares GPU 0 (SHVD_TEST_SHARED_GPU=1), which NCCL would refuse; where NCCL does not
+load (SHVD_TEST_NO_NCCL=1) they are staged too, each rank on its own GPU.
 
 "Device" memory comes from the fake cudaMalloc and is host memory, so these cases can
 fill and read it directly (ctypes.memmove); on a real GPU tests/gpu/ does that part.
@@ -20,7 +21,7 @@ import numpy as np
 import spark_hvd as hvd
 from harness import Registry, Skip, expect_error, wait_for
 from refdata import BF16, Checks, assert_same, dname, is_bool, is_float, reduce, values
-from spark_hvd import _ops
+from spark_hvd import _core, _ops
 from spark_hvd._types import OpType, numpy_code
 
 CASES = Registry()
@@ -65,7 +66,10 @@ class DeviceArray:
             _lib().cudaFree(ctypes.c_void_p(self.ptr))
 
 
-STAGED = bool(os.environ.get("SPARK_HVD_GPU_OPERATIONS"))
+# Staged through host memory on a CPU backend: asked for, or NCCL does not load (the
+# staged_without_nccl mode of test_mp_nccl.py points SPARK_HVD_NCCL_LIBRARY nowhere).
+NO_NCCL = bool(os.environ.get("SHVD_TEST_NO_NCCL"))
+STAGED = bool(os.environ.get("SPARK_HVD_GPU_OPERATIONS")) or NO_NCCL
 
 
 def device() -> int:
@@ -146,6 +150,16 @@ def _allreduce_case(dt, op):
 for _dt in NCCL_DTYPES:
     for _op in OP:
         CASES.add(f"nccl_allreduce/{dname(_dt)}/{_op}", _allreduce_case(_dt, _op))
+
+
+@CASES.case("nccl_setup/the_libraries_the_mode_says")
+def _(ctx):
+    """The mode tests what it says: without NCCL only the CUDA runtime loads (so the
+    staged backend is the only one for GPU tensors); otherwise both load."""
+    assert hvd.cuda_built(), "the fake CUDA runtime did not load"
+    assert hvd.nccl_built() is not NO_NCCL, (hvd.nccl_built(), NO_NCCL)
+    if NO_NCCL:
+        assert "NCCL" in _core.nccl_unavailable_reason(), _core.nccl_unavailable_reason()
 
 
 @CASES.case("nccl_allreduce/scale_factors")

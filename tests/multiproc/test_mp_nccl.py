@@ -1,7 +1,7 @@
 """The GPU backends on 1, 2 and 3 ranks through the fake CUDA runtime and NCCL of
 tests/fakes (built here; CI has no GPU): the op matrix of cases_nccl.py on NCCL (one GPU
-per rank) and staged through host memory on the tcp backend (SPARK_HVD_GPU_OPERATIONS=tcp,
-every rank on GPU 0, which NCCL refuses), and a rank SIGKILLed in the middle of a GPU
+per rank), staged through host memory on the tcp backend (SPARK_HVD_GPU_OPERATIONS=tcp,
+every rank on GPU 0, which NCCL refuses) and staged because NCCL does not load, and a rank SIGKILLed in the middle of a GPU
 allreduce on NCCL (every survivor raises PeerLostError naming it within 10 s), and a rank
 whose GPU stalls (every rank raises CollectiveTimeoutError after SPARK_HVD_TIMEOUT_S)."""
 
@@ -29,6 +29,9 @@ def gpu_env():
 MODES = {
     "nccl": {},
     "staged_shared_gpu": {"SPARK_HVD_GPU_OPERATIONS": "tcp", "SHVD_TEST_SHARED_GPU": "1"},
+    # NCCL does not load, the CUDA runtime does: the staged backend takes GPU tensors
+    "staged_without_nccl": {"SPARK_HVD_NCCL_LIBRARY": "/nonexistent/libnccl.so.2",
+                            "SHVD_TEST_NO_NCCL": "1"},
 }
 
 

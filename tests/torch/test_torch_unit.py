@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from spark_hvd import nccl_built as hvd_nccl_built
+from spark_hvd import cuda_built as hvd_cuda_built
+from spark_hvd.torch import _tensors
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.torch._tensors import check, from_result
 from spark_hvd.torch.compression import Compression
@@ -20,18 +21,34 @@ class _FakeCuda(torch.Tensor):
         return torch.device("cuda", 0)
 
 
-def test_check_refuses_cuda_with_the_fix():
+def test_check_refuses_cuda_with_the_fix(monkeypatch):
+    monkeypatch.setattr(_tensors, "_gpu_operations", lambda: False)
     t = torch.Tensor._make_subclass(_FakeCuda, torch.ones(2))
     with pytest.raises(InvalidArgumentError) as info:
         check(t, "allreduce")
     msg = str(info.value)
-    assert "cuda:0" in msg and "NCCL" in msg and "tensor.cpu()" in msg
+    assert "cuda:0" in msg and "cuda_built() is False" in msg and "tensor.cpu()" in msg
+    assert "SPARK_HVD_CUDA_LIBRARY" in msg
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or hvd_nccl_built(),
-                    reason="needs a CUDA device without NCCL")
+def test_check_takes_cuda_where_the_cuda_runtime_loads_even_without_nccl(monkeypatch):
+    """NCCL missing but the CUDA runtime loading: the core stages GPU tensors through
+    host memory (the staged backend), so the tensor goes to the core."""
+    import spark_hvd._basics as basics
+    monkeypatch.setattr(basics, "cuda_built", lambda: True)
+    monkeypatch.setattr(basics, "nccl_built", lambda: False)
+    _tensors._gpu_operations.cache_clear()
+    try:
+        t = torch.Tensor._make_subclass(_FakeCuda, torch.ones(2))
+        assert check(t, "allreduce").device.type == "cuda"
+    finally:
+        _tensors._gpu_operations.cache_clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or hvd_cuda_built(),
+                    reason="needs a CUDA device where spark_hvd cannot load the CUDA runtime")
 def test_check_refuses_real_cuda_tensor():
-    with pytest.raises(InvalidArgumentError, match="NCCL"):
+    with pytest.raises(InvalidArgumentError, match="cuda_built"):
         check(torch.ones(2, device="cuda"), "allreduce")
 
 
