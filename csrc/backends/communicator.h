@@ -99,8 +99,9 @@ class Communicator {
 
   // Called before each op. Device backends: `device` is this rank's device for it
   // (-1 when this rank holds no tensor: it joined), and the op's work is ordered
-  // after whatever is queued on `streams` (where its inputs were produced). Host
-  // backends have nothing to do.
+  // after whatever is queued on `streams` (where its inputs were produced; a null
+  // entry is the legacy default stream, torch's default). Host backends have nothing
+  // to do.
   virtual Status Prepare(int32_t device, const std::vector<void*>& streams) {
     (void)device, (void)streams;
     return Status::OK();

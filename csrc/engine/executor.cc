@@ -71,7 +71,9 @@ Status Executor::Execute(const Response& r) {
   for (const auto& e : es) {
     if (!e) continue;
     device = e->req.device;
-    if (e->stream && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
+    // A GPU tensor's producing stream, the null (legacy default) stream included: a
+    // backend's own non-blocking stream does not wait for it by itself.
+    if (device >= 0 && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
       streams.push_back(e->stream);
     }
   }

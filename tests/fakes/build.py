@@ -35,6 +35,8 @@ DEFAULT_DEVICES = 1
 DELAY_US_ENV_VAR = "SHVD_FAKE_CUDA_DELAY_US"  # how long each queued stream item waits
 DEFAULT_DELAY_US = 200
 HOST_ENV_VAR = "SHVD_FAKE_NCCL_HOST"  # the host NCCL reports (default: gethostname())
+# 1: the null stream is queued like the legacy default stream (torch's default stream)
+LEGACY_STREAM_ENV_VAR = "SHVD_FAKE_CUDA_LEGACY_STREAM"
 
 # Where cached_fakes() builds: this env var, else build/test-fakes in the checkout.
 BUILD_DIR_ENV_VAR = "SHVD_FAKES_BUILD_DIR"
@@ -129,9 +131,11 @@ def cached_fakes(with_driver: bool = False) -> Dict[str, str]:
 def fake_env(fakes: Dict[str, str], devices: int = DEFAULT_DEVICES,
              delay_us: Optional[int] = None) -> Dict[str, str]:
     """The environment that points the NCCL backend at the fakes, with ``devices`` fake
-    GPUs per process (give each rank its own: NCCL refuses two ranks on one device)."""
+    GPUs per process (give each rank its own: NCCL refuses two ranks on one device) and
+    the null stream queued as the legacy default stream (work a tensor's producer queued
+    there is not done until the stream runs it)."""
     env = {"SPARK_HVD_CUDA_LIBRARY": fakes["cudart"], "SPARK_HVD_NCCL_LIBRARY": fakes["nccl"],
-           DEVICES_ENV_VAR: str(devices)}
+           DEVICES_ENV_VAR: str(devices), LEGACY_STREAM_ENV_VAR: "1"}
     if delay_us is not None:
         env[DELAY_US_ENV_VAR] = str(delay_us)
     return env

@@ -28,8 +28,13 @@
 //   waiting for the stream sees the old value. The null stream (0) runs its work at
 //   once in the calling thread, like a per-thread default stream: no implicit
 //   synchronization with other streams (code relying on the legacy default stream's
-//   implicit waits gets stale data here). cudaStreamSynchronize waits for the queue to
-//   drain; cudaStreamDestroy waits, then joins the worker.
+//   implicit waits gets stale data here). With SHVD_FAKE_CUDA_LEGACY_STREAM=1 it is
+//   instead queued like the others, one per device (the calling thread's current one),
+//   as the legacy default stream that torch's default stream is: work queued there
+//   runs later, so code that reads a tensor produced there without waiting for it
+//   sees the old value (its implicit waits on blocking streams are still not modelled).
+//   cudaStreamSynchronize waits for the queue to drain; cudaStreamDestroy waits, then
+//   joins the worker.
 // * Events: cudaEventRecord(e, s) queues a marker; cudaEventQuery -> cudaSuccess once
 //   the most recent recording's marker ran (or if never recorded), else
 //   cudaErrorNotReady (600); cudaEventSynchronize blocks for it; cudaStreamWaitEvent(s,
@@ -262,9 +267,20 @@ class Runtime {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& kv : streams_) all.push_back(kv.second);
+      for (auto& kv : legacy_) all.push_back(kv.second);
     }
     for (auto& s : all) s->Drain();
   }
+  // SHVD_FAKE_CUDA_LEGACY_STREAM=1: the queued null stream of `device` (made on first
+  // use); else null (the null stream runs work at once).
+  std::shared_ptr<Stream> Legacy(int device) {
+    if (!legacy_stream) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& s = legacy_[device];
+    if (!s) s = std::make_shared<Stream>(device, delay_us);
+    return s;
+  }
+  const bool legacy_stream = EnvInt("SHVD_FAKE_CUDA_LEGACY_STREAM", 0) != 0;
 
   std::shared_ptr<Event> FindEvent(cudaEvent_t e) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -287,6 +303,7 @@ class Runtime {
  private:
   std::mutex mu_;
   std::unordered_map<cudaStream_t, std::shared_ptr<Stream>> streams_;
+  std::map<int, std::shared_ptr<Stream>> legacy_;
   std::unordered_map<cudaEvent_t, std::shared_ptr<Event>> events_;
 };
 
@@ -297,9 +314,14 @@ Runtime& Rt() {
 
 thread_local int t_device = 0;
 
-// Runs work on `stream`: now for the null stream, else queued.
+// Runs work on `stream`: queued; the null stream runs it now unless it is the queued
+// legacy one (SHVD_FAKE_CUDA_LEGACY_STREAM).
 cudaError_t Submit(cudaStream_t stream, std::function<void()> work) {
   if (!stream) {
+    if (auto legacy = Rt().Legacy(t_device)) {
+      legacy->Push(std::move(work));
+      return cudaSuccess;
+    }
     work();
     return cudaSuccess;
   }
@@ -395,7 +417,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  if (!stream) return cudaSuccess;
+  if (!stream) {
+    if (auto legacy = Rt().Legacy(t_device)) legacy->Drain();
+    return cudaSuccess;
+  }
   auto s = Rt().FindStream(stream);
   if (!s) return kErrInvalidResourceHandle;
   s->Drain();
@@ -471,7 +496,8 @@ cudaError_t shvd_fake_enqueue(cudaStream_t stream, shvd_fake_work_fn fn, void* a
 
 cudaError_t shvd_fake_enqueue_joined(const cudaStream_t* streams, int n, shvd_fake_work_fn fn,
                                      void* arg) {
-  // The null stream, if present, runs fn (in this thread, after the others arrived).
+  // The null stream, if present, runs fn (in this thread, after the others arrived;
+  // on its queue when it is the legacy one).
   std::vector<cudaStream_t> distinct;
   for (int i = 0; i < n; ++i)
     if (std::find(distinct.begin(), distinct.end(), streams[i]) == distinct.end())

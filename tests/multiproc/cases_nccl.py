@@ -290,6 +290,54 @@ def _(ctx):
         hvd.remove_process_set(ps)
 
 
+# -- streams: the op waits for the stream that produced its input ---------------------------
+
+def _produced_late(arr: np.ndarray, stream: int):
+    """A device buffer that holds zeros until `stream` has run about 300 queued items
+    (60 ms at the fake's 200 us each) and then a copy of `arr`: an op that reads it
+    without waiting for `stream` reads zeros. Returns what must stay alive meanwhile."""
+    lib = _lib()
+    buf = DeviceArray(np.zeros_like(arr))
+    busy = DeviceArray(np.zeros(64, np.uint8))
+    for _ in range(300):
+        assert lib.cudaMemsetAsync(ctypes.c_void_p(busy.ptr), 0, ctypes.c_size_t(64),
+                                   ctypes.c_void_p(stream)) == 0
+    host = np.ascontiguousarray(arr)
+    assert lib.cudaMemcpyAsync(ctypes.c_void_p(buf.ptr), ctypes.c_void_p(host.ctypes.data),
+                               ctypes.c_size_t(host.nbytes), 1, ctypes.c_void_p(stream)) == 0
+    return buf, (buf, host, busy)
+
+
+def _waits_for(stream: int, ctx, label: str) -> None:
+    x = values(np.float32, ctx.rank, (1000,))
+    buf, keep = _produced_late(x, stream)
+    h = _ops.submit(OpType.ALLREDUCE, f"g.stream.{label}", numpy_code(x.dtype), x.shape, buf.ptr,
+                    buf.ptr, keep, lambda r: buf.numpy(), reduce_op=hvd.Sum, device=device(),
+                    stream=stream)
+    got = wait_for(h, HANG_S, f"allreduce after work on the {label} stream", ctx)
+    assert_same(got, reduce([values(np.float32, r, (1000,)) for r in range(ctx.size)], "Sum",
+                            np.float32))
+
+
+@CASES.case("nccl_streams/the_default_stream_is_waited_for")
+def _(ctx):
+    """Stream 0 is the legacy default stream, where torch's default stream queues its
+    kernels: the core's own (non-blocking) stream must wait for it."""
+    _waits_for(0, ctx, "default")
+
+
+@CASES.case("nccl_streams/a_side_stream_is_waited_for")
+def _(ctx):
+    lib = _lib()
+    stream = ctypes.c_void_p()
+    assert lib.cudaSetDevice(device()) == 0
+    assert lib.cudaStreamCreateWithFlags(ctypes.byref(stream), 1) == 0
+    try:
+        _waits_for(stream.value, ctx, "side")
+    finally:
+        assert lib.cudaStreamDestroy(stream) == 0
+
+
 @CASES.case("nccl_mixed/cpu_and_gpu_ops_in_flight")
 def _(ctx):
     n = ctx.size
