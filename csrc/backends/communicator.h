@@ -113,6 +113,10 @@ class Communicator {
   // The work the last call queued without finishing it (device backends; the
   // caller must keep the op's buffers alive until it is done); null: finished.
   virtual std::unique_ptr<PendingWork> TakePending() { return nullptr; }
+  // The engine stopped on a failure: end this communicator now, without the
+  // handshake with its peers that a clean destruction may do (a peer that failed
+  // never joins it). Called before destruction; host backends have nothing to do.
+  virtual void Abort() {}
 
   // A communicator among `ranks` (ranks of this communicator, sorted), for process
   // set `set_id`. Collective: every rank of this communicator calls it with the

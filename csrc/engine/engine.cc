@@ -204,6 +204,9 @@ void Engine::Loop(std::promise<Status>* ready) {
     in_flight.AbortAll(failure_);
   }
   control_ = nullptr;
+  // After a failure, NCCL communicators are aborted, not destroyed: ncclCommDestroy
+  // waits for the other local ranks, and one that failed, or aborted, never comes.
+  if (!stop.ok()) sets_.AbortAll();
   sets_.Clear();
   FinalizeBackends();
   timeline_.Stop();

@@ -59,6 +59,15 @@ int32_t ProcessSetTable::NextId() {
   return next_id_++;
 }
 
+void ProcessSetTable::AbortAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& kv : sets_) {
+    for (auto& link : kv.second->comms) {
+      if (link.comm) link.comm->Abort();
+    }
+  }
+}
+
 void ProcessSetTable::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   sets_.clear();

@@ -42,6 +42,7 @@ class ProcessSetTable {
   std::vector<int32_t> Ids();
   int32_t NextId();
   void Clear();
+  void AbortAll();  // Communicator::Abort on every communicator of every set
 
  private:
   std::mutex mu_;

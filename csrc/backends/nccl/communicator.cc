@@ -9,6 +9,7 @@
 #include "backends/host_reduce.h"
 #include "backends/members.h"
 #include "backends/nccl/cuda_util.h"
+#include "common/env.h"
 #include "common/half.h"
 #include "common/logging.h"
 #include "common/reduce.h"
@@ -63,12 +64,16 @@ std::vector<uint8_t> Scalar(double factor, DataType d) {
 
 class Work : public PendingWork {
  public:
-  Work(const CudaApi* cuda, std::shared_ptr<CommHandle> comm, cudaEvent_t event,
+  Work(const CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device, cudaEvent_t event,
        std::vector<std::vector<uint8_t>> keep)
-      : cuda_(cuda), comm_(std::move(comm)), event_(event), keep_(std::move(keep)) {}
+      : cuda_(cuda), comm_(std::move(comm)), device_(device), event_(event),
+        keep_(std::move(keep)) {}
   ~Work() override { cuda_->EventDestroy(event_); }
 
   bool Poll(Status* status) override {
+    // The polling thread's current device is this work's (else its first CUDA call
+    // would make a context on device 0, in every rank).
+    cuda_->SetDevice(device_);
     const cudaError_t q = cuda_->EventQuery(event_);
     if (q == cudaSuccess) {
       *status = Status::OK();
@@ -79,11 +84,14 @@ class Work : public PendingWork {
                                  cuda_->GetErrorString(q));
       return true;
     }
-    std::lock_guard<std::mutex> lock(comm_->mu);
     if (comm_->aborted) {
       *status = Status::PeerLost("the NCCL communicator was aborted");
       return true;
     }
+    // The engine thread may be inside an NCCL call on the communicator (one that
+    // blocks, even): poll again later rather than wait, so the timeout still runs.
+    std::unique_lock<std::timed_mutex> lock(comm_->mu, std::try_to_lock);
+    if (!lock.owns_lock() || comm_->aborted) return false;
     ncclResult_t async = ncclSuccess;
     comm_->nccl->CommGetAsyncError(comm_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
@@ -100,6 +108,7 @@ class Work : public PendingWork {
  private:
   const CudaApi* cuda_;
   std::shared_ptr<CommHandle> comm_;
+  int32_t device_;
   cudaEvent_t event_;
   std::vector<std::vector<uint8_t>> keep_;  // host memory queued copies read or write
 };
@@ -107,9 +116,9 @@ class Work : public PendingWork {
 }  // namespace
 
 void CommHandle::Abort() {
-  std::lock_guard<std::mutex> lock(mu);
-  if (aborted || comm == nullptr) return;
-  aborted = true;
+  std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
+  (void)lock.try_lock_for(std::chrono::seconds(5));  // see the struct's comment
+  if (comm == nullptr || aborted.exchange(true)) return;
   nccl->CommAbort(comm);
 }
 
@@ -127,12 +136,66 @@ NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<in
       nccl_(nccl) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  if (stream_ != nullptr) {
-    if (!comm_ || !comm_->aborted) cuda_->StreamSynchronize(stream_);
-    cuda_->StreamDestroy(stream_);
-  }
-  if (fusion_ != nullptr) cuda_->Free(fusion_);
+  // Neither waits here: the stream's resources go once its work is done, and
+  // FreeLater's cudaFree waits for the device (work in flight holds the comm).
+  if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
+  if (fusion_ != nullptr) FreeLater(cuda_, device_, fusion_);
   comm_.reset();
+}
+
+void NcclCommunicator::Abort() {
+  if (comm_) comm_->Abort();
+}
+
+Status NcclCommunicator::Aborted() const {
+  return Status::PeerLost("the NCCL communicator of rank " + std::to_string(options_.rank) +
+                          " (process set " + std::to_string(set_id_) +
+                          ") was aborted after a GPU collective failed or timed out");
+}
+
+Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
+  std::lock_guard<std::timed_mutex> lock(comm_->mu);
+  if (comm_->aborted) return Aborted();
+  return calls();
+}
+
+Status NcclCommunicator::WaitForStream() {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(env::TimeoutS());
+  Status s = WaitPolling(cuda_, stream_, [&]() -> Status {
+    if (comm_->aborted) return Aborted();
+    ncclResult_t async = ncclSuccess;
+    {
+      std::unique_lock<std::timed_mutex> lock(comm_->mu, std::try_to_lock);
+      if (lock.owns_lock() && !comm_->aborted) comm_->nccl->CommGetAsyncError(comm_->comm, &async);
+    }
+    if (async != ncclSuccess && async != ncclInProgress) {
+      return Status::PeerLost(std::string("NCCL reported ") + nccl_->GetErrorString(async) +
+                              " on rank " + std::to_string(options_.rank) +
+                              " (a peer failed or left)");
+    }
+    if (options_.lost_ranks) {
+      std::vector<int32_t> lost;
+      for (int32_t r : options_.lost_ranks()) {
+        if (std::binary_search(members_.begin(), members_.end(), r)) lost.push_back(r);
+      }
+      if (!lost.empty()) {
+        return Status::PeerLost("the rendezvous service lost rank(s) " + JoinRanks(lost) +
+                                    " while rank " + std::to_string(options_.rank) +
+                                    " waited for its GPU work",
+                                lost);
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status::Timeout("a GPU collective did not finish within SPARK_HVD_TIMEOUT_S on "
+                             "rank " + std::to_string(options_.rank) +
+                             "; its communicator was aborted (a peer, or this rank's GPU, may "
+                             "be stuck)");
+    }
+    return Status::OK();
+  });
+  if (!s.ok()) comm_->Abort();  // the stream's kernels wait no more
+  return s;
 }
 
 Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
@@ -250,6 +313,8 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
   if (!comm_) {
     Status s = Connect(device);
     if (!s.ok()) return s;
+  } else if (comm_->aborted) {
+    return Aborted();
   } else if (device != device_) {
     return Status::InvalidArgument("NCCL takes one GPU per rank: this rank used GPU " +
                                    std::to_string(device_) + " and now GPU " +
@@ -269,7 +334,7 @@ std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
     keep_.clear();
     return nullptr;
   }
-  return std::make_unique<Work>(cuda_, comm_, done, std::move(keep_));
+  return std::make_unique<Work>(cuda_, comm_, device_, done, std::move(keep_));
 }
 
 Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {
@@ -279,10 +344,8 @@ Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {
 Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {
   if (fusion_bytes_ < bytes) {
     if (fusion_ != nullptr) {
-      // Work queued earlier may still use it.
-      Status s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
-      if (!s.ok()) return s;
-      cuda_->Free(fusion_);
+      // Work queued earlier may still use it: FreeLater's cudaFree waits for it.
+      FreeLater(cuda_, device_, fusion_);
       fusion_ = nullptr;
     }
     Status s = CudaCheck(cuda_->Malloc(&fusion_, bytes), "cudaMalloc (fusion buffer)");
@@ -317,12 +380,17 @@ Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
   if (sum_like && is_float && factor != 1.0) {  // scale factors and Average: one premultiply
     std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
     ncclRedOp_t op;
-    s = NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype, ncclScalarHostImmediate,
-                                              comm_->comm),
-                  "ncclRedOpCreatePreMulSum");
+    s = OnComm([&] {
+      return NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype,
+                                                   ncclScalarHostImmediate, comm_->comm),
+                       "ncclRedOpCreatePreMulSum");
+    });
     if (!s.ok()) return s;
     s = Native(a, dtype, op, count);
-    nccl_->RedOpDestroy(op, comm_->comm);
+    OnComm([&] {
+      nccl_->RedOpDestroy(op, comm_->comm);
+      return Status::OK();
+    });
   } else if ((sum_like && is_float) ||
              (a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
     s = Native(a, dtype, BaseOp(a.op, a.dtype), count);
@@ -340,8 +408,10 @@ Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclR
   const size_t dsize = DataTypeSize(a.dtype);
   if (a.tensors.size() == 1 && a.tensors[0].input != nullptr) {
     const ReduceTensor& t = a.tensors[0];
-    return NcclCheck(nccl_->AllReduce(t.input, t.output, count, dtype, op, comm_->comm, stream_),
-                     "ncclAllReduce");
+    return OnComm([&] {
+      return NcclCheck(nccl_->AllReduce(t.input, t.output, count, dtype, op, comm_->comm, stream_),
+                       "ncclAllReduce");
+    });
   }
   void* buf;
   Status s = DeviceBuffer(std::max<size_t>(count * dsize, 1), &buf);
@@ -361,8 +431,10 @@ Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclR
     offset += bytes;
   }
   if (!s.ok()) return s;
-  s = NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
-                "ncclAllReduce");
+  s = OnComm([&] {
+    return NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
+                     "ncclAllReduce");
+  });
   offset = 0;
   for (const auto& t : a.tensors) {
     if (!s.ok()) return s;
@@ -395,7 +467,7 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
     }
     offset += bytes;
   }
-  if (s.ok()) s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (s.ok()) s = WaitForStream();
   if (!s.ok()) return s;
   offset = 0;
   for (const auto& t : a.tensors) {  // the neutral values stay unscaled
@@ -405,15 +477,17 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
   s = CudaCheck(cuda_->MemcpyAsync(buf, host.data(), host.size(), cudaMemcpyHostToDevice, stream_),
                 "cudaMemcpyAsync");
   if (s.ok()) {
-    s = NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
-                  "ncclAllReduce");
+    s = OnComm([&] {
+      return NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
+                       "ncclAllReduce");
+    });
   }
   if (s.ok()) {
     s = CudaCheck(cuda_->MemcpyAsync(host.data(), buf, host.size(), cudaMemcpyDeviceToHost,
                                      stream_),
                   "cudaMemcpyAsync");
   }
-  if (s.ok()) s = CudaCheck(cuda_->StreamSynchronize(stream_), "cudaStreamSynchronize");
+  if (s.ok()) s = WaitForStream();
   if (!s.ok()) return s;
   ScaleBuffer(host.data(), count, a.dtype, PostFactor(a));
   offset = 0;
@@ -433,9 +507,11 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
 
 Status NcclCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
   queued_ = true;
-  return NcclCheck(nccl_->Broadcast(buf, buf, static_cast<size_t>(bytes), ncclUint8, root,
-                                    comm_->comm, stream_),
-                   "ncclBroadcast");
+  return OnComm([&] {
+    return NcclCheck(nccl_->Broadcast(buf, buf, static_cast<size_t>(bytes), ncclUint8, root,
+                                      comm_->comm, stream_),
+                     "ncclBroadcast");
+  });
 }
 
 Status NcclCommunicator::AllgatherFixed(const void*, void*, int64_t) {
@@ -447,21 +523,24 @@ Status NcclCommunicator::AllgatherFixed(const void*, void*, int64_t) {
 Status NcclCommunicator::Allgatherv(const void* in, void* out,
                                     const std::vector<int64_t>& bytes_per_rank) {
   queued_ = true;
-  Status s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
-  if (!s.ok()) return s;
-  int64_t offset = 0;
-  for (int r = 0; r < size() && s.ok(); ++r) {
-    const int64_t bytes = bytes_per_rank[static_cast<size_t>(r)];
-    if (bytes > 0) {
-      s = NcclCheck(nccl_->Broadcast(r == rank_ ? in : nullptr, static_cast<char*>(out) + offset,
-                                     static_cast<size_t>(bytes), ncclUint8, r, comm_->comm,
-                                     stream_),
-                    "ncclBroadcast (allgather)");
+  return OnComm([&] {
+    Status s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
+    if (!s.ok()) return s;
+    int64_t offset = 0;
+    for (int r = 0; r < size() && s.ok(); ++r) {
+      const int64_t bytes = bytes_per_rank[static_cast<size_t>(r)];
+      if (bytes > 0) {
+        s = NcclCheck(nccl_->Broadcast(r == rank_ ? in : nullptr,
+                                       static_cast<char*>(out) + offset,
+                                       static_cast<size_t>(bytes), ncclUint8, r, comm_->comm,
+                                       stream_),
+                      "ncclBroadcast (allgather)");
+      }
+      offset += bytes;
     }
-    offset += bytes;
-  }
-  Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
-  return s.ok() ? end : s;
+    Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
+    return s.ok() ? end : s;
+  });
 }
 
 // One send and one receive per peer, as one NCCL group; this rank's own block is a copy.
@@ -475,25 +554,28 @@ Status NcclCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& s
   }
   Status s = Copy(static_cast<char*>(out) + recv_off[rank_],
                   static_cast<const char*>(in) + send_off[rank_], send_bytes[rank_]);
-  if (s.ok()) s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
   if (!s.ok()) return s;
-  for (int r = 0; r < size() && s.ok(); ++r) {
-    if (r == rank_) continue;
-    if (send_bytes[r] > 0) {
-      s = NcclCheck(nccl_->Send(static_cast<const char*>(in) + send_off[r],
-                                static_cast<size_t>(send_bytes[r]), ncclUint8, r, comm_->comm,
-                                stream_),
-                    "ncclSend (alltoall)");
+  return OnComm([&] {
+    Status s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
+    if (!s.ok()) return s;
+    for (int r = 0; r < size() && s.ok(); ++r) {
+      if (r == rank_) continue;
+      if (send_bytes[r] > 0) {
+        s = NcclCheck(nccl_->Send(static_cast<const char*>(in) + send_off[r],
+                                  static_cast<size_t>(send_bytes[r]), ncclUint8, r, comm_->comm,
+                                  stream_),
+                      "ncclSend (alltoall)");
+      }
+      if (s.ok() && recv_bytes[r] > 0) {
+        s = NcclCheck(nccl_->Recv(static_cast<char*>(out) + recv_off[r],
+                                  static_cast<size_t>(recv_bytes[r]), ncclUint8, r, comm_->comm,
+                                  stream_),
+                      "ncclRecv (alltoall)");
+      }
     }
-    if (s.ok() && recv_bytes[r] > 0) {
-      s = NcclCheck(nccl_->Recv(static_cast<char*>(out) + recv_off[r],
-                                static_cast<size_t>(recv_bytes[r]), ncclUint8, r, comm_->comm,
-                                stream_),
-                    "ncclRecv (alltoall)");
-    }
-  }
-  Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
-  return s.ok() ? end : s;
+    Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
+    return s.ok() ? end : s;
+  });
 }
 
 Status NcclCommunicator::Barrier() {

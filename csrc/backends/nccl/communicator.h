@@ -16,6 +16,8 @@
 // (Sum: Max, Product: Min); int16 has no NCCL type.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,12 +31,16 @@ namespace spark_hvd {
 namespace nccl {
 
 // The NCCL communicator handle, shared with the work queued on it so that an
-// abort (from the InFlight thread) and the destructor agree on who ends it.
+// abort (from the InFlight thread, or the engine's after a failure) and the
+// destructor agree on who ends it. ncclCommAbort frees the communicator, so the
+// engine thread makes its NCCL calls on it holding `mu` and only while it is not
+// aborted; Abort waits for `mu` a few seconds at most, since a call that blocks
+// (waiting for a stuck peer) is what an abort must end.
 struct CommHandle {
   const NcclApi* nccl = nullptr;
   ncclComm_t comm = nullptr;
-  std::mutex mu;
-  bool aborted = false;
+  std::timed_mutex mu;
+  std::atomic<bool> aborted{false};
   void Abort();
   ~CommHandle();
 };
@@ -62,6 +68,7 @@ class NcclCommunicator : public Communicator {
   Status Copy(void* dst, const void* src, int64_t bytes) override;
   Status Allocate(int64_t bytes, Buffer* out) override;  // cudaMalloc on this rank's GPU
   std::unique_ptr<PendingWork> TakePending() override;
+  void Abort() override;
 
  private:
   Status Connect(int32_t device);  // the NCCL communicator, collectively
@@ -69,6 +76,14 @@ class NcclCommunicator : public Communicator {
                   const ncclUniqueId& id);
   Status CudaCheck(cudaError_t err, const char* what) const;
   Status NcclCheck(ncclResult_t err, const char* what) const;
+
+  // Runs `calls` (NCCL calls on the communicator, and their checks) holding comm_->mu,
+  // unless the communicator was aborted: PeerLost then.
+  Status OnComm(const std::function<Status()>& calls);
+  Status Aborted() const;
+  // Waits for this rank's stream, giving up (and aborting the communicator) on an
+  // NCCL error, a lost member or SPARK_HVD_TIMEOUT_S.
+  Status WaitForStream();
 
   Status DeviceBuffer(size_t bytes, void** out);  // the fusion buffer, grown as needed
   Status Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);

@@ -1,6 +1,13 @@
 #include "backends/nccl/cuda_util.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 
 namespace spark_hvd {
 namespace nccl {
@@ -45,8 +52,85 @@ Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer
   out->data = p;
   out->bytes = bytes;
   out->device = device;
-  out->owner = std::shared_ptr<void>(p, [cuda](void* q) { cuda->Free(q); });
+  out->owner = std::shared_ptr<void>(p, [cuda, device](void* q) { FreeLater(cuda, device, q); });
   return Status::OK();
+}
+
+namespace {
+
+class Reaper {
+ public:
+  void Push(const CudaApi* cuda, int32_t device, void* ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Loop(); }).detach();  // lives as long as the process
+    }
+    queue_.push_back(Item{cuda, device, ptr});
+    cv_.notify_one();
+  }
+
+ private:
+  struct Item {
+    const CudaApi* cuda;
+    int32_t device;
+    void* ptr;
+  };
+  void Loop() {
+#ifdef __linux__
+    pthread_setname_np(pthread_self(), "shvd_cudafree");
+#endif
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      Item item = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      if (item.device >= 0) {
+        item.cuda->SetDevice(item.device);  // the memory's own device, not device 0
+        item.cuda->Free(item.ptr);
+      } else {
+        item.cuda->FreeHost(item.ptr);
+      }
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool started_ = false;
+};
+
+}  // namespace
+
+void FreeLater(const CudaApi* cuda, int32_t device, void* ptr) {
+  static Reaper* reaper = new Reaper;  // never destroyed: frees may come during exit
+  if (ptr != nullptr) reaper->Push(cuda, device, ptr);
+}
+
+Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,
+                   const std::function<Status()>& abort) {
+  cudaEvent_t done = nullptr;
+  Status s = CudaStatus(cuda, cuda->EventCreateWithFlags(&done, cudaEventDisableTiming),
+                        "cudaEventCreate");
+  if (!s.ok()) return s;
+  s = CudaStatus(cuda, cuda->EventRecord(done, stream), "cudaEventRecord");
+  auto pause = std::chrono::microseconds(10);
+  while (s.ok()) {
+    const cudaError_t q = cuda->EventQuery(done);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      s = CudaStatus(cuda, q, "cudaEventQuery");
+      break;
+    }
+    s = abort();
+    if (!s.ok()) break;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+  cuda->EventDestroy(done);
+  return s;
 }
 
 }  // namespace nccl

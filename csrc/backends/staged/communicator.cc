@@ -10,10 +10,12 @@ namespace {
 // The copies back to the GPU, seen through an event behind them.
 class CopiesBack : public PendingWork {
  public:
-  CopiesBack(const nccl::CudaApi* cuda, cudaEvent_t event, std::vector<std::shared_ptr<void>> keep)
-      : cuda_(cuda), event_(event), keep_(std::move(keep)) {}
+  CopiesBack(const nccl::CudaApi* cuda, int32_t device, cudaEvent_t event,
+             std::vector<std::shared_ptr<void>> keep)
+      : cuda_(cuda), device_(device), event_(event), keep_(std::move(keep)) {}
   ~CopiesBack() override { cuda_->EventDestroy(event_); }
   bool Poll(Status* status) override {
+    cuda_->SetDevice(device_);  // the polling thread's, not device 0
     const cudaError_t q = cuda_->EventQuery(event_);
     if (q == cudaErrorNotReady) return false;
     *status = q == cudaSuccess ? Status::OK()
@@ -25,6 +27,7 @@ class CopiesBack : public PendingWork {
 
  private:
   const nccl::CudaApi* cuda_;
+  int32_t device_;
   cudaEvent_t event_;
   std::vector<std::shared_ptr<void>> keep_;  // pinned buffers the copies read
 };
@@ -36,11 +39,12 @@ StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host,
     : host_(std::move(host)), cuda_(cuda) {}
 
 StagedCommunicator::~StagedCommunicator() {
-  if (stream_ != nullptr) {
-    cuda_->StreamSynchronize(stream_);
-    cuda_->StreamDestroy(stream_);
-  }
+  // No wait: the stream's resources go once its work is done, and the pinned
+  // buffers that work reads are held by its InFlight item.
+  if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
 }
+
+void StagedCommunicator::Abort() { host_->Abort(); }
 
 Status StagedCommunicator::Check(cudaError_t err, const char* what) const {
   return nccl::CudaStatus(cuda_, err, std::string(what) + " (staged GPU op)");
@@ -72,7 +76,7 @@ Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
                    "cudaMallocHost");
   if (!s.ok()) return s;
   const nccl::CudaApi* cuda = cuda_;
-  pinned_.emplace_back(p, [cuda](void* q) { cuda->FreeHost(q); });
+  pinned_.emplace_back(p, [cuda](void* q) { nccl::FreeLater(cuda, -1, q); });
   *out = p;
   return Status::OK();
 }
@@ -119,7 +123,7 @@ std::unique_ptr<PendingWork> StagedCommunicator::TakePending() {
     pinned_.clear();
     return nullptr;
   }
-  return std::make_unique<CopiesBack>(cuda_, done, std::move(pinned_));
+  return std::make_unique<CopiesBack>(cuda_, device_, done, std::move(pinned_));
 }
 
 Status StagedCommunicator::AllgatherFixed(const void*, void*, int64_t) {

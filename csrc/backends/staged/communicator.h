@@ -37,6 +37,7 @@ class StagedCommunicator : public Communicator {
   Status Copy(void* dst, const void* src, int64_t bytes) override;
   Status Allocate(int64_t bytes, Buffer* out) override;
   std::unique_ptr<PendingWork> TakePending() override;
+  void Abort() override;  // the host communicator's
 
  private:
   Status Check(cudaError_t err, const char* what) const;
