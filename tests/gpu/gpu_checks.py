@@ -40,6 +40,53 @@ def check(name: str):
 DTYPES = [torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
           torch.float32, torch.float64, torch.bool]
 
+# The producer-stream checks queue CHAIN_ITERS fp32 matmuls of MATMUL_N x MATMUL_N (~7
+# TFLOP, ~0.1 s on an H200) before the kernel that writes the reduced tensor, so an op
+# that does not wait for the producing stream reads the old contents (STALE) whatever the
+# timing. The DistributedOptimizer check trains an MLP of MLP_DEPTH Linear(MLP_WIDTH,
+# MLP_WIDTH) + ReLU layers on MLP_BATCH rows (backward ~1 TFLOP): the gradient hooks
+# submit allreduces long before the GPU has computed the gradients.
+MATMUL_N, CHAIN_ITERS = 4096, 50
+MLP_WIDTH, MLP_DEPTH, MLP_BATCH = 2048, 8, 8192
+STALE = -1000.0
+
+
+def _write_after_chain(buf: torch.Tensor, a: torch.Tensor, value: float) -> None:
+    """Queues CHAIN_ITERS matmuls on the current stream, then writes ``value`` into every
+    element of ``buf`` with the last kernel (through a zero that depends on the chain)."""
+    y = a
+    for _ in range(CHAIN_ITERS):
+        y = torch.tanh(y @ a)  # bounded: the sum below stays finite
+    zero = y.sum() * 0
+    buf.copy_((zero + value).expand_as(buf))
+
+
+def _gpu_busy() -> bool:
+    """True while the current stream still has queued work (nothing waits here)."""
+    ev = torch.cuda.Event()
+    ev.record()
+    return not ev.query()
+
+
+def _check_reduced(got: torch.Tensor, want: float, what: str) -> None:
+    """``got`` (a reduced CUDA tensor) must hold ``want`` everywhere: read once as the op
+    returned it (ordered only by what synchronize did) and once after a device sync, to
+    tell a missing producer wait from a missing consumer wait."""
+    early = got.detach().cpu()
+    torch.cuda.synchronize()
+    late = got.detach().cpu()
+    if not torch.all(late == want):
+        bad = int((late != want).sum())
+        raise AssertionError(
+            f"{what}: {bad}/{late.numel()} elements wrong even after a device sync (values "
+            f"{late.unique()[:6].tolist()}, want {want}; the input held {STALE} before its "
+            "producer's last kernel): the op did not wait for the stream that produced it")
+    if not torch.all(early == want):
+        bad = int((early != want).sum())
+        raise AssertionError(
+            f"{what}: right after a device sync but {bad}/{early.numel()} elements wrong when "
+            "read as synchronize returned it: the reading stream did not wait for the op")
+
 
 def main() -> int:
     if not torch.cuda.is_available():
@@ -107,21 +154,46 @@ def main() -> int:
 
     @check("producer_stream_is_waited_for")
     def _():
-        # The input is written on a side stream by a long matmul chain; the op must wait
-        # for that stream (the tensor's current stream), not read stale memory.
+        # The input is written on a side stream by the last kernel of a long matmul chain;
+        # the op, submitted at once, must wait for that stream (the tensor's current
+        # stream), not read the old contents.
         side = torch.cuda.Stream(device=dev)
-        a = torch.randn(2048, 2048, device=dev)
+        a = torch.randn(MATMUL_N, MATMUL_N, device=dev) / MATMUL_N ** 0.5
+        buf = torch.full((1 << 22,), STALE, device=dev)
+        (a @ a).sum().item()  # cuBLAS and allocator warm before the timed chain
         torch.cuda.synchronize()
-        with torch.cuda.stream(side):
-            y = a
-            for _ in range(20):
-                y = (y @ a) / 2048.0
-            x = torch.full((1 << 20,), float(hvd.rank() + 1), device=dev) + y.sum() * 0
-            got = hvd.allreduce(x, op=hvd.Sum, name="gpu.stream")
-        side.synchronize()
         want = float(sum(r + 1 for r in range(n)))
-        ref = want + (y.sum() * 0).item()
-        assert torch.allclose(got, torch.full_like(got, ref)), (got[:4], ref)
+        with torch.cuda.stream(side):
+            assert torch.cuda.current_stream(dev).cuda_stream != 0
+            _write_after_chain(buf, a, hvd.rank() + 1.0)
+            busy = _gpu_busy()
+            got = hvd.allreduce(buf, op=hvd.Sum, name="gpu.stream")
+            _check_reduced(got, want, "allreduce on a side stream")
+        return f"{CHAIN_ITERS} matmuls {MATMUL_N}^2 on a side stream; GPU busy at submit: {busy}"
+
+    @check("default_stream_producer_is_waited_for")
+    def _():
+        # The same on torch's default stream (no torch.cuda.stream context): its handle is
+        # 0, the legacy stream, which the core's stream must wait for like any other.
+        assert torch.cuda.current_stream(dev).cuda_stream == 0, \
+            torch.cuda.current_stream(dev)
+        a = torch.randn(MATMUL_N, MATMUL_N, device=dev) / MATMUL_N ** 0.5
+        (a @ a).sum().item()
+        want = float(sum(r + 1 for r in range(n)))
+        busy = []
+        for inplace in (False, True):
+            buf = torch.full((1 << 22,), STALE, device=dev)
+            torch.cuda.synchronize()
+            _write_after_chain(buf, a, hvd.rank() + 1.0)
+            busy.append(_gpu_busy())
+            if inplace:
+                got = hvd.allreduce_(buf, op=hvd.Sum, name="gpu.default_stream_")
+                assert got is buf
+            else:
+                got = hvd.allreduce(buf, op=hvd.Sum, name="gpu.default_stream")
+            _check_reduced(got, want, "allreduce_" if inplace else "allreduce")
+        return f"allreduce and allreduce_ after {CHAIN_ITERS} matmuls {MATMUL_N}^2 on the " \
+               f"default stream; GPU busy at submit: {busy}"
 
     @check("compression_sync_bn_optimizer_state")
     def _():
@@ -160,20 +232,70 @@ def main() -> int:
         hvd.allreduce_(x, op=hvd.Adasum, name="gpu.adasum_")
         assert x.device == dev and torch.equal(x.cpu(), ref)
 
-    @check("distributed_optimizer_step")
+    @check("distributed_optimizer_averages_grads")
     def _():
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
-                                    torch.nn.Linear(64, 10)).to(dev)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+        # Each rank trains on its own batch, on the default stream, with a backward long
+        # enough that the gradient hooks submit their allreduces while the GPU is still
+        # computing the gradients. After synchronize() (step 0) or step() (steps 1, 2),
+        # every p.grad must be the average over ranks of the local gradients, which each
+        # rank recomputes here for every rank's batch with a plain torch copy of the model,
+        # and SGD must have applied it. One rank: nothing to average (the optimizer adds no
+        # hooks), so this only checks that the gradients are left alone.
+        def mlp():
+            torch.manual_seed(1)
+            layers = []
+            for _ in range(MLP_DEPTH):
+                lin = torch.nn.Linear(MLP_WIDTH, MLP_WIDTH)
+                torch.nn.init.kaiming_normal_(lin.weight, nonlinearity="relu")
+                layers += [lin, torch.nn.ReLU()]
+            return torch.nn.Sequential(*layers, torch.nn.Linear(MLP_WIDTH, 16)).to(dev)
+
+        def batch(step, r):
+            g = torch.Generator(device=dev).manual_seed(1000 * step + r)
+            return torch.randn(MLP_BATCH, MLP_WIDTH, device=dev, generator=g)
+
+        def close(got, want, what, rtol=1e-4):
+            err = float((got.detach().double().cpu() - want).abs().max())
+            scale = float(want.abs().max())
+            assert err <= rtol * scale + 1e-12, \
+                f"{what}: max error {err:.3g} (values up to {scale:.3g})"
+
+        lr = 0.1
+        model, plain = mlp(), mlp()
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                        named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        for _ in range(5):
-            opt.zero_grad()
-            loss = model(torch.randn(16, 32, device=dev)).square().mean()
-            loss.backward()
-            opt.step()
-        return f"loss {loss.item():.4f}"
+        names = [k for k, _ in model.named_parameters()]
+        busy, checked = [], 0
+        for step in range(3):
+            plain.load_state_dict(model.state_dict())
+            local = []
+            for r in range(n):
+                plain.zero_grad(set_to_none=True)
+                plain(batch(step, r)).square().mean().backward()
+                local.append([p.grad.detach().double().cpu() for p in plain.parameters()])
+            want = [sum(gs) / n for gs in zip(*local)]
+            before = [p.detach().double().cpu() for p in model.parameters()]
+            opt.zero_grad(set_to_none=step != 1)  # step 1: the old grads stay, zeroed
+            torch.cuda.synchronize()
+            model(batch(step, hvd.rank())).square().mean().backward()
+            busy.append(_gpu_busy())
+            if step == 0:
+                opt.synchronize()
+                for k, p, w in zip(names, model.parameters(), want):
+                    close(p.grad, w, f"step 0 grad {k} after synchronize()")
+                with opt.skip_synchronize():
+                    opt.step()
+            else:
+                opt.step()
+            for k, p, w, b in zip(names, model.parameters(), want, before):
+                close(p.grad, w, f"step {step} grad {k} after step()")
+                close(p, b - lr * w, f"step {step} parameter {k} after step()", rtol=1e-5)
+                checked += 1
+        how = f"the average of {n} ranks' local grads" if n > 1 else \
+            "the local grads (one rank: no hooks, nothing averaged)"
+        return f"{checked} grads and parameters over 3 steps match {how}; GPU busy when " \
+               f"backward() returned: {busy}"
 
     @check("lightning_fit_on_cuda")
     def _():
