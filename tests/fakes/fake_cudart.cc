@@ -42,11 +42,26 @@
 //   never recorded); flags other than 0 -> 1.
 // * Handles are never reused: a destroyed stream or event -> cudaErrorInvalidResourceHandle
 //   (400); cudaGetErrorString names every code returned here.
+// * Contexts: with SHVD_FAKE_CUDA_EXCLUSIVE_DIR=<dir> the devices are in the
+//   EXCLUSIVE_PROCESS compute mode: the first call that needs a context on a physical
+//   device (every call but cudaGetDeviceCount, cudaGetDevice, cudaGetErrorString and
+//   cudaRuntimeGetVersion; it is made on the calling thread's current device, default 0,
+//   and cudaSetDevice makes one on the device it sets, as CUDA 12 does) claims the device
+//   for the process (the file <dir>/gpu<N> holds its pid); a call of another live process
+//   needing that device -> cudaErrorDevicesUnavailable (46), naming both on stderr. So a
+//   thread that forgets cudaSetDevice in a rank whose GPU is not 0 fails here, where a real
+//   GPU would quietly make a second context on GPU 0 (or fail the same way).
 // * cudaRuntimeGetVersion -> 12040.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -69,6 +84,7 @@ constexpr cudaError_t kErrMemoryAllocation = 2;
 constexpr cudaError_t kErrInvalidMemcpyDirection = 21;
 constexpr cudaError_t kErrNoDevice = 100;
 constexpr cudaError_t kErrInvalidDevice = 101;
+constexpr cudaError_t kErrDevicesUnavailable = 46;
 constexpr cudaError_t kErrInvalidResourceHandle = 400;
 constexpr size_t kAlignment = 256;
 
@@ -282,6 +298,48 @@ class Runtime {
   }
   const bool legacy_stream = EnvInt("SHVD_FAKE_CUDA_LEGACY_STREAM", 0) != 0;
 
+  // SHVD_FAKE_CUDA_EXCLUSIVE_DIR: a context on (visible) `device` for this process,
+  // claimed through a file per physical device; see the contract at the top.
+  cudaError_t Context(int device) {
+    static const char* dir = std::getenv("SHVD_FAKE_CUDA_EXCLUSIVE_DIR");
+    if (!dir || !*dir || device < 0 || device >= int(visible.size())) return cudaSuccess;
+    const int physical = visible[size_t(device)];
+    std::lock_guard<std::mutex> lock(claim_mu_);
+    if (claimed_.count(physical)) return cudaSuccess;
+    const std::string path = std::string(dir) + "/gpu" + std::to_string(physical);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+      if (fd >= 0) {
+        const std::string pid = std::to_string(::getpid()) + "\n";
+        (void)!::write(fd, pid.data(), pid.size());
+        ::close(fd);
+        claimed_.insert(physical);
+        return cudaSuccess;
+      }
+      long holder = 0;
+      if (FILE* f = std::fopen(path.c_str(), "r")) {
+        if (std::fscanf(f, "%ld", &holder) != 1) holder = 0;
+        std::fclose(f);
+      }
+      if (holder == long(::getpid())) {
+        claimed_.insert(physical);
+        return cudaSuccess;
+      }
+      if (holder > 0 && (::kill(pid_t(holder), 0) == 0 || errno == EPERM)) {
+        std::fprintf(stderr, "fake CUDA: process %d needs a context on GPU %d, which process %ld "
+                     "holds (exclusive-process mode): cudaErrorDevicesUnavailable\n",
+                     int(::getpid()), physical, holder);
+        return kErrDevicesUnavailable;
+      }
+      if (holder > 0) {
+        ::unlink(path.c_str());  // its process is gone
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // being written
+      }
+    }
+    return kErrDevicesUnavailable;
+  }
+
   std::shared_ptr<Event> FindEvent(cudaEvent_t e) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = events_.find(e);
@@ -304,6 +362,8 @@ class Runtime {
   std::mutex mu_;
   std::unordered_map<cudaStream_t, std::shared_ptr<Stream>> streams_;
   std::map<int, std::shared_ptr<Stream>> legacy_;
+  std::mutex claim_mu_;
+  std::set<int> claimed_;  // physical devices this process holds a context on
   std::unordered_map<cudaEvent_t, std::shared_ptr<Event>> events_;
 };
 
@@ -313,6 +373,12 @@ Runtime& Rt() {
 }
 
 thread_local int t_device = 0;
+
+// A context on the calling thread's current device (SHVD_FAKE_CUDA_EXCLUSIVE_DIR).
+#define SHVD_FAKE_CONTEXT()                                          \
+  do {                                                               \
+    if (cudaError_t ctx_err = Rt().Context(t_device)) return ctx_err; \
+  } while (0)
 
 // Runs work on `stream`: queued; the null stream runs it now unless it is the queued
 // legacy one (SHVD_FAKE_CUDA_LEGACY_STREAM).
@@ -359,25 +425,35 @@ cudaError_t cudaGetDevice(int* device) {
 cudaError_t cudaSetDevice(int device) {
   if (Rt().visible.empty()) return kErrNoDevice;
   if (device < 0 || device >= int(Rt().visible.size())) return kErrInvalidDevice;
+  if (cudaError_t err = Rt().Context(device)) return err;
   t_device = device;
   return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (Rt().visible.empty()) return kErrNoDevice;
+  SHVD_FAKE_CONTEXT();
   return Rt().Allocate(&Rt().device_mem, ptr, bytes, t_device, true);
 }
 
-cudaError_t cudaFree(void* ptr) { return Rt().Release(&Rt().device_mem, ptr); }
+cudaError_t cudaFree(void* ptr) {
+  SHVD_FAKE_CONTEXT();
+  return Rt().Release(&Rt().device_mem, ptr);
+}
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+  SHVD_FAKE_CONTEXT();
   return Rt().Allocate(&Rt().pinned_mem, ptr, bytes, -1, false);
 }
 
-cudaError_t cudaFreeHost(void* ptr) { return Rt().Release(&Rt().pinned_mem, ptr); }
+cudaError_t cudaFreeHost(void* ptr) {
+  SHVD_FAKE_CONTEXT();
+  return Rt().Release(&Rt().pinned_mem, ptr);
+}
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t stream) {
+  SHVD_FAKE_CONTEXT();
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return kErrInvalidMemcpyDirection;
   if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
                                                             : cudaSuccess;
@@ -396,6 +472,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
+  SHVD_FAKE_CONTEXT();
   if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
                                                             : cudaSuccess;
   if (!IsDevice(ptr, bytes)) return kErrInvalidValue;
@@ -405,11 +482,13 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
   if (!stream || (flags & ~cudaStreamNonBlocking)) return kErrInvalidValue;
   if (Rt().visible.empty()) return kErrNoDevice;
+  SHVD_FAKE_CONTEXT();
   *stream = Rt().AddStream(t_device);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  SHVD_FAKE_CONTEXT();
   auto s = stream ? Rt().RemoveStream(stream) : nullptr;
   if (!s) return kErrInvalidResourceHandle;
   s->Stop();
@@ -417,6 +496,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  SHVD_FAKE_CONTEXT();
   if (!stream) {
     if (auto legacy = Rt().Legacy(t_device)) legacy->Drain();
     return cudaSuccess;
@@ -428,6 +508,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  SHVD_FAKE_CONTEXT();
   if (flags != 0) return kErrInvalidValue;
   auto e = Rt().FindEvent(event);
   if (!e || (stream && !Rt().FindStream(stream))) return kErrInvalidResourceHandle;
@@ -438,6 +519,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
   // cudaEventBlockingSync (1) and cudaEventDisableTiming (2) change nothing here.
+  SHVD_FAKE_CONTEXT();
   if (!event || (flags & ~0x3u)) return kErrInvalidValue;
   *event = Rt().AddEvent();
   return cudaSuccess;
@@ -445,10 +527,12 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
 
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
   // Queued markers and waits keep the event's state alive, as with real CUDA.
+  SHVD_FAKE_CONTEXT();
   return Rt().RemoveEvent(event) ? cudaSuccess : kErrInvalidResourceHandle;
 }
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  SHVD_FAKE_CONTEXT();
   auto e = Rt().FindEvent(event);
   if (!e || (stream && !Rt().FindStream(stream))) return kErrInvalidResourceHandle;
   uint64_t gen = e->Record();
@@ -456,12 +540,14 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
+  SHVD_FAKE_CONTEXT();
   auto e = Rt().FindEvent(event);
   if (!e) return kErrInvalidResourceHandle;
   return e->Done(e->Latest()) ? cudaSuccess : cudaErrorNotReady;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  SHVD_FAKE_CONTEXT();
   auto e = Rt().FindEvent(event);
   if (!e) return kErrInvalidResourceHandle;
   e->Wait(e->Latest());
@@ -478,6 +564,7 @@ const char* cudaGetErrorString(cudaError_t error) {
     case kErrInvalidDevice: return "invalid device ordinal";
     case kErrInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
+    case kErrDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
     default: return "unrecognized error code";
   }
 }

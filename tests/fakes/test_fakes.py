@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -89,6 +90,72 @@ def test_copies_and_collectives_refuse_memory_of_the_wrong_kind_or_device(fakes)
 @pytest.mark.parametrize("size", [1, 2])
 def test_results_show_only_after_the_stream_ran_them(fakes, size):
     assert_passed(run_job(fakes, "stream_order", size, env=SLOW_STREAM))
+
+
+def _cuda_script(fakes, body: str, env: dict, wait_for: Optional[str] = None):
+    """Runs `body` in a Python process with the fake runtime loaded as `rt` (ctypes);
+    returns the process, after it printed `wait_for` when given."""
+    code = ("import ctypes, sys, time\n"
+            f"rt = ctypes.CDLL({fakes['cudart']!r})\n" + body)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SHVD_FAKE_")}
+    p = subprocess.Popen([sys.executable, "-c", code], env=dict(base, **env), text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if wait_for is not None:
+        line = p.stdout.readline()
+        assert line.strip() == wait_for, (line, p.stderr.read() if p.poll() is not None else "")
+    return p
+
+
+def test_exclusive_process_mode_gives_each_gpu_to_one_process(fakes, tmp_path):
+    """SHVD_FAKE_CUDA_EXCLUSIVE_DIR: a context on a GPU another live process holds fails
+    with cudaErrorDevicesUnavailable (46), whichever call makes it (cudaSetDevice, or any
+    call on a thread left on device 0); a gone holder's claim is taken over."""
+    env = {DEVICES_ENV_VAR: "2", "SHVD_FAKE_CUDA_EXCLUSIVE_DIR": str(tmp_path)}
+    holder = _cuda_script(fakes, "assert rt.cudaSetDevice(0) == 0\nprint('held', flush=True)\n"
+                          "sys.stdin.readline()\n", env, wait_for="held")
+    try:
+        other = _cuda_script(fakes, """
+p = ctypes.c_void_p()
+print(rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())))  # no context: 0
+print(rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(64)))  # this thread is on device 0: 46
+print(rt.cudaSetDevice(0))                 # 46
+print(rt.cudaSetDevice(1), rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(64)),
+      rt.cudaFree(p))  # 0 0 0
+""", env)
+        out, err = other.communicate(timeout=30)
+        assert out.split("\n")[:4] == ["0", "46", "46", "0 0 0"], (out, err)
+        assert "which process" in err and "exclusive-process mode" in err, err
+    finally:
+        holder.communicate("\n", timeout=30)
+    assert holder.returncode == 0
+    after = _cuda_script(fakes, "print(rt.cudaSetDevice(0))\n", env)
+    out, err = after.communicate(timeout=30)
+    assert out.strip() == "0", (out, err)
+
+
+def test_the_legacy_null_stream_runs_its_work_later(fakes):
+    """SHVD_FAKE_CUDA_LEGACY_STREAM=1: work on the null stream is queued (here 100 ms
+    behind), seen only after cudaStreamSynchronize(0) or a wait on an event recorded
+    there; without it the null stream runs work at once."""
+    body = """
+p, ev = ctypes.c_void_p(), ctypes.c_void_p()
+assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(8)) == 0
+assert rt.cudaEventCreateWithFlags(ctypes.byref(ev), 2) == 0
+assert rt.cudaMemsetAsync(p, 0, ctypes.c_size_t(8), None) == 0
+assert rt.cudaEventRecord(ev, None) == 0
+print(ctypes.string_at(p.value, 1)[0], rt.cudaEventQuery(ev))
+assert rt.cudaStreamSynchronize(None) == 0
+print(ctypes.string_at(p.value, 1)[0], rt.cudaEventQuery(ev))
+"""
+    outs = []
+    for legacy in ("1", "0"):
+        proc = _cuda_script(fakes, body, {DELAY_US_ENV_VAR: "100000",
+                                          "SHVD_FAKE_CUDA_LEGACY_STREAM": legacy})
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        outs.append(out.split())
+    assert outs[0] == ["255", "600", "0", "0"], outs  # 0xFF fill, not ready; then done
+    assert outs[1] == ["0", "0", "0", "0"], outs
 
 
 # -- collectives ----------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The GPU backends on 1, 2 and 3 ranks through the fake CUDA runtime and NCCL of
 tests/fakes (built here; CI has no GPU): the op matrix of cases_nccl.py on NCCL (one GPU
-per rank), staged through host memory on the tcp backend (SPARK_HVD_GPU_OPERATIONS=tcp,
-every rank on GPU 0, which NCCL refuses) and staged because NCCL does not load, and a rank SIGKILLed in the middle of a GPU
-allreduce on NCCL (every survivor raises PeerLostError naming it within 10 s), and a rank
-whose GPU stalls (every rank raises CollectiveTimeoutError after SPARK_HVD_TIMEOUT_S)."""
+per rank, in exclusive-process mode), staged through host memory on the tcp backend
+(SPARK_HVD_GPU_OPERATIONS=tcp, every rank on GPU 0, which NCCL refuses) and staged because
+NCCL does not load; a rank SIGKILLed in the middle of a GPU allreduce on NCCL (every
+survivor raises PeerLostError naming it within 10 s), and a rank whose GPU stalls (every
+rank raises CollectiveTimeoutError after SPARK_HVD_TIMEOUT_S)."""
 
 import json
 import os
@@ -22,13 +23,18 @@ DEADLINE_S = 10.0
 
 
 @pytest.fixture(scope="module")
-def gpu_env():
-    return fake_env(cached_fakes(), devices=3)
+def gpu_env(tmp_path_factory):
+    """The fakes, 3 GPUs per process, in exclusive-process compute mode: a rank whose
+    threads make a CUDA call without setting its device claims GPU 0 and fails."""
+    exclusive = tmp_path_factory.mktemp("exclusive_gpus")
+    return dict(fake_env(cached_fakes(), devices=3), SHVD_FAKE_CUDA_EXCLUSIVE_DIR=str(exclusive))
 
 
 MODES = {
     "nccl": {},
-    "staged_shared_gpu": {"SPARK_HVD_GPU_OPERATIONS": "tcp", "SHVD_TEST_SHARED_GPU": "1"},
+    # every rank on GPU 0: the Default compute mode, not exclusive
+    "staged_shared_gpu": {"SPARK_HVD_GPU_OPERATIONS": "tcp", "SHVD_TEST_SHARED_GPU": "1",
+                          "SHVD_FAKE_CUDA_EXCLUSIVE_DIR": ""},
     # NCCL does not load, the CUDA runtime does: the staged backend takes GPU tensors
     "staged_without_nccl": {"SPARK_HVD_NCCL_LIBRARY": "/nonexistent/libnccl.so.2",
                             "SHVD_TEST_NO_NCCL": "1"},

@@ -60,13 +60,13 @@ namespace {
 
 class Reaper {
  public:
-  void Push(const CudaApi* cuda, int32_t device, void* ptr) {
+  void Push(const CudaApi* cuda, int32_t device, void* ptr, bool pinned) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!started_) {
       started_ = true;
       std::thread([this] { Loop(); }).detach();  // lives as long as the process
     }
-    queue_.push_back(Item{cuda, device, ptr});
+    queue_.push_back(Item{cuda, device, ptr, pinned});
     cv_.notify_one();
   }
 
@@ -75,6 +75,7 @@ class Reaper {
     const CudaApi* cuda;
     int32_t device;
     void* ptr;
+    bool pinned;
   };
   void Loop() {
 #ifdef __linux__
@@ -86,11 +87,13 @@ class Reaper {
       Item item = queue_.front();
       queue_.pop_front();
       lock.unlock();
-      if (item.device >= 0) {
-        item.cuda->SetDevice(item.device);  // the memory's own device, not device 0
-        item.cuda->Free(item.ptr);
-      } else {
+      // The memory's own device: a CUDA call on device 0 (this thread's default) would
+      // make a context there in every rank.
+      if (item.device >= 0) item.cuda->SetDevice(item.device);
+      if (item.pinned) {
         item.cuda->FreeHost(item.ptr);
+      } else {
+        item.cuda->Free(item.ptr);
       }
       lock.lock();
     }
@@ -104,9 +107,9 @@ class Reaper {
 
 }  // namespace
 
-void FreeLater(const CudaApi* cuda, int32_t device, void* ptr) {
+void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned) {
   static Reaper* reaper = new Reaper;  // never destroyed: frees may come during exit
-  if (ptr != nullptr) reaper->Push(cuda, device, ptr);
+  if (ptr != nullptr) reaper->Push(cuda, device, ptr, pinned);
 }
 
 Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,

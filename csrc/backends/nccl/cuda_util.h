@@ -22,13 +22,13 @@ cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream);
 // `bytes` of device memory on `device`, freed through FreeLater when the Buffer's
 // owner goes (whichever thread drops it).
 Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out);
-// Frees device memory of `device` (cudaFree), or pinned host memory when device < 0
-// (cudaFreeHost), on a thread of its own (`shvd_cudafree`), which sets the device
-// first. Both calls wait for all work queued on the device: done here they would
+// Frees device memory of `device` (cudaFree), or pinned host memory a thread on
+// `device` allocated (cudaFreeHost), on a thread of its own (`shvd_cudafree`), which
+// sets the device first. Both calls wait for all work queued on the device: done here they would
 // stall the caller (the engine, the InFlight thread, Python holding the GIL when a
 // tensor goes) until the GPU is idle, or for good while a collective waits for a
 // lost peer that only the InFlight thread's abort can end.
-void FreeLater(const CudaApi* cuda, int32_t device, void* ptr);
+void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned = false);
 // Waits for the work queued on `stream` by polling an event, and gives up when
 // `abort` says so (it returns a non-OK status: a lost peer, a deadline), so that
 // no wait on a collective can outlast the failure of one of its peers.

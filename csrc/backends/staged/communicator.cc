@@ -76,7 +76,8 @@ Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
                    "cudaMallocHost");
   if (!s.ok()) return s;
   const nccl::CudaApi* cuda = cuda_;
-  pinned_.emplace_back(p, [cuda](void* q) { nccl::FreeLater(cuda, -1, q); });
+  const int32_t device = device_;
+  pinned_.emplace_back(p, [cuda, device](void* q) { nccl::FreeLater(cuda, device, q, true); });
   *out = p;
   return Status::OK();
 }
