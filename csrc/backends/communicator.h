@@ -67,6 +67,10 @@ class PendingWork {
   // Gives up on the work: aborts the communicator it runs on (which is unusable
   // afterwards); Poll then returns true.
   virtual void Abort() = 0;
+  // Never blocks: true once nothing queued for the work can still read or write its
+  // buffers. After a failure or an abort the ops fail at once, but copies queued behind
+  // the collective may still run; until this is true their buffers are kept.
+  virtual bool Quiesced() { return true; }
 };
 
 class Communicator {

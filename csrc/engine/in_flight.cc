@@ -29,6 +29,15 @@ InFlight::~InFlight() {
   }
   cv_.notify_all();
   thread_.join();
+  // What an abort left queued ends soon (aborted collectives return at once); wait
+  // briefly for it, then keep the rest's buffers for good.
+  const int64_t until = NowMicros() + 2000000;
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!draining_.empty() && NowMicros() < until) {
+    Sweep(1e9);
+    if (!draining_.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  Sweep(0);
 }
 
 void InFlight::Add(std::unique_ptr<PendingWork> work,
@@ -49,7 +58,34 @@ void InFlight::Finish(Item& item, const Status& status) {
   for (auto& e : item.entries) {
     if (e) completions_->Complete(*e->state, status);
   }
-  item.entries.clear();  // the buffers may go now
+  if (status.ok() || item.work->Quiesced()) {
+    item.entries.clear();  // the buffers may go now
+    return;
+  }
+  item.started_us = NowMicros();
+  draining_.push_back(std::move(item));
+}
+
+void InFlight::Sweep(double deadline_s) {
+  const int64_t now = NowMicros();
+  for (auto it = draining_.begin(); it != draining_.end();) {
+    if (it->work->Quiesced()) {
+      it = draining_.erase(it);  // releases the entries, and their buffers
+    } else if (now - it->started_us > deadline_s * 1e6) {
+      SHVD_LOG(kWarning, "inflight")
+          << "GPU work of a failed " << Describe(*it) << " has not ended "
+          << (now - it->started_us) / 1000 << " ms after its abort; its buffers are kept "
+          << "(never freed) so that it cannot write into reused memory";
+      for (auto& e : it->entries) {
+        if (e && e->owner) new std::shared_ptr<void>(std::move(e->owner));  // leaked
+        if (e && e->state) new std::shared_ptr<OpState>(std::move(e->state));
+      }
+      (void)it->work.release();  // its event and communicator stay too
+      it = draining_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 namespace {
@@ -83,8 +119,13 @@ void InFlight::Loop() {
   auto pause = std::chrono::microseconds(20);
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !items_.empty(); });
-    if (items_.empty()) return;  // stop_
+    cv_.wait(lock, [this] { return stop_ || !items_.empty() || !draining_.empty(); });
+    if (stop_ && items_.empty()) return;
+    Sweep(env::TimeoutS());
+    if (items_.empty()) {
+      if (!draining_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(1));
+      continue;
+    }
     Item& item = items_.front();
     Status status;
     bool done = item.work->Poll(&status);
@@ -106,8 +147,9 @@ void InFlight::Loop() {
       SHVD_LOG(kWarning, "inflight") << status.message();
       if (failure_.ok()) failure_ = status;
     }
-    Finish(item, status);
+    Item done_item = std::move(item);
     items_.pop_front();
+    Finish(done_item, status);
     pause = std::chrono::microseconds(20);
     cv_.notify_all();  // Drain
   }
@@ -123,11 +165,12 @@ void InFlight::Drain(double timeout_s) {
 
 void InFlight::AbortAll(const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& item : items_) {
+  std::deque<Item> items = std::move(items_);
+  items_.clear();
+  for (auto& item : items) {
     item.work->Abort();
     Finish(item, why);
   }
-  items_.clear();
   cv_.notify_all();
 }
 

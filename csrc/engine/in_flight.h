@@ -3,7 +3,10 @@
 // completes each op when its work is done and only then releases its entry (and
 // the buffers its owner keeps alive). Work older than SPARK_HVD_TIMEOUT_S, or that
 // reports a failure, aborts its communicator and fails its ops; the first such
-// failure is the engine's reason to stop.
+// failure is the engine's reason to stop. A failed item's buffers (the caller's
+// tensors among them) are kept until its queued work can no longer touch them
+// (PendingWork::Quiesced), or, if that never comes within SPARK_HVD_TIMEOUT_S, never
+// released at all: a leak rather than a late copy into memory reused meanwhile.
 #pragma once
 
 #include <condition_variable>
@@ -37,16 +40,20 @@ class InFlight {
   struct Item {
     std::unique_ptr<PendingWork> work;
     std::vector<std::unique_ptr<TensorEntry>> entries;
-    int64_t started_us;  // NowMicros()
+    int64_t started_us;  // NowMicros(); for a draining item, when it failed
   };
   void Loop();
+  // Completes the item's ops with `status`; a failed item then drains (draining_).
   void Finish(Item& item, const Status& status);
+  // Releases the draining items whose work has quiesced; leaks those past `deadline_s`.
+  void Sweep(double deadline_s);
   static std::string Describe(const Item& item);
 
   Completions* completions_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> items_;
+  std::deque<Item> draining_;  // failed: ops completed, buffers kept until Quiesced
   Status failure_;
   bool stop_ = false;
   std::thread thread_;

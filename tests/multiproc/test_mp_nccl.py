@@ -117,6 +117,88 @@ def test_rank_killed_mid_gpu_allreduce(gpu_env, tmp_path):
         job.close()
 
 
+LATE_COPY_SCRIPT = PRELUDE + r'''
+import ctypes, gc
+pool = []  # buffers the core let go of: a caching allocator's free list, as torch's
+
+
+class Owner:
+    """Keeps an op's (fake) GPU buffers; when the core lets go of it, they go to `pool`
+    for reuse, not to cudaFree (whose device-wide wait would hide a late write)."""
+
+    def __init__(self, bufs):
+        self.bufs = bufs
+
+    def __del__(self):
+        pool.extend(self.bufs)
+
+
+probe = g.allreduce_async(np.ones(8, np.float32), "probe")
+probe_work = probe.work  # kept: its poll() is a cheap binding call
+g.wait_for(probe, 20, "warm-up")
+hvd.barrier()
+n = 1 << 14
+hs, outs = [], []
+with _ops.submit_together():  # fused: the outputs are copied out of the fusion buffer
+    for k in range(2):        # behind the collective, on the NCCL stream
+        src = g.DeviceArray(np.ones(n, np.float32))
+        dst = g.DeviceArray(np.zeros(n, np.float32))
+        outs.append(dst.ptr)
+        hs.append(_ops.submit(OpType.ALLREDUCE, f"late.{k}", numpy_code(np.float32), (n,),
+                              src.ptr, dst.ptr, Owner([src, dst]), lambda r: None,
+                              reduce_op=hvd.Sum, device=g.device()))
+        del src, dst
+if me == 2:
+    time.sleep(0.15)
+    with open(os.path.join(out, "killed_at"), "w") as f:
+        json.dump({"at": time.time()}, f)
+    os.kill(os.getpid(), signal.SIGKILL)
+errors = []
+for h in hs:
+    try:
+        hvd.synchronize(h)
+    except Exception as e:
+        errors.append(type(e).__name__)
+failed_at = time.time()
+del hs, h
+gc.collect()
+# Reuse the outputs the moment the core gives them back: a copy of the failed op that
+# runs after that (each fake stream item waits 400 ms) writes into reused memory.
+deadline = time.time() + 30
+while sum(b.ptr in outs for b in pool) < 2 and time.time() < deadline:
+    probe_work.poll()  # a binding call: drops the references the core released
+    time.sleep(0.005)
+reused = [b for b in pool if b.ptr in outs]
+for b in reused:
+    ctypes.memset(b.ptr, 0x5A, b.nbytes)
+given_back = time.time() - failed_at
+time.sleep(2.5)
+intact = all(bool(np.all(b.numpy().view(np.uint8) == 0x5A)) for b in reused)
+with open(os.path.join(out, f"result{me}"), "w") as f:
+    json.dump({"errors": errors, "reused": len(reused), "intact": intact,
+               "given_back_s": given_back}, f)
+'''
+
+
+def test_a_failed_ops_buffers_stay_until_its_queued_copies_ran(gpu_env, tmp_path):
+    """Rank 2 dies while a fused GPU allreduce waits for it: the survivors' ops fail at
+    once, but the copies out of the fusion buffer queued behind the aborted collective
+    still run. The callers' buffers are released only after them, so memory reused the
+    moment it is given back (as torch's caching allocator does) is never written."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)),
+               SHVD_FAKE_CUDA_DELAY_US="400000")
+    with script_job(3, LATE_COPY_SCRIPT, tmp_path, env, DEADLINE_S + 40) as (codes, logs):
+        assert codes[2] == -signal.SIGKILL, (codes, logs)
+        for r in (0, 1):
+            path = tmp_path / f"result{r}"
+            assert path.exists(), f"rank {r} did not report (exit {codes[r]})\n{logs}"
+            res = json.loads(path.read_text())
+            print(f"rank {r}: {res}")
+            assert res["errors"] == ["PeerLostError"] * 2, (res, logs)
+            assert res["reused"] == 2, (res, logs)
+            assert res["intact"], (res, logs)
+
+
 INIT_FAIL_SCRIPT = PRELUDE + r'''
 x = g.DeviceArray(np.ones(8, np.float32))
 # Rank 1 names a GPU it does not have: its first GPU op fails before it joins the NCCL

@@ -104,6 +104,10 @@ class Work : public PendingWork {
     return false;
   }
   void Abort() override { comm_->Abort(); }
+  bool Quiesced() override {
+    cuda_->SetDevice(device_);
+    return cuda_->EventQuery(event_) != cudaErrorNotReady;
+  }
 
  private:
   const CudaApi* cuda_;

@@ -24,6 +24,10 @@ class CopiesBack : public PendingWork {
     return true;
   }
   void Abort() override {}  // host-side copies finish on their own
+  bool Quiesced() override {
+    cuda_->SetDevice(device_);
+    return cuda_->EventQuery(event_) != cudaErrorNotReady;
+  }
 
  private:
   const nccl::CudaApi* cuda_;
