@@ -11,9 +11,11 @@
 # to choose it. Under 10 minutes. Dry-run (no GPU:
 # every GPU part says SKIP) in a venv with only those packages, 2026-12-02.
 #
-# Then: the same checks as two ranks sharing the GPU (staged through host memory: NCCL
-# refuses two ranks on one device), an elastic job on the GPU that loses a worker, and
-# TorchEstimator(use_gpu=True) on local-cluster Spark (skipped without pyspark and java).
+# Then: the same checks on one rank with NCCL kept from loading (staged through host
+# memory, as on a machine with the CUDA runtime but no NCCL) and as two ranks sharing the
+# GPU (staged too: NCCL refuses two ranks on one device), an elastic job on the GPU that
+# loses a worker, and TorchEstimator(use_gpu=True) on local-cluster Spark (skipped
+# without pyspark and java).
 #
 # With one GPU, NCCL runs with one rank only: the 2-rank runs are staged through host
 # memory over tcp (SPARK_HVD_GPU_OPERATIONS=tcp), so multi-rank NCCL is not exercised on
@@ -41,6 +43,9 @@ echo "INFO $ONE_GPU_NOTE"
 echo "== checks, 1 rank"
 PYTHONPATH=. timeout 300 "$PY" tests/gpu/gpu_checks.py
 status=$?
+echo "== checks, 1 rank, NCCL kept from loading (staged through host memory)"
+SPARK_HVD_NCCL_LIBRARY=/nonexistent/libnccl.so.2 SHVD_GPU_EXPECT_NCCL=0 PYTHONPATH=. \
+  timeout 300 "$PY" tests/gpu/gpu_checks.py || status=1
 echo "== checks, 2 ranks sharing the GPU (staged)"
 SPARK_HVD_GPU_OPERATIONS=tcp PYTHONPATH=. timeout 300 "$PY" -m spark_hvd.runner -np 2 \
   "$PY" tests/gpu/gpu_checks.py || status=1
