@@ -100,6 +100,15 @@ class Communicator {
                            const std::vector<int64_t>& recv_bytes) = 0;
 
   virtual Status Barrier() = 0;
+  // Reduce-scatter in equal blocks, where the backend has it as one collective:
+  // `args.tensors` is one tensor of size() * `block` elements (its output unused), and
+  // this rank's reduced block goes to `out`. Returns false, doing nothing, where it has
+  // not (the default), and the executor reduces the whole tensor and keeps its block.
+  virtual bool ReducescatterBlocks(const ReduceArgs& args, int64_t block, void* out,
+                                   Status* status) {
+    (void)args, (void)block, (void)out, (void)status;
+    return false;
+  }
 
   // Called before each op. Device backends: `device` is this rank's device for it
   // (-1 when this rank holds no tensor: it joined), and the op's work is ordered

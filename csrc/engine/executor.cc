@@ -216,34 +216,42 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   SHVD_CHECK(e != nullptr);
   const int64_t n = NumElements(t.shape);
   const int64_t dsize = static_cast<int64_t>(DataTypeSize(r.dtype));
-  // Reduce the whole tensor, keep this rank's rows: first dim split as evenly
-  // as possible, the first (rows % size) ranks taking one extra row.
-  Buffer full;  // freed once the work on it is done (cudaFree waits for the device)
-  Status s = comm->Allocate(n * dsize, &full);
-  if (!s.ok()) return s;
-  ReduceArgs args;
-  args.tensors = {ReduceTensor{e->input, full.data, n}};
-  args.dtype = r.dtype;
-  args.op = r.reduce_op;
-  args.prescale = r.prescale;
-  args.postscale = r.postscale;
-  args.ranks = static_cast<int64_t>(r.active.size());
-  int64_t t1 = NowMicros();
-  s = comm->Allreduce(args);
-  if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
+  // This rank's rows: first dim split as evenly as possible, the first (rows % size)
+  // ranks taking one extra row.
   const int64_t d0 = t.shape.empty() ? 1 : t.shape[0];
   const int64_t size = comm->size(), me = comm->rank();
   const int64_t base = d0 / size, rem = d0 % size;
   const int64_t my_rows = base + (me < rem ? 1 : 0);
   const int64_t first_row = me * base + std::min(me, rem);
   const int64_t row_bytes = NumElements(Tail(t.shape)) * dsize;
-  s = comm->Allocate(my_rows * row_bytes, &e->state->output);
-  if (s.ok()) {
-    s = comm->Copy(e->state->output.data, static_cast<uint8_t*>(full.data) + first_row * row_bytes,
-                   my_rows * row_bytes);
+  Status s = comm->Allocate(my_rows * row_bytes, &e->state->output);
+  if (!s.ok()) return s;
+  ReduceArgs args;
+  args.tensors = {ReduceTensor{e->input, nullptr, n}};
+  args.dtype = r.dtype;
+  args.op = r.reduce_op;
+  args.prescale = r.prescale;
+  args.postscale = r.postscale;
+  args.ranks = static_cast<int64_t>(r.active.size());
+  int64_t t1 = NowMicros();
+  // Equal blocks where the backend has the collective; else reduce the whole tensor
+  // and keep this rank's rows.
+  const bool equal = rem == 0 && !t.shape.empty();
+  if (!equal || !comm->ReducescatterBlocks(args, my_rows * NumElements(Tail(t.shape)),
+                                           e->state->output.data, &s)) {
+    Buffer full;  // freed once the work on it is done (cudaFree waits for the device)
+    s = comm->Allocate(n * dsize, &full);
+    if (!s.ok()) return s;
+    args.tensors[0].output = full.data;
+    s = comm->Allreduce(args);
+    if (s.ok()) {
+      s = comm->Copy(e->state->output.data,
+                     static_cast<uint8_t*>(full.data) + first_row * row_bytes,
+                     my_rows * row_bytes);
+    }
   }
   if (!s.ok()) return s;
+  Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
   e->state->output_shape = Tail(t.shape);
   e->state->output_shape.insert(e->state->output_shape.begin(), my_rows);
   return Status::OK();

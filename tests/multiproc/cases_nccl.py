@@ -253,6 +253,32 @@ def _(ctx):
     chk.done()
 
 
+@CASES.case("nccl_reducescatter/equal_blocks_every_dtype_op_and_scale")
+def _(ctx):
+    """Rows that split evenly: one ncclReduceScatter where NCCL has the reduction (scale
+    factors with float Sum/Average as a premultiplied sum), the whole-tensor reduction
+    for the rest (integer Average, scaled Min/Max/Product)."""
+    chk = Checks()
+    n, me = ctx.size, ctx.rank
+    rows = 3 * n
+    for dt in NCCL_DTYPES:
+        for op in OP:
+            if is_bool(dt) and op == "Average":
+                continue
+            # scaled 8-bit products wrap around (which the reference does not model)
+            small = is_bool(dt) or dt.itemsize == 1
+            scales = ((1.0, 1.0),) if small else ((1.0, 1.0), (2.0, 0.5))
+            for pre, post in scales:
+                name = f"g.rse.{dname(dt)}.{op}.{pre}.{post}"
+                got, _ = wait_for(_gather_like(OpType.REDUCESCATTER, values(dt, me, (rows, 3)),
+                                               name, reduce_op=OP[op], prescale=pre,
+                                               postscale=post), HANG_S, name, ctx)
+                full = reduce([values(dt, r, (rows, 3)) for r in range(n)], op, dt,
+                              prescale=pre, postscale=post)
+                chk.same(got, full[3 * me:3 * me + 3], name)
+    chk.done()
+
+
 # -- broadcast -----------------------------------------------------------------------------
 
 @CASES.case("nccl_broadcast/every_root_every_dtype")

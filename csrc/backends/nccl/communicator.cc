@@ -368,6 +368,43 @@ Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
                    "cudaMemcpyAsync");
 }
 
+// ncclReduceScatter where NCCL expresses the reduction in one call (the same cases as
+// Native in Allreduce); integer Average and scaled Min/Max/Product go the long way.
+bool NcclCommunicator::ReducescatterBlocks(const ReduceArgs& a, int64_t block, void* out,
+                                           Status* status) {
+  ncclDataType_t dtype;
+  if (a.tensors.size() != 1 || a.tensors[0].input == nullptr || !NcclType(a.dtype, &dtype)) {
+    return false;
+  }
+  const bool is_float = IsFloatingPoint(a.dtype);
+  const double factor = a.prescale * a.postscale /
+                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
+  const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
+  const bool premul = sum_like && is_float && factor != 1.0;
+  if (!premul && !(sum_like && is_float) &&
+      !(a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
+    return false;
+  }
+  const void* in = a.tensors[0].input;
+  const size_t count = static_cast<size_t>(block);
+  std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
+  *status = OnComm([&] {
+    ncclRedOp_t op = BaseOp(a.op, a.dtype);
+    if (premul) {
+      Status s = NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype,
+                                                       ncclScalarHostImmediate, comm_->comm),
+                           "ncclRedOpCreatePreMulSum");
+      if (!s.ok()) return s;
+    }
+    Status s = NcclCheck(nccl_->ReduceScatter(in, out, count, dtype, op, comm_->comm, stream_),
+                         "ncclReduceScatter");
+    if (premul) nccl_->RedOpDestroy(op, comm_->comm);
+    return s;
+  });
+  queued_ = queued_ || status->ok();
+  return true;
+}
+
 Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
   ncclDataType_t dtype;
   if (!NcclType(a.dtype, &dtype)) {

@@ -62,6 +62,8 @@ class NcclCommunicator : public Communicator {
   Status Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                    const std::vector<int64_t>& recv_bytes) override;
   Status Barrier() override;
+  bool ReducescatterBlocks(const ReduceArgs& args, int64_t block, void* out,
+                           Status* status) override;
   std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
 
   Status Prepare(int32_t device, const std::vector<void*>& streams) override;
