@@ -220,6 +220,20 @@ def _(ctx):
     chk.done()
 
 
+@CASES.case("nccl_allgather/equal_blocks_every_dtype")
+def _(ctx):
+    """Equal first dimensions: one ncclAllGather instead of a group of broadcasts."""
+    chk = Checks()
+    for dt in NCCL_DTYPES:
+        for rows in (0, 2):
+            name = f"g.age.{dname(dt)}.{rows}"
+            got, _ = wait_for(_gather_like(OpType.ALLGATHER, values(dt, ctx.rank, (rows, 3)),
+                                           name), HANG_S, name, ctx)
+            want = np.concatenate([values(dt, r, (rows, 3)) for r in range(ctx.size)])
+            chk.same(got, want, name)
+    chk.done()
+
+
 @CASES.case("nccl_alltoall/uneven_splits")
 def _(ctx):
     n, me = ctx.size, ctx.rank

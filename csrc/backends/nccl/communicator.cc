@@ -559,11 +559,21 @@ Status NcclCommunicator::AllgatherFixed(const void*, void*, int64_t) {
   return Status::Internal("the NCCL backend does not carry the control plane");
 }
 
-// Ragged: every rank broadcasts its block into its place of everyone's output, as
-// one NCCL group (ncclAllGather needs equal blocks).
+// Equal blocks: one ncclAllGather. Ragged (or this rank joined): every rank
+// broadcasts its block into its place of everyone's output, as one NCCL group.
 Status NcclCommunicator::Allgatherv(const void* in, void* out,
                                     const std::vector<int64_t>& bytes_per_rank) {
   queued_ = true;
+  const bool equal = in != nullptr &&
+                     std::all_of(bytes_per_rank.begin(), bytes_per_rank.end(),
+                                 [&](int64_t b) { return b == bytes_per_rank[0]; });
+  if (equal) {
+    return OnComm([&] {
+      return NcclCheck(nccl_->AllGather(in, out, static_cast<size_t>(bytes_per_rank[0]),
+                                        ncclUint8, comm_->comm, stream_),
+                       "ncclAllGather");
+    });
+  }
   return OnComm([&] {
     Status s = NcclCheck(nccl_->GroupStart(), "ncclGroupStart");
     if (!s.ok()) return s;
