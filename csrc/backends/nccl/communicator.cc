@@ -261,13 +261,16 @@ Status NcclCommunicator::Connect(int32_t device) {
 // failed before it) never does. So it runs on a thread of its own while this one
 // watches: a member the rendezvous service reports lost, or the start deadline
 // (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang; the
-// abandoned init thread keeps what it uses alive and exits with the process.
+// abandoned init thread keeps what it uses alive and exits with the process, or, if
+// its init still completes, aborts that communicator (nobody will use it, and
+// destroying it would wait for the other local ranks).
 Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int32_t device,
                                   const ncclUniqueId& id) {
   struct Init {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
+    bool abandoned = false;  // the waiter gave up
     ncclResult_t result = ncclSuccess;
   };
   auto init = std::make_shared<Init>();
@@ -276,6 +279,10 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
     ncclComm_t comm = nullptr;
     const ncclResult_t result = nccl->CommInitRank(&comm, n, id, r);
     std::lock_guard<std::mutex> lock(init->mu);
+    if (init->abandoned) {
+      if (result == ncclSuccess) nccl->CommAbort(comm);
+      return;
+    }
     handle->comm = result == ncclSuccess ? comm : nullptr;
     init->result = result;
     init->done = true;
@@ -292,12 +299,14 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
       }
     }
     if (!lost.empty()) {
+      init->abandoned = true;
       return Status::PeerLost("ncclCommInitRank on rank " + std::to_string(options_.rank) +
                                   " stopped waiting: the rendezvous service lost rank(s) " +
                                   JoinRanks(lost),
                               lost);
     }
     if (std::chrono::steady_clock::now() > deadline) {
+      init->abandoned = true;
       return Status::Timeout("ncclCommInitRank on rank " + std::to_string(options_.rank) +
                              " waited " + std::to_string(options_.connect_timeout_s) +
                              " s (SPARK_HVD_START_TIMEOUT_S) for the other ranks of the GPU "
