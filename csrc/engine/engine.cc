@@ -154,7 +154,10 @@ void Engine::Loop(std::promise<Status>* ready) {
         }
         Status s = executor.Execute(r);
         if (!s.ok()) {
-          stop = s;
+          // An op that found its communicator aborted fails for the reason the InFlight
+          // thread aborted it (a timeout, a peer's error): that is the reason to stop.
+          const Status first = in_flight.failure();
+          stop = first.ok() ? s : first;
           break;
         }
       } catch (const StatusError& e) {
@@ -206,7 +209,7 @@ void Engine::Loop(std::promise<Status>* ready) {
   control_ = nullptr;
   // After a failure, NCCL communicators are aborted, not destroyed: ncclCommDestroy
   // waits for the other local ranks, and one that failed, or aborted, never comes.
-  if (!stop.ok()) sets_.AbortAll();
+  if (!stop.ok() || !in_flight.failure().ok()) sets_.AbortAll();
   sets_.Clear();
   FinalizeBackends();
   timeline_.Stop();

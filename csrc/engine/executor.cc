@@ -98,6 +98,8 @@ Status Executor::Execute(const Response& r) {
   }
   if (!s.ok()) {
     fail_all(s);
+    // Work the op queued before it failed may still use the entries' buffers.
+    if (auto pending = comm->TakePending()) in_flight_->Retain(std::move(pending), std::move(es));
     return s;
   }
   if (auto pending = comm->TakePending()) {

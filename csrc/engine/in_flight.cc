@@ -49,6 +49,16 @@ void InFlight::Add(std::unique_ptr<PendingWork> work,
   cv_.notify_all();
 }
 
+void InFlight::Retain(std::unique_ptr<PendingWork> work,
+                      std::vector<std::unique_ptr<TensorEntry>> entries) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (work->Quiesced()) return;  // the entries (and buffers) go now
+    draining_.push_back(Item{std::move(work), std::move(entries), NowMicros()});
+  }
+  cv_.notify_all();
+}
+
 Status InFlight::failure() {
   std::lock_guard<std::mutex> lock(mu_);
   return failure_;

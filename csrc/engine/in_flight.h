@@ -29,6 +29,10 @@ class InFlight {
   ~InFlight();
 
   void Add(std::unique_ptr<PendingWork> work, std::vector<std::unique_ptr<TensorEntry>> entries);
+  // Entries of ops already failed whose buffers `work`, queued before the failure, may
+  // still use: kept (draining) until it quiesces.
+  void Retain(std::unique_ptr<PendingWork> work,
+              std::vector<std::unique_ptr<TensorEntry>> entries);
   // The first failure of any work so far, or OK.
   Status failure();
   // Waits for everything in flight (up to timeout_s, then aborts the rest).

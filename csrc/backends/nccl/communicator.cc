@@ -120,6 +120,7 @@ class Work : public PendingWork {
 }  // namespace
 
 void CommHandle::Abort() {
+  if (aborted) return;
   std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
   (void)lock.try_lock_for(std::chrono::seconds(5));  // see the struct's comment
   if (comm == nullptr || aborted.exchange(true)) return;
@@ -157,6 +158,19 @@ Status NcclCommunicator::Aborted() const {
                           ") was aborted after a GPU collective failed or timed out");
 }
 
+std::vector<int32_t> NcclCommunicator::MembersLost() const {
+  std::vector<int32_t> lost;
+  if (!options_.lost_ranks) return lost;
+  try {
+    for (int32_t r : options_.lost_ranks()) {
+      if (std::binary_search(members_.begin(), members_.end(), r)) lost.push_back(r);
+    }
+  } catch (const std::exception&) {
+    // the service did not answer: no news; the deadline still applies
+  }
+  return lost;
+}
+
 Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
   std::lock_guard<std::timed_mutex> lock(comm_->mu);
   if (comm_->aborted) return Aborted();
@@ -166,6 +180,7 @@ Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
 Status NcclCommunicator::WaitForStream() {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(env::TimeoutS());
+  auto next_lost_check = std::chrono::steady_clock::now();
   Status s = WaitPolling(cuda_, stream_, [&]() -> Status {
     if (comm_->aborted) return Aborted();
     ncclResult_t async = ncclSuccess;
@@ -178,11 +193,10 @@ Status NcclCommunicator::WaitForStream() {
                               " on rank " + std::to_string(options_.rank) +
                               " (a peer failed or left)");
     }
-    if (options_.lost_ranks) {
-      std::vector<int32_t> lost;
-      for (int32_t r : options_.lost_ranks()) {
-        if (std::binary_search(members_.begin(), members_.end(), r)) lost.push_back(r);
-      }
+    // The rendezvous service is asked every 100 ms (a call into Python, under the GIL).
+    if (options_.lost_ranks && std::chrono::steady_clock::now() >= next_lost_check) {
+      next_lost_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+      std::vector<int32_t> lost = MembersLost();
       if (!lost.empty()) {
         return Status::PeerLost("the rendezvous service lost rank(s) " + JoinRanks(lost) +
                                     " while rank " + std::to_string(options_.rank) +
@@ -292,12 +306,7 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
                         std::chrono::duration<double>(options_.connect_timeout_s);
   std::unique_lock<std::mutex> lock(init->mu);
   while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
-    std::vector<int32_t> lost;
-    if (options_.lost_ranks) {
-      for (int32_t r : options_.lost_ranks()) {
-        if (std::binary_search(members_.begin(), members_.end(), r)) lost.push_back(r);
-      }
-    }
+    const std::vector<int32_t> lost = MembersLost();
     if (!lost.empty()) {
       init->abandoned = true;
       return Status::PeerLost("ncclCommInitRank on rank " + std::to_string(options_.rank) +
@@ -497,13 +506,15 @@ Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclR
 
 // What NCCL cannot express, around a plain NCCL reduction in the fusion buffer: the
 // inputs come to host memory, are prescaled there, reduced on the GPU, and divided
-// and postscaled on the host again. Synchronous (it waits for the stream twice).
+// and postscaled on the host again. Synchronous: it waits for the stream (earlier
+// ops and the producers first, since copies into pageable memory block until they ran).
 Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op,
                                 size_t count) {
   const size_t dsize = DataTypeSize(a.dtype);
   std::vector<uint8_t> host(count * dsize);
   void* buf;
   Status s = DeviceBuffer(std::max<size_t>(host.size(), 1), &buf);
+  if (s.ok()) s = WaitForStream();
   size_t offset = 0;
   for (const auto& t : a.tensors) {
     if (!s.ok()) return s;
@@ -532,6 +543,9 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
                        "ncclAllReduce");
     });
   }
+  // A copy into pageable memory returns only once it ran, so it would wait (with no
+  // way out) for a collective stuck on a lost peer: wait here first, where one can.
+  if (s.ok()) s = WaitForStream();
   if (s.ok()) {
     s = CudaCheck(cuda_->MemcpyAsync(host.data(), buf, host.size(), cudaMemcpyDeviceToHost,
                                      stream_),

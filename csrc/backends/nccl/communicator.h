@@ -83,6 +83,8 @@ class NcclCommunicator : public Communicator {
   // unless the communicator was aborted: PeerLost then.
   Status OnComm(const std::function<Status()>& calls);
   Status Aborted() const;
+  // Members the rendezvous service reports lost (none when it cannot say).
+  std::vector<int32_t> MembersLost() const;
   // Waits for this rank's stream, giving up (and aborting the communicator) on an
   // NCCL error, a lost member or SPARK_HVD_TIMEOUT_S.
   Status WaitForStream();
