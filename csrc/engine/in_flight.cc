@@ -53,8 +53,7 @@ void InFlight::Retain(std::unique_ptr<PendingWork> work,
                       std::vector<std::unique_ptr<TensorEntry>> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (work->Quiesced()) return;  // the entries (and buffers) go now
-    draining_.push_back(Item{std::move(work), std::move(entries), NowMicros()});
+    KeepUntilQuiesced(Item{std::move(work), std::move(entries), 0});
   }
   cv_.notify_all();
 }
@@ -68,10 +67,15 @@ void InFlight::Finish(Item& item, const Status& status) {
   for (auto& e : item.entries) {
     if (e) completions_->Complete(*e->state, status);
   }
-  if (status.ok() || item.work->Quiesced()) {
+  if (status.ok()) {
     item.entries.clear();  // the buffers may go now
     return;
   }
+  KeepUntilQuiesced(std::move(item));
+}
+
+void InFlight::KeepUntilQuiesced(Item item) {
+  if (item.work->Quiesced()) return;  // the entries (and buffers) go now
   item.started_us = NowMicros();
   draining_.push_back(std::move(item));
 }

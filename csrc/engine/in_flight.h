@@ -49,6 +49,8 @@ class InFlight {
   void Loop();
   // Completes the item's ops with `status`; a failed item then drains (draining_).
   void Finish(Item& item, const Status& status);
+  // Releases `item`'s entries now if its work has quiesced, else puts it in draining_.
+  void KeepUntilQuiesced(Item item);
   // Releases the draining items whose work has quiesced; leaks those past `deadline_s`.
   void Sweep(double deadline_s);
   static std::string Describe(const Item& item);

@@ -71,10 +71,7 @@ class Work : public PendingWork {
   ~Work() override { cuda_->EventDestroy(event_); }
 
   bool Poll(Status* status) override {
-    // The polling thread's current device is this work's (else its first CUDA call
-    // would make a context on device 0, in every rank).
-    cuda_->SetDevice(device_);
-    const cudaError_t q = cuda_->EventQuery(event_);
+    const cudaError_t q = QueryOnDevice(cuda_, device_, event_);
     if (q == cudaSuccess) {
       *status = Status::OK();
       return true;
@@ -88,26 +85,13 @@ class Work : public PendingWork {
       *status = Status::PeerLost("the NCCL communicator was aborted");
       return true;
     }
-    // The engine thread may be inside an NCCL call on the communicator (one that
-    // blocks, even): poll again later rather than wait, so the timeout still runs.
-    std::unique_lock<std::timed_mutex> lock(comm_->mu, std::try_to_lock);
-    if (!lock.owns_lock() || comm_->aborted) return false;
-    ncclResult_t async = ncclSuccess;
-    comm_->nccl->CommGetAsyncError(comm_->comm, &async);
-    if (async != ncclSuccess && async != ncclInProgress) {
-      *status = Status::PeerLost(std::string("NCCL reported ") +
-                                 comm_->nccl->GetErrorString(async) + ": " +
-                                 comm_->nccl->GetLastError(comm_->comm) +
-                                 " (a peer failed or left)");
-      return true;
-    }
-    return false;
+    Status failure = comm_->AsyncFailure();
+    if (failure.ok()) return false;
+    *status = failure;
+    return true;
   }
   void Abort() override { comm_->Abort(); }
-  bool Quiesced() override {
-    cuda_->SetDevice(device_);
-    return cuda_->EventQuery(event_) != cudaErrorNotReady;
-  }
+  bool Quiesced() override { return QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady; }
 
  private:
   const CudaApi* cuda_;
@@ -118,6 +102,18 @@ class Work : public PendingWork {
 };
 
 }  // namespace
+
+Status CommHandle::AsyncFailure() {
+  // The engine thread may be inside an NCCL call on the communicator (one that
+  // blocks, even): ask again later rather than wait, so the callers' deadlines run.
+  std::unique_lock<std::timed_mutex> lock(mu, std::try_to_lock);
+  if (!lock.owns_lock() || aborted) return Status::OK();
+  ncclResult_t async = ncclSuccess;
+  nccl->CommGetAsyncError(comm, &async);
+  if (async == ncclSuccess || async == ncclInProgress) return Status::OK();
+  return Status::PeerLost(std::string("NCCL reported ") + nccl->GetErrorString(async) + ": " +
+                          nccl->GetLastError(comm) + " (a peer failed or left)");
+}
 
 void CommHandle::Abort() {
   if (aborted) return;
@@ -183,18 +179,10 @@ Status NcclCommunicator::WaitForStream() {
   auto next_lost_check = std::chrono::steady_clock::now();
   Status s = WaitPolling(cuda_, stream_, [&]() -> Status {
     if (comm_->aborted) return Aborted();
-    ncclResult_t async = ncclSuccess;
-    {
-      std::unique_lock<std::timed_mutex> lock(comm_->mu, std::try_to_lock);
-      if (lock.owns_lock() && !comm_->aborted) comm_->nccl->CommGetAsyncError(comm_->comm, &async);
-    }
-    if (async != ncclSuccess && async != ncclInProgress) {
-      return Status::PeerLost(std::string("NCCL reported ") + nccl_->GetErrorString(async) +
-                              " on rank " + std::to_string(options_.rank) +
-                              " (a peer failed or left)");
-    }
+    Status failure = comm_->AsyncFailure();
+    if (!failure.ok()) return failure;
     // The rendezvous service is asked every 100 ms (a call into Python, under the GIL).
-    if (options_.lost_ranks && std::chrono::steady_clock::now() >= next_lost_check) {
+    if (std::chrono::steady_clock::now() >= next_lost_check) {
       next_lost_check = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
       std::vector<int32_t> lost = MembersLost();
       if (!lost.empty()) {
@@ -386,41 +374,58 @@ Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
                    "cudaMemcpyAsync");
 }
 
-// ncclReduceScatter where NCCL expresses the reduction in one call (the same cases as
-// Native in Allreduce); integer Average and scaled Min/Max/Product go the long way.
+// The NCCL op for a reduction NCCL expresses in one call, handed to `run`: its own
+// (Sum, Min, Max, Product; float Sum/Average unscaled), or, for scale factors and float
+// Average, a premultiplied sum made for the call and destroyed after it. False, running
+// nothing, for what it cannot express (integer Average, scaled Min/Max/Product).
+bool NcclCommunicator::WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
+                                  const std::function<Status(ncclRedOp_t)>& run,
+                                  Status* status) {
+  const bool is_float = IsFloatingPoint(a.dtype);
+  const double factor = a.prescale * a.postscale /
+                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
+  const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
+  if (sum_like && is_float && factor != 1.0) {  // scale factors and Average: one premultiply
+    std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
+    ncclRedOp_t op;
+    *status = OnComm([&] {
+      return NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype,
+                                                   ncclScalarHostImmediate, comm_->comm),
+                       "ncclRedOpCreatePreMulSum");
+    });
+    if (!status->ok()) return true;
+    *status = run(op);
+    OnComm([&] {
+      nccl_->RedOpDestroy(op, comm_->comm);
+      return Status::OK();
+    });
+    return true;
+  }
+  if ((sum_like && is_float) ||
+      (a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
+    *status = run(BaseOp(a.op, a.dtype));
+    return true;
+  }
+  return false;
+}
+
+// Equal blocks: one ncclReduceScatter, where NCCL expresses the reduction in one call.
 bool NcclCommunicator::ReducescatterBlocks(const ReduceArgs& a, int64_t block, void* out,
                                            Status* status) {
   ncclDataType_t dtype;
   if (a.tensors.size() != 1 || a.tensors[0].input == nullptr || !NcclType(a.dtype, &dtype)) {
     return false;
   }
-  const bool is_float = IsFloatingPoint(a.dtype);
-  const double factor = a.prescale * a.postscale /
-                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
-  const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
-  const bool premul = sum_like && is_float && factor != 1.0;
-  if (!premul && !(sum_like && is_float) &&
-      !(a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
-    return false;
-  }
   const void* in = a.tensors[0].input;
-  const size_t count = static_cast<size_t>(block);
-  std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
-  *status = OnComm([&] {
-    ncclRedOp_t op = BaseOp(a.op, a.dtype);
-    if (premul) {
-      Status s = NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype,
-                                                       ncclScalarHostImmediate, comm_->comm),
-                           "ncclRedOpCreatePreMulSum");
-      if (!s.ok()) return s;
-    }
-    Status s = NcclCheck(nccl_->ReduceScatter(in, out, count, dtype, op, comm_->comm, stream_),
-                         "ncclReduceScatter");
-    if (premul) nccl_->RedOpDestroy(op, comm_->comm);
-    return s;
-  });
-  queued_ = queued_ || status->ok();
-  return true;
+  const bool done = WithNcclOp(a, dtype, [&](ncclRedOp_t op) {
+    return OnComm([&] {
+      return NcclCheck(nccl_->ReduceScatter(in, out, static_cast<size_t>(block), dtype, op,
+                                            comm_->comm, stream_),
+                       "ncclReduceScatter");
+    });
+  }, status);
+  queued_ = queued_ || (done && status->ok());
+  return done;
 }
 
 Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
@@ -431,29 +436,8 @@ Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
   }
   size_t count = 0;
   for (const auto& t : a.tensors) count += static_cast<size_t>(t.count);
-  const bool is_float = IsFloatingPoint(a.dtype);
-  const double factor = a.prescale * a.postscale /
-                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
-  const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
   Status s;
-  if (sum_like && is_float && factor != 1.0) {  // scale factors and Average: one premultiply
-    std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
-    ncclRedOp_t op;
-    s = OnComm([&] {
-      return NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype,
-                                                   ncclScalarHostImmediate, comm_->comm),
-                       "ncclRedOpCreatePreMulSum");
-    });
-    if (!s.ok()) return s;
-    s = Native(a, dtype, op, count);
-    OnComm([&] {
-      nccl_->RedOpDestroy(op, comm_->comm);
-      return Status::OK();
-    });
-  } else if ((sum_like && is_float) ||
-             (a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
-    s = Native(a, dtype, BaseOp(a.op, a.dtype), count);
-  } else {
+  if (!WithNcclOp(a, dtype, [&](ncclRedOp_t op) { return Native(a, dtype, op, count); }, &s)) {
     s = Staged(a, dtype, BaseOp(a.op, a.dtype), count);
   }
   queued_ = queued_ || s.ok();

@@ -41,6 +41,9 @@ struct CommHandle {
   ncclComm_t comm = nullptr;
   std::timed_mutex mu;
   std::atomic<bool> aborted{false};
+  // NCCL's asynchronous error as PeerLost (a peer failed or left), else OK: also while
+  // the engine thread is inside a call on it (ask again later) and once aborted.
+  Status AsyncFailure();
   void Abort();
   ~CommHandle();
 };
@@ -90,6 +93,8 @@ class NcclCommunicator : public Communicator {
   Status WaitForStream();
 
   Status DeviceBuffer(size_t bytes, void** out);  // the fusion buffer, grown as needed
+  bool WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
+                  const std::function<Status(ncclRedOp_t)>& run, Status* status);
   Status Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
   Status Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
 

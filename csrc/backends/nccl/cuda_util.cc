@@ -44,6 +44,11 @@ cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream) {
   return nullptr;
 }
 
+cudaError_t QueryOnDevice(const CudaApi* cuda, int32_t device, cudaEvent_t event) {
+  cuda->SetDevice(device);
+  return cuda->EventQuery(event);
+}
+
 Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out) {
   void* p = nullptr;
   Status s = CudaStatus(cuda, cuda->Malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),

@@ -19,6 +19,9 @@ Status WaitForStreams(const CudaApi* cuda, cudaStream_t stream,
 // An event recorded behind everything queued on `stream` so far, for polling; null
 // if none could be made, after waiting for the stream (the work is then finished).
 cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream);
+// cudaEventQuery(event) after setting `device`, for a thread that polls work of that
+// device (its current device would otherwise be 0: a context there, in every rank).
+cudaError_t QueryOnDevice(const CudaApi* cuda, int32_t device, cudaEvent_t event);
 // `bytes` of device memory on `device`, freed through FreeLater when the Buffer's
 // owner goes (whichever thread drops it).
 Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out);

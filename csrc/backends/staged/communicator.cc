@@ -15,8 +15,7 @@ class CopiesBack : public PendingWork {
       : cuda_(cuda), device_(device), event_(event), keep_(std::move(keep)) {}
   ~CopiesBack() override { cuda_->EventDestroy(event_); }
   bool Poll(Status* status) override {
-    cuda_->SetDevice(device_);  // the polling thread's, not device 0
-    const cudaError_t q = cuda_->EventQuery(event_);
+    const cudaError_t q = nccl::QueryOnDevice(cuda_, device_, event_);
     if (q == cudaErrorNotReady) return false;
     *status = q == cudaSuccess ? Status::OK()
                                : Status::Internal(std::string("CUDA error in a staged copy: ") +
@@ -25,8 +24,7 @@ class CopiesBack : public PendingWork {
   }
   void Abort() override {}  // host-side copies finish on their own
   bool Quiesced() override {
-    cuda_->SetDevice(device_);
-    return cuda_->EventQuery(event_) != cudaErrorNotReady;
+    return nccl::QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady;
   }
 
  private:
