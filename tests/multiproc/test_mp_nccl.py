@@ -48,8 +48,8 @@ def test_case(case_runs, gpu_env, case, np, mode):
     case_runs.get("cases_nccl", np, env=dict(gpu_env, **MODES[mode])).check(case)
 
 
-# What both fault scripts start with: imports, init, `out` (the results folder), `me`,
-# and report(handle).
+# What the fault scripts start with: imports, init, `out` (the results folder), `me`,
+# die() and report(handle).
 PRELUDE = r'''
 import json, os, signal, sys, time
 here = os.environ["SHVD_TESTS_MULTIPROC"]
@@ -63,6 +63,13 @@ import cases_nccl as g
 out = sys.argv[1]
 hvd.init()
 me = hvd.rank()
+
+
+def die():
+    """SIGKILLs this rank, writing first when (out/killed_at)."""
+    with open(os.path.join(out, "killed_at"), "w") as f:
+        json.dump({"at": time.time()}, f)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def report(h):
@@ -87,9 +94,7 @@ if me == 2:
     # SHVD_FAKE_CUDA_DELAY_US: the peers' collective waits for a contribution that
     # never comes.
     time.sleep(0.15)
-    with open(os.path.join(out, "killed_at"), "w") as f:
-        json.dump({"at": time.time()}, f)
-    os.kill(os.getpid(), signal.SIGKILL)
+    die()
 report(h)
 '''
 
@@ -150,9 +155,7 @@ with _ops.submit_together():  # fused: the outputs are copied out of the fusion 
         del src, dst
 if me == 2:
     time.sleep(0.15)
-    with open(os.path.join(out, "killed_at"), "w") as f:
-        json.dump({"at": time.time()}, f)
-    os.kill(os.getpid(), signal.SIGKILL)
+    die()
 errors = []
 for h in hs:
     try:
