@@ -13,10 +13,6 @@ using ReduceFn = void (*)(void* x, const void* y, size_t n);
 // The kernel for (dtype, op); never null for a valid pair (Adasum -> Sum kernel).
 ReduceFn GetReduceFn(DataType dtype, ReduceOp op);
 
-inline void ReduceInto(void* x, const void* y, size_t n, DataType dtype, ReduceOp op) {
-  GetReduceFn(dtype, op)(x, y, n);
-}
-
 // x[i] *= factor, as Horovod computes it: float32 by the factor rounded to float32,
 // float16/bfloat16 in float32, integers through double, truncated toward zero.
 // No-op for factor == 1.
