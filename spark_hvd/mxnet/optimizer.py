@@ -5,7 +5,9 @@ before the sum, and fold the rest of the average (``gradient_predivide_factor / 
 into the optimizer's ``rescale_grad`` (the Trainer's ``_scale``), so an average costs no
 extra pass over the gradients. Every gradient's allreduce is submitted before any is
 awaited, so the core negotiates and fuses them together; each is named by the parameter's
-index (``prefix + str(i)``), the same every step.
+index (``prefix + str(i)``), the same every step. At size 1 nothing is reduced or
+rescaled (Horovod's scales by ``gradient_predivide_factor`` there without the matching
+prescale, which multiplies the gradients by it).
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         self._gradient_predivide_factor = _check_factor(gradient_predivide_factor)
         self._num_groups = int(num_groups)
         self._process_set = process_set
-        self._optimizer.rescale_grad *= self._gradient_predivide_factor / process_set.size()
+        if process_set.size() > 1:  # at size 1 nothing is reduced, so nothing is rescaled
+            self._optimizer.rescale_grad *= self._gradient_predivide_factor / process_set.size()
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -149,7 +152,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         self._compression = compression
         self._gradient_predivide_factor = _check_factor(gradient_predivide_factor)
         self._process_set = process_set
-        self._scale *= self._gradient_predivide_factor / process_set.size()
+        if process_set.size() > 1:  # at size 1 nothing is reduced, so nothing is rescaled
+            self._scale *= self._gradient_predivide_factor / process_set.size()
         self._prefix = prefix or ""
         self._num_groups = int(num_groups)
 
