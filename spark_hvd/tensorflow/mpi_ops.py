@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from spark_hvd import _ops as _np
+from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size, rank
 from spark_hvd._types import OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError
@@ -39,7 +39,7 @@ from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 
 def _reduce_op(op, average) -> ReduceOp:
-    return _np._reduce_op(op, average)
+    return _ops._reduce_op(op, average)
 
 
 def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
@@ -85,15 +85,15 @@ def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
     arrays = [np.ascontiguousarray(a) for a in arrays]
     codes = [numpy_code(a.dtype) for a in arrays]  # validate all before submitting any
     handles = []
-    with _np.submit_together():
+    with _ops.submit_together():
         for i, (a, code) in enumerate(zip(arrays, codes)):
             out = np.empty_like(a)
-            handles.append(_np.submit(
+            handles.append(_ops.submit(
                 OpType.ALLREDUCE, f"{name}.{i}", code, a.shape, a.ctypes.data, out.ctypes.data,
                 (a, out), (lambda r, o=out: o), reduce_op=op, prescale=_resolve(prescale),
                 postscale=_resolve(postscale), process_set=process_set, group=name,
                 group_size=len(arrays)))
-    return [_np.synchronize(h).reshape(shape) for h, shape in zip(handles, shapes)]
+    return [_ops.synchronize(h).reshape(shape) for h, shape in zip(handles, shapes)]
 
 
 def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
@@ -111,8 +111,8 @@ def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
 
 def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
     def fn(x):
-        out = _np.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
-                            postscale_factor=_resolve(postscale), process_set=process_set)
+        out = _ops.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
+                             postscale_factor=_resolve(postscale), process_set=process_set)
         return [out.reshape(x.shape)]  # numpy's layer returns 0-d arrays as shape (1,)
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allreduce")
     return _set_shape(out, tensor.shape)
@@ -249,7 +249,7 @@ def _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_fac
 
 def _allgather_raw(tensor, name, process_set):
     def fn(x):
-        return [_np_bitcast(_np.allgather, x, name=name, process_set=process_set)]
+        return [_np_bitcast(_ops.allgather, x, name=name, process_set=process_set)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allgather")
     shape = tensor.shape
     return _set_shape(out, [None] if shape.rank == 0 else _first_dim_unknown(shape))
@@ -305,7 +305,7 @@ def grouped_allgather(tensors, name: Optional[str] = None,
 
 def _broadcast_raw(tensor, root_rank, name, process_set):
     def fn(x):
-        out = _np_bitcast(_np.broadcast, x, root_rank, name=name, process_set=process_set)
+        out = _np_bitcast(_ops.broadcast, x, root_rank, name=name, process_set=process_set)
         return [out.reshape(x.shape)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "broadcast")
     return _set_shape(out, tensor.shape)
@@ -352,7 +352,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
     inputs = [tensor] if splits is None else [tensor, splits]
 
     def fn(x, s=None):
-        out, received = _np_bitcast(_np.alltoall, x, splits=s, name=name,
+        out, received = _np_bitcast(_ops.alltoall, x, splits=s, name=name,
                                     process_set=process_set)
         return [out, received.astype(np.int32)]
     out, received = host_call(fn, inputs, [tensor.dtype, tf.int32], "alltoall")
@@ -404,8 +404,8 @@ def _reducescatter_rows(rows: Optional[int], process_set: ProcessSet) -> Optiona
 
 def _np_reducescatter(x: np.ndarray, name: str, op, prescale: float, postscale: float,
                       process_set: ProcessSet) -> np.ndarray:
-    return _np.reducescatter(x, name=name, op=op, process_set=process_set,
-                             prescale_factor=prescale, postscale_factor=postscale)
+    return _ops.reducescatter(x, name=name, op=op, process_set=process_set,
+                              prescale_factor=prescale, postscale_factor=postscale)
 
 
 def _reducescatter_raw(tensor, op, prescale, postscale, name, process_set):
@@ -478,8 +478,8 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
 def join():
     """Marks this rank as out of data (see ``spark_hvd.join``); returns the last rank to join."""
     if tf.executing_eagerly():
-        return _np.join()
-    (out,) = host_call(lambda: [np.asarray(_np.join(), dtype=np.int32)], [], [tf.int32], "join")
+        return _ops.join()
+    (out,) = host_call(lambda: [np.asarray(_ops.join(), dtype=np.int32)], [], [tf.int32], "join")
     return _set_shape(out, [])
 
 
@@ -487,10 +487,10 @@ def join():
 def barrier(process_set: ProcessSet = global_process_set):
     """Returns once every rank of the set has called barrier."""
     if tf.executing_eagerly():
-        return _np.barrier(process_set)
+        return _ops.barrier(process_set)
 
     def fn():
-        _np.barrier(process_set)
+        _ops.barrier(process_set)
         return [np.asarray(True)]
     (out,) = host_call(fn, [], [tf.bool], "barrier")
     return out

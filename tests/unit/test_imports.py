@@ -30,7 +30,9 @@ LAYERS = (
                                "spark_hvd.data")),
     ("runner", ("spark_hvd.runner",)),
     ("spark", ("spark_hvd.spark",)),
-    ("estimators", ("spark_hvd.estimators",)),
+    # Horovod's estimator paths (spark_hvd.spark.torch ...) give the estimators' classes.
+    ("estimators", ("spark_hvd.estimators", "spark_hvd.spark.torch", "spark_hvd.spark.keras",
+                    "spark_hvd.spark.lightning", "spark_hvd.spark.common.store")),
 )
 
 # Fresh-interpreter groups (a flat module, or a subpackage with all its modules) whose
