@@ -150,6 +150,16 @@ def test_grouped_allreduce(dt):
         same(g, x)
 
 
+def test_grouped_allgather_and_reducescatter():
+    xs = [np.arange(6, dtype=np.float32).reshape(3, 2), np.int32(7), np.zeros((0, 4))]
+    got = hvd.grouped_allgather(xs, name="single.group.ag")
+    for g, x in zip(got, xs):
+        same(g, np.reshape(x, (-1,) + np.shape(x)[1:]))  # a 0-d tensor gathers as 1-d
+    ys = [np.arange(4, dtype=np.float64), np.ones((2, 3), np.int64)]
+    for g, y in zip(hvd.grouped_reducescatter(ys, op=hvd.Sum, name="single.group.rs"), ys):
+        same(g, y)
+
+
 def test_many_async_allreduces_in_flight():
     xs = [sample(np.float32, (i % 13,), i) for i in range(200)]
     hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"single.many.{i}") for i, x in enumerate(xs)]
