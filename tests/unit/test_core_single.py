@@ -306,6 +306,18 @@ def test_duplicate_name_in_one_submission_is_refused_whole():
     same(hvd.allreduce(x, name="single.dup"), x)
 
 
+def test_part_of_a_group_is_refused():
+    """The controller relies on a rank submitting a group whole (csrc/engine/groups.h)."""
+    from spark_hvd import _ops
+    from spark_hvd._types import OpType, numpy_code
+
+    x = np.ones(2, np.float32)
+    with pytest.raises(hvd.InvalidArgumentError, match="'single.part'.* 1 of its tensors.* 2"):
+        _ops.submit(OpType.ALLREDUCE, "single.part.0", numpy_code(x.dtype), x.shape,
+                    x.ctypes.data, x.ctypes.data, (x,), lambda r: x, group="single.part",
+                    group_size=2)
+
+
 def test_group_with_an_invalid_member_submits_nothing():
     x = np.arange(3, dtype=np.float32)
     with pytest.raises(hvd.InvalidArgumentError, match="bool"):
