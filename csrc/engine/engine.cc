@@ -88,6 +88,7 @@ void Engine::Connect() {
   bo.store = options_.store;
   bo.store_prefix = options_.store_prefix;
   bo.bind_host = options_.bind_host;
+  bo.host = options_.host;
   bo.timeout_s = env::TimeoutS();
   bo.connect_timeout_s = options_.connect_timeout_s;
   if (options_.store) {

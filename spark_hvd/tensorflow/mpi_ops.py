@@ -25,7 +25,7 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from spark_hvd import _ops as _np
+from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size, rank
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
@@ -39,7 +39,7 @@ from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 
 def _reduce_op(op, average) -> ReduceOp:
-    return _np._reduce_op(op, average)
+    return _ops._reduce_op(op, average)
 
 
 def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
@@ -81,7 +81,7 @@ def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
                           prescale: float, postscale: float,
                           process_set: ProcessSet) -> List[np.ndarray]:
     """Submits every array as one negotiated, fused group, then waits for all of them."""
-    return _np_group(_np.grouped_allreduce_async, arrays, name=name, op=op,
+    return _np_group(_ops.grouped_allreduce_async, arrays, name=name, op=op,
                      prescale_factor=_resolve(prescale), postscale_factor=_resolve(postscale),
                      process_set=process_set)
 
@@ -93,7 +93,7 @@ def _np_group(submit_async: Callable, arrays: Sequence[np.ndarray], bitcast: boo
     arrays = [np.asarray(a, order="C") for a in arrays]  # 0-d stays 0-d
     wires = [a.view(_BITCAST[a.dtype]) if bitcast and a.dtype in _BITCAST else a
              for a in arrays]
-    outs = _np.synchronize(submit_async(wires, **kwargs))
+    outs = _ops.synchronize(submit_async(wires, **kwargs))
     return [o.view(a.dtype) for o, a in zip(outs, arrays)]
 
 
@@ -112,8 +112,8 @@ def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
 
 def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
     def fn(x):
-        out = _np.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
-                            postscale_factor=_resolve(postscale), process_set=process_set)
+        out = _ops.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
+                             postscale_factor=_resolve(postscale), process_set=process_set)
         return [out.reshape(x.shape)]  # numpy's layer returns 0-d arrays as shape (1,)
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allreduce")
     return _set_shape(out, tensor.shape)
@@ -250,7 +250,7 @@ def _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_fac
 
 def _allgather_raw(tensor, name, process_set):
     def fn(x):
-        return [_np_bitcast(_np.allgather, x, name=name, process_set=process_set)]
+        return [_np_bitcast(_ops.allgather, x, name=name, process_set=process_set)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allgather")
     shape = tensor.shape
     return _set_shape(out, [None] if shape.rank == 0 else _first_dim_unknown(shape))
@@ -294,7 +294,7 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
 
 def _grouped_allgather_raw(tensors, name, process_set):
     def fn(*arrays):
-        return _np_group(_np.grouped_allgather_async, arrays, bitcast=True, name=name,
+        return _np_group(_ops.grouped_allgather_async, arrays, bitcast=True, name=name,
                          process_set=process_set)
     outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_allgather")
     return [_set_shape(o, [None] if t.shape.rank == 0 else _first_dim_unknown(t.shape))
@@ -340,7 +340,7 @@ def grouped_allgather(tensors, name: Optional[str] = None,
 
 def _broadcast_raw(tensor, root_rank, name, process_set):
     def fn(x):
-        out = _np_bitcast(_np.broadcast, x, root_rank, name=name, process_set=process_set)
+        out = _np_bitcast(_ops.broadcast, x, root_rank, name=name, process_set=process_set)
         return [out.reshape(x.shape)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "broadcast")
     return _set_shape(out, tensor.shape)
@@ -387,7 +387,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
     inputs = [tensor] if splits is None else [tensor, splits]
 
     def fn(x, s=None):
-        out, received = _np_bitcast(_np.alltoall, x, splits=s, name=name,
+        out, received = _np_bitcast(_ops.alltoall, x, splits=s, name=name,
                                     process_set=process_set)
         return [out, received.astype(np.int32)]
     out, received = host_call(fn, inputs, [tensor.dtype, tf.int32], "alltoall")
@@ -439,8 +439,8 @@ def _reducescatter_rows(rows: Optional[int], process_set: ProcessSet) -> Optiona
 
 def _np_reducescatter(x: np.ndarray, name: str, op, prescale: float, postscale: float,
                       process_set: ProcessSet) -> np.ndarray:
-    return _np.reducescatter(x, name=name, op=op, process_set=process_set,
-                             prescale_factor=prescale, postscale_factor=postscale)
+    return _ops.reducescatter(x, name=name, op=op, process_set=process_set,
+                              prescale_factor=prescale, postscale_factor=postscale)
 
 
 def _reducescatter_raw(tensor, op, prescale, postscale, name, process_set):
@@ -495,7 +495,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
 
 def _grouped_reducescatter_raw(tensors, op, prescale, postscale, name, process_set):
     def fn(*arrays):
-        return _np_group(_np.grouped_reducescatter_async, arrays, name=name, op=op,
+        return _np_group(_ops.grouped_reducescatter_async, arrays, name=name, op=op,
                          process_set=process_set, prescale_factor=prescale,
                          postscale_factor=postscale)
     outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_reducescatter")
@@ -561,8 +561,8 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
 def join():
     """Marks this rank as out of data (see ``spark_hvd.join``); returns the last rank to join."""
     if tf.executing_eagerly():
-        return _np.join()
-    (out,) = host_call(lambda: [np.asarray(_np.join(), dtype=np.int32)], [], [tf.int32], "join")
+        return _ops.join()
+    (out,) = host_call(lambda: [np.asarray(_ops.join(), dtype=np.int32)], [], [tf.int32], "join")
     return _set_shape(out, [])
 
 
@@ -570,10 +570,10 @@ def join():
 def barrier(process_set: ProcessSet = global_process_set):
     """Returns once every rank of the set has called barrier."""
     if tf.executing_eagerly():
-        return _np.barrier(process_set)
+        return _ops.barrier(process_set)
 
     def fn():
-        _np.barrier(process_set)
+        _ops.barrier(process_set)
         return [np.asarray(True)]
     (out,) = host_call(fn, [], [tf.bool], "barrier")
     return out
