@@ -41,10 +41,11 @@ def names_rank(result, rank) -> bool:
 def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
     """Without a launcher that tears the job down: ranks 0 and 1 must see rank 2's
     death as PeerLostError on their own, and then exit by themselves; whether they
-    wait for it in negotiation (kill) or in the middle of a ring allreduce's
+    wait for it in negotiation (kill) or in the middle of a tcp ring allreduce's
     transfer (kill_mid_transfer: rank 1 is not rank 2's ring neighbour on the
-    receiving side)."""
-    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)])
+    receiving side). test_shm.py has the same on shared memory."""
+    env = {"SPARK_HVD_CPU_OPERATIONS": "tcp"} if scenario == "kill_mid_transfer" else None
+    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)], env=env)
     try:
         codes = job.wait(DEADLINE_S + 20)
         logs = job.outputs()
