@@ -87,7 +87,7 @@ def mid_transfer(stop_signal: int) -> None:
 
     if me == n - 1:
         def die():
-            save("killed_at", at=time.time())
+            save("killed_at" if stop_signal == signal.SIGKILL else "frozen_at", at=time.time())
             os.kill(os.getpid(), stop_signal)
         threading.Timer(0.3, die).start()
     held = segments()

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from _ranks import PYTHON, DirectJob, wait_gone
-from test_mp_faults import WORKER, load, names_rank
+from test_mp_faults import WORKER, load, names_rank, survivors
 
 SHM_DETECT_S = 1.0  # the contract: survivors raise within a second of the kill
 
@@ -39,15 +39,9 @@ def test_killed_rank_mid_allreduce_survivors_raise_within_1s_and_no_segment_is_l
     before = shm_files()
     job = DirectJob(3, [PYTHON, WORKER, "kill_mid_transfer", str(tmp_path)])
     try:
-        codes = job.wait(40)
-        logs = job.outputs()
-        killed = load(tmp_path, "killed_at")
-        assert killed is not None and codes[2] == -signal.SIGKILL, (codes, logs)
-        for r in (0, 1):
-            res = load(tmp_path, f"result{r}")
-            assert res is not None, f"rank {r} did not report (exit {codes[r]})\n{logs}"
-            detect = res["at"] - killed["at"]
-            print(f"rank {r}: {res['error']} {detect:.3f} s after the kill: {res['message']}")
+        codes, logs, reports = survivors(job, tmp_path, "killed_at", 40)
+        assert codes[2] == -signal.SIGKILL, (codes, logs)
+        for r, res, detect in reports:
             assert res["error"] == "PeerLostError" and res["ranks"] == [2], (res, logs)
             assert "shm allreduce" in res["message"] and names_rank(res, 2), res
             assert detect < SHM_DETECT_S, f"rank {r} needed {detect:.2f} s to notice"
@@ -67,15 +61,8 @@ def test_frozen_rank_mid_allreduce_fails_the_others_after_the_timeout(tmp_path):
     job = DirectJob(3, [PYTHON, WORKER, "freeze_mid_transfer", str(tmp_path)],
                     env={"SPARK_HVD_TIMEOUT_S": "2"})
     try:
-        codes = job.wait(40, ranks=[0, 1])
-        logs = job.outputs()
-        frozen = load(tmp_path, "killed_at")
-        assert frozen is not None, logs
-        for r in (0, 1):
-            res = load(tmp_path, f"result{r}")
-            assert res is not None, f"rank {r} did not report (exit {codes[r]})\n{logs}"
-            detect = res["at"] - frozen["at"]
-            print(f"rank {r}: {res['error']} {detect:.2f} s after the freeze: {res['message']}")
+        _, logs, reports = survivors(job, tmp_path, "frozen_at", 40)
+        for r, res, detect in reports:
             assert res["error"] in ("CollectiveTimeoutError", "PeerLostError"), (res, logs)
             assert names_rank(res, 2) or "rank(s) 2" in res["message"], res
             assert 1.5 < detect < 10, f"rank {r} gave up after {detect:.1f} s"
