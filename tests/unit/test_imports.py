@@ -27,7 +27,7 @@ LAYERS = (
     ("core API", ("spark_hvd", "spark_hvd._types", "spark_hvd._runtime", "spark_hvd._ops",
                   "spark_hvd._basics")),
     ("framework shims, data", ("spark_hvd.torch", "spark_hvd.tensorflow", "spark_hvd.keras",
-                               "spark_hvd.data")),
+                               "spark_hvd.mxnet", "spark_hvd.data")),
     ("runner", ("spark_hvd.runner",)),
     ("spark", ("spark_hvd.spark",)),
     # Horovod's estimator paths (spark_hvd.spark.torch ...) give the estimators' classes.
@@ -42,6 +42,8 @@ CORE_FREE = ("spark_hvd", "spark_hvd.exceptions", "spark_hvd._config", "spark_hv
              "spark_hvd.data", "spark_hvd.runner", "spark_hvd.spark", "spark_hvd.estimators")
 REQUIRES = {"spark_hvd.torch": "torch", "spark_hvd.tensorflow": "tensorflow",
             "spark_hvd.keras": "tensorflow",
+            # MXNet 1.9 needs numpy < 1.24: only the compat env (.venv-compat) has it.
+            "spark_hvd.mxnet": "mxnet",
             "spark_hvd.estimators": "pyspark"}
 
 
