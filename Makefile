@@ -136,9 +136,7 @@ BENCH ?= $(BENCHES)
 
 bench: setup
 	@for b in $(BENCH); do echo "== bench/$$b.py"; \
-	  if [ $$b = allreduce ]; then \
-	    PYTHONPATH=. $(VPY) -m spark_hvd.runner -np 2 $(VPY) bench/allreduce.py || exit 1; \
-	  else PYTHONPATH=. $(VPY) bench/$$b.py || exit 1; fi; \
+	  PYTHONPATH=. $(VPY) bench/$$b.py || exit 1; \
 	done
 
 clean:
