@@ -28,7 +28,7 @@ STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt apt-test apt-install venv test demo bench clean
+.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench clean
 
 setup: apt $(STAMP_BUILD)
 
@@ -59,6 +59,32 @@ $(STAMP_BUILD): $(STAMP_DEPS) $(CORE_SOURCES)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	touch $@
 
+# The compat environment (requirements/compat.txt): numpy 1.23, MXNet 1.9.1, pyarrow 14,
+# petastorm 0.13.1 and CPU torch, for spark_hvd.mxnet and reader="petastorm". Same Python as
+# the main venv, so the _core built above loads there too: spark_hvd comes from this
+# checkout through a .pth file (no second build), spark-hvdrun through a two-line script.
+# torch is installed without its declared setuptools>=77 (petastorm pins setuptools<70).
+VENV_COMPAT := .venv-compat
+CPY := $(VENV_COMPAT)/bin/python
+COMPAT_NO_DEPS := torch==2.13.0+cpu
+STAMP_COMPAT := $(VENV_COMPAT)/.compat-stamp
+
+$(STAMP_COMPAT): requirements/compat.txt | $(VPY)
+	rm -rf $(VENV_COMPAT)
+	$(PY) -m venv $(VENV_COMPAT)
+	$(CPY) -m pip install -q -r requirements/compat.txt
+	$(CPY) -m pip install -q --no-deps $(COMPAT_NO_DEPS)
+	echo "$(CURDIR)" > "$$($(CPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/spark_hvd_checkout.pth"
+	printf '#!%s\nfrom spark_hvd.runner.launch import main\nmain()\n' "$(CURDIR)/$(CPY)" > $(VENV_COMPAT)/bin/spark-hvdrun
+	chmod +x $(VENV_COMPAT)/bin/spark-hvdrun
+	touch $@
+
+compat: $(STAMP_BUILD) $(STAMP_COMPAT)
+
+# tests/compat_env runs in the compat environment only (its conftest ignores it elsewhere).
+test-compat: compat apt-test
+	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider $(PYTEST_ARGS)
+
 # Suites that start a SparkSession run in their own pytest process (one JVM each:
 # a local-cluster session and a local[N] one cannot share a driver).
 TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic" "tests/spark" "tests/estimators"
@@ -75,13 +101,30 @@ $(STAMP_NVIDIA): | $(VPY)
 	$(VPY) -m pip install -q --no-deps --target $(NVIDIA_LIBS)/cu13 $(NVIDIA_CU13)
 	touch $@
 
-test: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
+# Each group lists its slowest tests at the end (where CI's time goes).
+DURATIONS := 25
+
+test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	@status=0; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \
 	  echo "== pytest$$dirs"; \
-	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider $(PYTEST_ARGS) || status=1; \
-	done; exit $$status
+	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider --durations=$(DURATIONS) $(PYTEST_ARGS) \
+	    || status=1; \
+	done; \
+	echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
+	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
+	  $(PYTEST_ARGS) || status=1; \
+	exit $$status
+
+# Day-to-day: the groups without Spark, multi-rank tests at one rank count (FAST_NP;
+# tests/conftest.py's --np). CI runs `make test`.
+FAST_NP ?= 2
+FAST_DIRS := tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic
+
+test-fast: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
+	$(VPY) -m pytest $(FAST_DIRS) -q -p no:cacheprovider --np=$(FAST_NP) --durations=$(DURATIONS) \
+	  $(PYTEST_ARGS)
 
 demo: setup
 	$(VPY) examples/demo.py
@@ -99,4 +142,4 @@ bench: setup
 	done
 
 clean:
-	rm -rf build *.egg-info spark_hvd/_core*.so
+	rm -rf build *.egg-info spark_hvd/_core*.so $(VENV_COMPAT)

@@ -117,8 +117,10 @@ def setting_value(name: str) -> Union[str, int, float]:
     for a name that is no setting."""
 def init(rank: int, size: int, controller: str = "gloo", store: Optional[_Store] = None,
          store_prefix: str = "spark_hvd", bind_host: str = "127.0.0.1",
-         connect_timeout_s: float = 60.0, timeline_path: str = "") -> None:
-    """Starts the engine (a no-op while it runs); blocks until every rank connected."""
+         connect_timeout_s: float = 60.0, timeline_path: str = "", host: str = "") -> None:
+    """Starts the engine (a no-op while it runs); blocks until every rank connected.
+    ``host``: this rank's host identity ("" = the host name); ranks of one host share
+    memory (backend shm)."""
 def shutdown() -> None:
     """Stops the engine; pending ops fail."""
 def is_initialized() -> bool: ...
@@ -135,6 +137,9 @@ def tuned_parameters() -> Dict[str, Any]:
     SPARK_HVD_AUTOTUNE; ``searching``: it is still searching; ``history``: every change
     as (cycle, fusion_threshold, cycle_time_ms), the same on every rank.
     NotInitializedError before init()."""
+def cache_stats() -> Dict[str, int]:
+    """This rank's requests since init that the response cache answered (``hits``: sent
+    as one bit) or not (``misses``: cacheable ops sent in full)."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

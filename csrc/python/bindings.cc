@@ -224,7 +224,7 @@ PYBIND11_MODULE(_core, m) {
       "init",
       [](int rank, int size, const std::string& controller, py::object store,
          const std::string& store_prefix, const std::string& bind_host, double connect_timeout_s,
-         const std::string& timeline_path) {
+         const std::string& timeline_path, const std::string& host) {
         EngineOptions o;
         o.rank = rank;
         o.size = size;
@@ -234,12 +234,13 @@ PYBIND11_MODULE(_core, m) {
         o.bind_host = bind_host;
         o.connect_timeout_s = connect_timeout_s;
         o.timeline_path = timeline_path;
+        o.host = host;
         Native([&] { TheEngine().Init(o); });
       },
       py::arg("rank"), py::arg("size"), py::arg("controller") = "gloo",
       py::arg("store") = py::none(), py::arg("store_prefix") = "spark_hvd",
       py::arg("bind_host") = "127.0.0.1", py::arg("connect_timeout_s") = 60.0,
-      py::arg("timeline_path") = "");
+      py::arg("timeline_path") = "", py::arg("host") = "");
   m.def("shutdown", [] {
     Native([] { TheEngine().Shutdown(); });
     DrainReleases();
@@ -351,6 +352,14 @@ PYBIND11_MODULE(_core, m) {
       "The fusion threshold (bytes) and cycle time (ms) the engine uses now; autotune: rank 0 "
       "runs SPARK_HVD_AUTOTUNE, searching: still searching; history: every change as "
       "(cycle, fusion_threshold, cycle_time_ms), the same on every rank.");
+  m.def(
+      "cache_stats",
+      [] {
+        const CacheStats& s = TheEngine().cache_stats();
+        return py::dict(py::arg("hits") = s.hits.load(), py::arg("misses") = s.misses.load());
+      },
+      "This rank's requests since init that the response cache answered (hits: sent as one "
+      "bit) or not (misses: cacheable ops sent in full).");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {

@@ -16,7 +16,7 @@ import numpy as np
 import spark_hvd as hvd
 from harness import Registry, Skip, expect_error, wait_for
 from refdata import (BF16, DTYPES, OPS, Checks, assert_same, dname, even_rows, is_bool, is_float,
-                     reduce, values)
+                     ordered_reduce, reduce, values)
 
 CASES = Registry()
 OP = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
@@ -29,6 +29,49 @@ SHAPES = [(0,), (1,), (7,), (3, 5), (1031,)]
 
 def _concat(parts, tail_shape, dt) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,) + tuple(tail_shape), dt)
+
+
+# -- response cache ---------------------------------------------------------------
+
+@CASES.case("cache/repeated_steps_then_changes")
+def _(ctx):
+    """Repeated steps are answered by the response cache (this rank's hits and misses
+    counted by the core), a changed request is not, and the results stay right. First
+    in the module: the op matrix's names fill the cache (SPARK_HVD_CACHE_CAPACITY, 1024),
+    and a full cache takes no new name."""
+    from spark_hvd import _core
+
+    n, me = ctx.size, ctx.rank
+    shapes = [(4,), (1,), (3, 3), (0,)]
+    before = _core.cache_stats()
+
+    def step(s, j, shape, op="Sum", dt=np.float32):
+        got = hvd.allreduce(values(dt, me, shape, salt=s), op=OP[op], name=f"cache.w{j}")
+        want = reduce([values(dt, r, shape, salt=s) for r in range(n)], op, dt)
+        assert_same(got, want, f"step {s} tensor {j} {shape} {op}")
+
+    for s in range(12):  # the same names every step: served by the response cache
+        for j, shape in enumerate(shapes):
+            step(s, j, shape)
+    for s in range(3):   # same name, new shape: the cached entry must not be reused
+        step(100 + s, 0, (6,))
+    step(200, 0, (6,), op="Max")      # same name, new op
+    step(201, 0, (6,), dt=np.int64)   # same name, new dtype
+    for s in range(3):
+        step(300 + s, 0, (4,))        # and back
+    # the same tensors as async steps, several in flight at once
+    for s in range(4):
+        hs = [hvd.allreduce_async(values(np.float32, me, shape, salt=s), op=hvd.Sum,
+                                  name=f"cache.w{j}") for j, shape in enumerate(shapes)]
+        for j, h in enumerate(hs):
+            want = reduce([values(np.float32, r, shapes[j], salt=s) for r in range(n)], "Sum",
+                          np.float32)
+            assert_same(hvd.synchronize(h), want, f"async step {s} tensor {j}")
+    after = _core.cache_stats()
+    # Sent in full: the 4 tensors' first step, each new shape, op or dtype of cache.w0 and
+    # its return to (4,); every other step (11 x 4, 2, 2, 4 x 4) went as cache bits.
+    assert after["misses"] - before["misses"] == 4 + 4, (before, after)
+    assert after["hits"] - before["hits"] == 11 * 4 + 2 + 2 + 4 * 4, (before, after)
 
 
 # -- allreduce ----------------------------------------------------------------------
@@ -93,6 +136,40 @@ def _(ctx):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-2), "ring sum differs from the reference"
     digests = hvd.allgather_object(hashlib.sha256(got.tobytes()).hexdigest(), name="ring.bits")
     assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+
+
+def _order_sensitive(dt, rank: int, n: int) -> np.ndarray:
+    """Values whose float sum depends on the order of addition, with signed zeros (Min
+    and Max pick by operand order between +0 and -0)."""
+    x = np.random.default_rng(11 + rank).standard_normal(n) * 1e3
+    x[::7] = 0.0 if rank % 2 else -0.0
+    return x.astype(dt)
+
+
+@CASES.case("order/bits_of_the_reduction_order")
+def _(ctx):
+    """tcp and shm reduce every element in the order csrc/backends/host_reduce.h defines,
+    so their results are the same bits: each rank checks its result against that order
+    computed in numpy (refdata.ordered_reduce), for direct and ring sizes (several shm
+    rounds), Sum/Average with pre/postscale, Min and Max, every float dtype."""
+    if os.environ.get("SPARK_HVD_CPU_OPERATIONS", "") not in ("", "tcp", "shm") or \
+            os.environ.get("SPARK_HVD_CONTROLLER", "gloo") != "gloo":
+        raise Skip("gloo and mpi reduce in orders of their own")
+    chk = Checks()
+    for dt in (np.float32, np.float64, np.float16, BF16):
+        for count in (1001, 3 * 32768 + 7):  # direct, then ring
+            xs = [_order_sensitive(dt, r, count) for r in range(ctx.size)]
+            for op, pre, post in (("Sum", 1.25, 0.7), ("Average", 1.0, 3.0), ("Min", 1, 1),
+                                  ("Max", 1, 1)):
+                got = hvd.allreduce(xs[ctx.rank], op=OP[op], prescale_factor=pre,
+                                    postscale_factor=post, name=f"ord.{dname(dt)}.{count}.{op}")
+                want = ordered_reduce(xs, op, pre, post)
+                bits = [a.view(np.uint8).reshape(count, -1) for a in (got, want)]
+                bad = np.flatnonzero(np.any(bits[0] != bits[1], axis=1))
+                chk.true(bad.size == 0, f"{dname(dt)} x {count} {op}: {bad.size} elements "
+                         f"differ from the order's bits, first at {bad[:5].tolist()}: got "
+                         f"{got[bad[:5]].tolist()}, expected {want[bad[:5]].tolist()}")
+    chk.done()
 
 
 @CASES.case("broadcast_large/every_root")
@@ -440,7 +517,7 @@ def _(ctx):
     hvd.remove_process_set(again)
 
 
-# -- fusion, response cache, async -----------------------------------------------------------
+# -- fusion, async ---------------------------------------------------------------------------
 
 @CASES.case("fusion/200_small_tensors_in_flight")
 def _(ctx):
@@ -483,35 +560,6 @@ def _(ctx):
         assert_same(got, want, f"{kind} {i}")
 
 
-@CASES.case("cache/repeated_steps_then_changes")
-def _(ctx):
-    n, me = ctx.size, ctx.rank
-    shapes = [(4,), (1,), (3, 3), (0,)]
-
-    def step(s, j, shape, op="Sum", dt=np.float32):
-        got = hvd.allreduce(values(dt, me, shape, salt=s), op=OP[op], name=f"cache.w{j}")
-        want = reduce([values(dt, r, shape, salt=s) for r in range(n)], op, dt)
-        assert_same(got, want, f"step {s} tensor {j} {shape} {op}")
-
-    for s in range(12):  # the same names every step: served by the response cache
-        for j, shape in enumerate(shapes):
-            step(s, j, shape)
-    for s in range(3):   # same name, new shape: the cached entry must not be reused
-        step(100 + s, 0, (6,))
-    step(200, 0, (6,), op="Max")      # same name, new op
-    step(201, 0, (6,), dt=np.int64)   # same name, new dtype
-    for s in range(3):
-        step(300 + s, 0, (4,))        # and back
-    # the same tensors as async steps, several in flight at once
-    for s in range(4):
-        hs = [hvd.allreduce_async(values(np.float32, me, shape, salt=s), op=hvd.Sum,
-                                  name=f"cache.w{j}") for j, shape in enumerate(shapes)]
-        for j, h in enumerate(hs):
-            want = reduce([values(np.float32, r, shapes[j], salt=s) for r in range(n)], "Sum",
-                          np.float32)
-            assert_same(hvd.synchronize(h), want, f"async step {s} tensor {j}")
-
-
 @CASES.case("async/poll_and_synchronize")
 def _(ctx):
     x = np.arange(1000, dtype=np.float64) + ctx.rank
@@ -551,6 +599,35 @@ def _(ctx):
     assert hvd.mpi_enabled() == (controller == "mpi"), controller
     assert hvd.gloo_enabled() == (controller == "gloo"), controller
     assert hvd.allgather_object(me, name="topo.ranks") == list(range(n))
+
+
+@CASES.case("topology/backend_of_cpu_ops")
+def _(ctx):
+    """The backend the settings select runs the CPU ops (the timeline names it): the
+    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else tcp; a process set of
+    one rank too."""
+    cpu = os.environ.get("SPARK_HVD_CPU_OPERATIONS", "")
+    mpi = os.environ.get("SPARK_HVD_CONTROLLER", "gloo") == "mpi"
+    want = (cpu or ("mpi" if mpi else "tcp")).upper()
+    path = os.path.join(ctx.outdir, f"timeline_backend_rank{ctx.rank}.json")
+    alone = hvd.add_process_set([ctx.size - 1])
+    hvd.start_timeline(path)
+    hvd.allreduce(np.ones(10, np.float32), name="be.ar")
+    hvd.allgather(np.ones((ctx.rank + 1, 2), np.int32), name="be.ag")
+    hvd.broadcast(np.ones(3), root_rank=0, name="be.bc")
+    if alone.included():
+        hvd.allreduce(np.ones(2), name="be.alone", process_set=alone)
+    hvd.stop_timeline()
+    hvd.remove_process_set(alone)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
+    want_ops = {("be.ar", f"{want}_ALLREDUCE"), ("be.ag", f"{want}_ALLGATHER"),
+                ("be.bc", f"{want}_BROADCAST")}
+    if alone.included():
+        want_ops.add(("be.alone", f"{want}_ALLREDUCE"))
+    assert ran == want_ops, f"ran {sorted(ran)}, expected {sorted(want_ops)}"
 
 
 @CASES.case("timeline/start_stop_names_tensors")
@@ -609,16 +686,26 @@ def _(ctx):
 @CASES.case("process_set/same_name_in_two_sets")
 def _(ctx):
     """The same tensor name used at once in two disjoint sets: [0, 1] and [2]. Rank 1
-    is late, so rank 0's and rank 2's requests meet in negotiation first."""
+    is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
+    submits before the global 'pss.first' (so its request is negotiated by the time
+    that completes), rank 2 after it, and rank 1 only after 'pss.second', which rank 2
+    submits after its own request."""
     n, me = ctx.size, ctx.rank
     if n < 3:
         raise Skip("needs 3 ranks (sets [0, 1] and [2])")
     a = hvd.add_process_set([0, 1])
     b = hvd.add_process_set([2])
     mine = a if me < 2 else b
-    if me == 1:
-        time.sleep(0.5)
-    h = hvd.allreduce_async(np.full(2, me + 1.0), op=hvd.Sum, name="pss.grad", process_set=mine)
+
+    def submit():
+        return hvd.allreduce_async(np.full(2, me + 1.0), op=hvd.Sum, name="pss.grad",
+                                   process_set=mine)
+
+    h = submit() if me == 0 else None
+    hvd.allreduce(np.ones(1), name="pss.first")
+    h = submit() if me == 2 else h
+    hvd.allreduce(np.ones(1), name="pss.second")
+    h = submit() if me == 1 else h
     try:
         got = wait_for(h, 5, f"allreduce 'pss.grad' in {mine} on rank {me}", ctx)
     finally:  # every rank reaches this point, whatever happened above
