@@ -380,7 +380,7 @@ class _ElasticJob:
     def _collect_reports(self) -> None:
         """The stopped workers' reports (for the error's details): until every worker
         that started has reported, or the Spark job has ended and every report has been
-        read, at most kill_grace_s + _REPORT_WAIT_S."""
+        read, at most kill_grace_s + REPORT_WAIT_S."""
         deadline = time.monotonic() + self.spec.kill_grace_s + _driver.REPORT_WAIT_S
         while not self._all_reported():
             remaining = deadline - time.monotonic()
