@@ -52,7 +52,8 @@ class Engine {
 
   // Validates and queues ops: all of them or, when any is invalid, none (a group
   // is never left half submitted). Each entry gives req, input, output and the
-  // owner of the buffers (held until the engine is done with the op). Returns
+  // owner of the buffers (held until the engine is done with the op), and may bring
+  // its state (with on_done set) or leave it to the engine. Returns
   // the ops' states, in order. Throws StatusError on bad input, a name already in
   // flight, before init, or after the engine stopped (with the reason).
   std::vector<std::shared_ptr<OpState>> Enqueue(std::vector<TensorEntry> entries);

@@ -5,13 +5,16 @@
 namespace spark_hvd {
 
 void Completions::Complete(OpState& state, Status status) {
+  std::function<void()> on_done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state.done) return;
     state.status = std::move(status);
     state.done = true;
+    on_done.swap(state.on_done);
   }
   cv_.notify_all();
+  if (on_done) on_done();
 }
 
 bool Completions::Done(const OpState& state) {

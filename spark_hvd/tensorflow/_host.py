@@ -64,10 +64,22 @@ def _to_numpy(value) -> np.ndarray:
 def _check_not_xla(kind: str) -> None:
     if _in_xla(tf.compat.v1.get_default_graph()):
         raise InvalidArgumentError(
-            f"spark_hvd.tensorflow.{kind} cannot run inside an XLA-compiled function: spark_hvd "
-            "collectives run on the host through tf.numpy_function, which XLA cannot compile. "
+            f"spark_hvd.tensorflow.{kind} cannot run inside an XLA-compiled function: XLA cannot "
+            "compile spark_hvd's collectives (TensorFlow kernels of their own, or host "
+            "functions). "
             "Use tf.function(jit_compile=False) for the function that calls it (Keras: "
             "model.compile(..., jit_compile=False), which DistributedOptimizer does for fit)")
+
+
+def kernels(kind: Optional[str] = None) -> bool:
+    """Whether collectives run as spark_hvd's asynchronous kernels (``_async``) rather than
+    as host functions; with a collective's ``kind``, an XLA-compiled graph is refused."""
+    from spark_hvd.tensorflow import _kernels
+
+    on = _kernels.ops() is not None
+    if on and kind and not tf.executing_eagerly():
+        _check_not_xla(kind)
+    return on
 
 
 class _Chain(threading.local):
