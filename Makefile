@@ -75,7 +75,11 @@ $(STAMP_NVIDIA): | $(VPY)
 	$(VPY) -m pip install -q --no-deps --target $(NVIDIA_LIBS)/cu13 $(NVIDIA_CU13)
 	touch $@
 
+# spark_hvd's TensorFlow kernels are compiled on first use and cached (per TensorFlow version
+# and source); built here first, so that no rank job of the suite waits for the compiler.
 test: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
+	@if $(VPY) -c "import tensorflow" 2>/dev/null; then \
+	  echo "== TensorFlow kernels"; $(VPY) -m spark_hvd.tensorflow.build_kernels || exit 1; fi
 	@status=0; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \

@@ -1,5 +1,5 @@
 // Engine: the one object behind spark_hvd's API (no process-wide mutable state
-// besides the single instance the bindings hold). Owns the background thread
+// besides the single instance of instance.h). Owns the background thread
 // that connects the communicators, negotiates (Controller) and executes
 // (Executor) every cycle; API threads only enqueue and wait.
 #pragma once

@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from spark_hvd._runtime import RUNTIME
 from spark_hvd._types import numpy_code
-from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.exceptions import (InvalidArgumentError, NotInitializedError, SparkHvdError,
+                                  TensorMismatchError)
 
 # Bit-exact ops (broadcast, allgather, alltoall) move these as same-width signed ints.
 _BITCAST = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
@@ -119,7 +120,10 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     """Runs ``fn`` (numpy arrays in, a list of numpy arrays out) now when eager, else as one
     stateful ``tf.numpy_function`` node of the current graph."""
     if tf.executing_eagerly():
-        outs = fn(*[_to_numpy(t) for t in inputs])
+        try:
+            outs = fn(*[_to_numpy(t) for t in inputs])
+        except SparkHvdError as exc:
+            raise tf_error(exc) from exc
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     _check_not_xla(kind)
     last = _CHAIN.last
@@ -131,6 +135,19 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     if _CHAIN.active and outs:
         _CHAIN.last = outs[0].op
     return outs
+
+
+def tf_error(exc: SparkHvdError) -> tf.errors.OpError:
+    """A collective's failure as TensorFlow's error of the class Horovod's ops raise (the
+    kernels' mapping, kernels/core.h): FailedPrecondition for a mismatch between ranks,
+    InvalidArgument for a bad argument, Unknown for a failed collective."""
+    if isinstance(exc, (TensorMismatchError, NotInitializedError)):
+        cls = tf.errors.FailedPreconditionError
+    elif isinstance(exc, InvalidArgumentError):
+        cls = tf.errors.InvalidArgumentError
+    else:
+        cls = tf.errors.UnknownError
+    return cls(None, None, f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
 
 
 def _op_name(kind: str) -> str:

@@ -84,7 +84,7 @@ def _size_at_run(process_set: ProcessSet) -> tf.Tensor:
     """The set's size (int32) when the op runs."""
     if kernels():
         return _async.query("size", process_set)
-    return _scalar_at_run(process_set.size, tf.int32, "query")
+    return _scalar_at_run(lambda: process_set.size(), tf.int32, "query")
 
 
 # -- numpy-side grouped submission ---------------------------------------------------------

@@ -27,8 +27,8 @@
  * Version 1. The numbers (op, dtype, reduce_op, status codes) are spark_hvd._core's
  * OpType, DataType, ReduceOp and StatusCode.
  */
-#ifndef SPARK_HVD_C_API_H_
-#define SPARK_HVD_C_API_H_
+#ifndef SHVD_C_API_H_
+#define SHVD_C_API_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -110,4 +110,4 @@ typedef struct shvd_api {
 }
 #endif
 
-#endif /* SPARK_HVD_C_API_H_ */
+#endif /* SHVD_C_API_H_ */
