@@ -29,3 +29,8 @@ else:
     @pytest.fixture(scope="session", params=[1, 2, 3], ids=lambda n: f"np{n}")
     def mx_ranks(request):
         return ranks_run(request.param)
+
+
+def pytest_configure(config):
+    # petastorm 0.13.1 uses pyarrow's legacy ParquetDataset attributes on every read.
+    config.addinivalue_line("filterwarnings", "ignore::FutureWarning")
