@@ -107,8 +107,10 @@ def setting_value(name: str) -> Union[str, int, float]:
     for a name that is no setting."""
 def init(rank: int, size: int, controller: str = "gloo", store: Optional[_Store] = None,
          store_prefix: str = "spark_hvd", bind_host: str = "127.0.0.1",
-         connect_timeout_s: float = 60.0, timeline_path: str = "") -> None:
-    """Starts the engine (a no-op while it runs); blocks until every rank connected."""
+         connect_timeout_s: float = 60.0, timeline_path: str = "", host: str = "") -> None:
+    """Starts the engine (a no-op while it runs); blocks until every rank connected.
+    ``host``: this rank's host identity ("" = the host name); ranks of one host share
+    memory (backend shm)."""
 def shutdown() -> None:
     """Stops the engine; pending ops fail."""
 def is_initialized() -> bool: ...

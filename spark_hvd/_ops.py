@@ -247,6 +247,25 @@ def allgather(tensor, name: Optional[str] = None,
     return synchronize(allgather_async(tensor, name, process_set))
 
 
+def grouped_allgather_async(tensors, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Allgathers a list of tensors as one group: negotiated together, and failing
+    together (a mismatch in one member fails every member)."""
+    arrays = [a.reshape(1) if a.ndim == 0 else a for a in (_array(t) for t in tensors)]
+    base = _name(name, "grouped_allgather", process_set)
+    with submit_together():
+        handles = [submit(OpType.ALLGATHER, f"{base}.{i}", numpy_code(a.dtype), a.shape,
+                          a.ctypes.data, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
+                          process_set=process_set, group=base, group_size=len(arrays))
+                   for i, a in enumerate(arrays)]
+    return GroupHandle(handles, list)
+
+
+def grouped_allgather(tensors, name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
 def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     arr = _array(tensor)
@@ -311,6 +330,34 @@ def reducescatter(tensor, name: Optional[str] = None, op=Average,
     remainder rows)."""
     return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                            postscale_factor))
+
+
+def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Reducescatters a list of tensors as one group: negotiated together, and
+    failing together."""
+    arrays = [_array(t) for t in tensors]
+    if any(a.ndim == 0 for a in arrays):
+        raise InvalidArgumentError("reducescatter needs tensors with at least one dimension")
+    base = _name(name, "grouped_reducescatter", process_set)
+    rop = _reduce_op(op, None)
+    with submit_together():
+        handles = [submit(OpType.REDUCESCATTER, f"{base}.{i}", numpy_code(a.dtype), a.shape,
+                          a.ctypes.data, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
+                          reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
+                          process_set=process_set, group=base, group_size=len(arrays))
+                   for i, a in enumerate(arrays)]
+    return GroupHandle(handles, list)
+
+
+def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[np.ndarray]:
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

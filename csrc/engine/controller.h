@@ -22,9 +22,12 @@
 //     bit; a table entry is ready when all active members submitted it, and is
 //     then validated (op, dtype, shape, root, ... must agree: a mismatch is an
 //     error response naming the tensor, both ranks and both values) and cached.
-//  5. Grouped tensors wait for their whole group; join completes when every
-//     rank has joined; stall inspection (stall_inspector.h): rank 0's cutoff
-//     turns tensors pending since that cycle into errors on every rank.
+//  5. Groups (groups.h): the members of a group become ready in the same cycle;
+//     a group runs when all its members are ready and valid, else every member
+//     fails with one error (its members still in the table too). Join completes
+//     when every rank has joined; stall inspection (stall_inspector.h): rank 0's
+//     cutoff turns tensors pending since that cycle into errors on every rank,
+//     a grouped one's into its whole group's.
 //  6. Fusion (fusion.h): adjacent ready allreduces with the same
 //     dtype/op/scales/set/device are fused up to SPARK_HVD_FUSION_THRESHOLD bytes,
 //     or the threshold rank 0's header carries (autotune.h, which then measures).
@@ -93,7 +96,6 @@ class Controller {
 
   // Identical on every rank.
   MessageTable table_;
-  std::map<std::string, std::vector<Response>> groups_;
   std::vector<bool> joined_;
   std::vector<int64_t> join_cycle_;
 

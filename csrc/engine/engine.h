@@ -31,6 +31,7 @@ struct EngineOptions {
   std::shared_ptr<Store> store;     // the rendezvous store (needed by "gloo" with size > 1)
   std::string store_prefix = "spark_hvd";
   std::string bind_host = "127.0.0.1";  // the address peers reach this rank at
+  std::string host;  // this rank's host identity ("" = the host name), BackendOptions::host
   double connect_timeout_s = 60.0;
   std::string timeline_path;
 };

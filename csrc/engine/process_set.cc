@@ -14,7 +14,7 @@ int32_t ProcessSet::SetRank(int32_t global_rank) const {
 
 Communicator* ProcessSet::For(int32_t device, OpType op, DataType dtype) const {
   for (const auto& link : comms) {
-    if (link.backend->Accepts(device, op, dtype)) return link.comm.get();
+    if (link.backend->Accepts(device, op, dtype) && link.comm->Runs(op)) return link.comm.get();
   }
   return nullptr;
 }

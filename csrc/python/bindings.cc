@@ -237,7 +237,7 @@ PYBIND11_MODULE(_core, m) {
       "init",
       [](int rank, int size, const std::string& controller, py::object store,
          const std::string& store_prefix, const std::string& bind_host, double connect_timeout_s,
-         const std::string& timeline_path) {
+         const std::string& timeline_path, const std::string& host) {
         EngineOptions o;
         o.rank = rank;
         o.size = size;
@@ -247,12 +247,13 @@ PYBIND11_MODULE(_core, m) {
         o.bind_host = bind_host;
         o.connect_timeout_s = connect_timeout_s;
         o.timeline_path = timeline_path;
+        o.host = host;
         Native([&] { TheEngine().Init(o); });
       },
       py::arg("rank"), py::arg("size"), py::arg("controller") = "gloo",
       py::arg("store") = py::none(), py::arg("store_prefix") = "spark_hvd",
       py::arg("bind_host") = "127.0.0.1", py::arg("connect_timeout_s") = 60.0,
-      py::arg("timeline_path") = "");
+      py::arg("timeline_path") = "", py::arg("host") = "");
   m.def("shutdown", [] {
     Native([] { TheEngine().Shutdown(); });
     DrainReleases();

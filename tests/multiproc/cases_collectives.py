@@ -16,7 +16,7 @@ import numpy as np
 import spark_hvd as hvd
 from harness import Registry, Skip, expect_error, wait_for
 from refdata import (BF16, DTYPES, OPS, Checks, assert_same, dname, even_rows, is_bool, is_float,
-                     reduce, values)
+                     ordered_reduce, reduce, values)
 
 CASES = Registry()
 OP = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
@@ -93,6 +93,40 @@ def _(ctx):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-2), "ring sum differs from the reference"
     digests = hvd.allgather_object(hashlib.sha256(got.tobytes()).hexdigest(), name="ring.bits")
     assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+
+
+def _order_sensitive(dt, rank: int, n: int) -> np.ndarray:
+    """Values whose float sum depends on the order of addition, with signed zeros (Min
+    and Max pick by operand order between +0 and -0)."""
+    x = np.random.default_rng(11 + rank).standard_normal(n) * 1e3
+    x[::7] = 0.0 if rank % 2 else -0.0
+    return x.astype(dt)
+
+
+@CASES.case("order/bits_of_the_reduction_order")
+def _(ctx):
+    """tcp and shm reduce every element in the order csrc/backends/host_reduce.h defines,
+    so their results are the same bits: each rank checks its result against that order
+    computed in numpy (refdata.ordered_reduce), for direct and ring sizes (several shm
+    rounds), Sum/Average with pre/postscale, Min and Max, every float dtype."""
+    if os.environ.get("SPARK_HVD_CPU_OPERATIONS", "") not in ("", "tcp", "shm") or \
+            os.environ.get("SPARK_HVD_CONTROLLER", "gloo") != "gloo":
+        raise Skip("gloo and mpi reduce in orders of their own")
+    chk = Checks()
+    for dt in (np.float32, np.float64, np.float16, BF16):
+        for count in (1001, 3 * 32768 + 7):  # direct, then ring
+            xs = [_order_sensitive(dt, r, count) for r in range(ctx.size)]
+            for op, pre, post in (("Sum", 1.25, 0.7), ("Average", 1.0, 3.0), ("Min", 1, 1),
+                                  ("Max", 1, 1)):
+                got = hvd.allreduce(xs[ctx.rank], op=OP[op], prescale_factor=pre,
+                                    postscale_factor=post, name=f"ord.{dname(dt)}.{count}.{op}")
+                want = ordered_reduce(xs, op, pre, post)
+                bits = [a.view(np.uint8).reshape(count, -1) for a in (got, want)]
+                bad = np.flatnonzero(np.any(bits[0] != bits[1], axis=1))
+                chk.true(bad.size == 0, f"{dname(dt)} x {count} {op}: {bad.size} elements "
+                         f"differ from the order's bits, first at {bad[:5].tolist()}: got "
+                         f"{got[bad[:5]].tolist()}, expected {want[bad[:5]].tolist()}")
+    chk.done()
 
 
 @CASES.case("broadcast_large/every_root")
@@ -551,6 +585,35 @@ def _(ctx):
     assert hvd.mpi_enabled() == (controller == "mpi"), controller
     assert hvd.gloo_enabled() == (controller == "gloo"), controller
     assert hvd.allgather_object(me, name="topo.ranks") == list(range(n))
+
+
+@CASES.case("topology/backend_of_cpu_ops")
+def _(ctx):
+    """The backend the settings select runs the CPU ops (the timeline names it): the
+    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else tcp; a process set of
+    one rank too."""
+    cpu = os.environ.get("SPARK_HVD_CPU_OPERATIONS", "")
+    mpi = os.environ.get("SPARK_HVD_CONTROLLER", "gloo") == "mpi"
+    want = (cpu or ("mpi" if mpi else "tcp")).upper()
+    path = os.path.join(ctx.outdir, f"timeline_backend_rank{ctx.rank}.json")
+    alone = hvd.add_process_set([ctx.size - 1])
+    hvd.start_timeline(path)
+    hvd.allreduce(np.ones(10, np.float32), name="be.ar")
+    hvd.allgather(np.ones((ctx.rank + 1, 2), np.int32), name="be.ag")
+    hvd.broadcast(np.ones(3), root_rank=0, name="be.bc")
+    if alone.included():
+        hvd.allreduce(np.ones(2), name="be.alone", process_set=alone)
+    hvd.stop_timeline()
+    hvd.remove_process_set(alone)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
+    want_ops = {("be.ar", f"{want}_ALLREDUCE"), ("be.ag", f"{want}_ALLGATHER"),
+                ("be.bc", f"{want}_BROADCAST")}
+    if alone.included():
+        want_ops.add(("be.alone", f"{want}_ALLREDUCE"))
+    assert ran == want_ops, f"ran {sorted(ran)}, expected {sorted(want_ops)}"
 
 
 @CASES.case("timeline/start_stop_names_tensors")

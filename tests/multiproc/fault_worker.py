@@ -120,12 +120,15 @@ def stall_warning() -> None:
 
 
 def stall_shutdown() -> None:
-    """With SPARK_HVD_STALL_SHUTDOWN_TIME_S=2: a rank waiting for a late peer, then two
-    ranks waiting on different names, get CollectiveTimeoutError; the engine goes on."""
+    """With SPARK_HVD_STALL_SHUTDOWN_TIME_S=2: a rank waiting for a late peer (a plain and
+    a grouped allreduce), then two ranks waiting on different names, get
+    CollectiveTimeoutError; the engine goes on."""
     me = hvd.rank()
     out = {}
     if me == 0:
+        group = hvd.grouped_allreduce_async([np.ones(3), np.ones(2)], name="stall.group")
         out["alone"] = attempt(hvd.allreduce, np.ones(3), name="stall.alone")
+        out["group"] = [attempt(hvd.synchronize, m) for m in group.members]
         save("alone_done", at=time.time())
     else:
         wait_file("alone_done", 20)

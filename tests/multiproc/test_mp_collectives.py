@@ -32,3 +32,16 @@ def test_case_mpi(case_runs, case):
 def test_case_gloo_data_plane(case_runs, case):
     case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "gloo"},
                   pattern=MPI_PATTERN).check(case)
+
+
+# On shared memory: the op matrix and the reduction order, with slots of 40000 bytes so
+# that most ops take several rounds (none a multiple of the element sizes' blocks).
+SHM_PATTERN = MPI_PATTERN[:-1] + "|order)"
+SHM_NAMES = cases_collectives.CASES.names(SHM_PATTERN)
+
+
+@pytest.mark.parametrize("case", SHM_NAMES)
+def test_case_shm(case_runs, case):
+    case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "shm",
+                                               "SPARK_HVD_SHM_SLOT_BYTES": "40000"},
+                  pattern=SHM_PATTERN).check(case)

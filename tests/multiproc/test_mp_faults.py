@@ -188,6 +188,16 @@ def test_stall_shutdown_fails_the_waiting_rank_with_collective_timeout(stall_shu
     assert res["tensor"] == "stall.alone" and res["ranks"] == [1], res  # the missing rank
 
 
+def test_stall_shutdown_fails_a_group_as_a_whole(stall_shutdown_job):
+    _, results = stall_shutdown_job
+    members = results[0]["group"]
+    assert len(members) == 2 and all(m == {**members[0], "tensor": m["tensor"], "at": m["at"],
+                                           "seconds": m["seconds"]} for m in members), members
+    assert members[0]["error"] == "CollectiveTimeoutError" and members[0]["ranks"] == [1], members
+    assert "grouped op 'stall.group' (2 tensors)" in members[0]["message"], members
+    assert sorted(m["tensor"] for m in members) == ["stall.group.0", "stall.group.1"], members
+
+
 def test_stall_shutdown_fails_every_stalled_rank(stall_shutdown_job):
     _, results = stall_shutdown_job
     for r, out in enumerate(results):
