@@ -28,7 +28,7 @@ STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt apt-test apt-install venv compat test test-compat demo bench clean
+.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench clean
 
 setup: apt $(STAMP_BUILD)
 
@@ -107,16 +107,30 @@ $(STAMP_NVIDIA): | $(VPY)
 	$(VPY) -m pip install -q --no-deps --target $(NVIDIA_LIBS)/cu13 $(NVIDIA_CU13)
 	touch $@
 
+# Each group lists its slowest tests at the end (where CI's time goes).
+DURATIONS := 25
+
 test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	@status=0; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \
 	  echo "== pytest$$dirs"; \
-	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider $(PYTEST_ARGS) || status=1; \
+	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider --durations=$(DURATIONS) $(PYTEST_ARGS) \
+	    || status=1; \
 	done; \
 	echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
-	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider $(PYTEST_ARGS) || status=1; \
+	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
+	  $(PYTEST_ARGS) || status=1; \
 	exit $$status
+
+# Day-to-day: the groups without Spark, multi-rank tests at one rank count (FAST_NP;
+# tests/conftest.py's --np). CI runs `make test`.
+FAST_NP ?= 2
+FAST_DIRS := tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic
+
+test-fast: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
+	$(VPY) -m pytest $(FAST_DIRS) -q -p no:cacheprovider --np=$(FAST_NP) --durations=$(DURATIONS) \
+	  $(PYTEST_ARGS)
 
 demo: setup
 	$(VPY) examples/demo.py

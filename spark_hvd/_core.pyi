@@ -126,6 +126,9 @@ def tuned_parameters() -> Dict[str, Any]:
     SPARK_HVD_AUTOTUNE; ``searching``: it is still searching; ``history``: every change
     as (cycle, fusion_threshold, cycle_time_ms), the same on every rank.
     NotInitializedError before init()."""
+def cache_stats() -> Dict[str, int]:
+    """This rank's requests since init that the response cache answered (``hits``: sent
+    as one bit) or not (``misses``: cacheable ops sent in full)."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

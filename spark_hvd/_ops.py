@@ -281,11 +281,6 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
-def _even_splits(rows: int, n: int) -> List[int]:
-    base, rem = divmod(rows, n)
-    return [base + (1 if i < rem else 0) for i in range(n)]
-
-
 def alltoall_async(tensor, splits=None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
     arr = _array(tensor)

@@ -135,7 +135,8 @@ void Engine::Loop(std::promise<Status>* ready) {
     return;
   }
   tuner_.Reset(rank_);
-  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_);
+  cache_stats_.Reset();
+  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_, &cache_stats_);
   InFlight in_flight(&completions_);
   Executor executor(rank_, &sets_, &queue_, &completions_, &in_flight, &timeline_);
   running_ = true;

@@ -350,6 +350,14 @@ PYBIND11_MODULE(_core, m) {
       "The fusion threshold (bytes) and cycle time (ms) the engine uses now; autotune: rank 0 "
       "runs SPARK_HVD_AUTOTUNE, searching: still searching; history: every change as "
       "(cycle, fusion_threshold, cycle_time_ms), the same on every rank.");
+  m.def(
+      "cache_stats",
+      [] {
+        const CacheStats& s = TheEngine().cache_stats();
+        return py::dict(py::arg("hits") = s.hits.load(), py::arg("misses") = s.misses.load());
+      },
+      "This rank's requests since init that the response cache answered (hits: sent as one "
+      "bit) or not (misses: cacheable ops sent in full).");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {
