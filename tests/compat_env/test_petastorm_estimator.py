@@ -7,24 +7,6 @@ fit with that descent run here (one fit, not two: CI time; the arrow reader's fi
 tests/estimators')."""
 
 import numpy as np
-import pytest
-
-
-@pytest.fixture(scope="module")
-def spark():
-    import os
-    import sys
-
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("spark_hvd-compat-petastorm")
-               .config("spark.ui.enabled", "false")
-               .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
-               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    yield session
-    session.stop()
 
 
 def _fit(spark, df, store, reader, **kw):
