@@ -73,8 +73,8 @@ STAMP_CHECKOUT := $(VENV_COMPAT)/.checkout-stamp
 $(STAMP_COMPAT): requirements/compat.txt | $(VPY)
 	rm -rf $(VENV_COMPAT)
 	$(PY) -m venv $(VENV_COMPAT)
-	$(CPY) -m pip install -q --no-compile -r requirements/compat.txt
-	$(CPY) -m pip install -q --no-compile --no-deps $(COMPAT_NO_DEPS)
+	$(CPY) -m pip install -q -r requirements/compat.txt
+	$(CPY) -m pip install -q --no-deps $(COMPAT_NO_DEPS)
 	touch $@
 
 $(STAMP_CHECKOUT): $(STAMP_COMPAT) requirements/spark_hvd_checkout.py
