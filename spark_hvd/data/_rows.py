@@ -29,11 +29,14 @@ def files_text(files: Sequence[str], limit: int = 5) -> str:
 
 def missing(what: str, rank: int, epoch: int, got: int, expected: int,
             files: Sequence[str], detail: str = "") -> RowsMissingError:
-    return RowsMissingError(
+    """The error for an epoch's shortfall; its ``files`` are the shard's files."""
+    exc = RowsMissingError(
         f"{what} on rank {rank} delivered {got} of the {expected} rows of epoch {epoch} that "
         f"the Parquet footers of its shard announce ({files_text(files)}){detail}. No row may "
         f"be lost silently: check that the files are not being rewritten while training reads "
         f"them, or use reader='arrow' if this comes from petastorm.")
+    exc.files = list(files)
+    return exc
 
 
 def checked(batches: Iterable[Batch], *, expected_rows: int, expected_batches: int,
@@ -44,18 +47,23 @@ def checked(batches: Iterable[Batch], *, expected_rows: int, expected_batches: i
     exactly ``expected_batches`` batches still sees the error), or when they end early
     (unless ``stopped()``: the reader was closed during the epoch)."""
     got_rows = got_batches = 0
+    source = iter(batches)
     try:
-        for batch in batches:
+        for batch in source:
             got_rows += rows_of(batch)
             got_batches += 1
             if got_batches == expected_batches and got_rows != expected_rows:
                 raise missing(what, rank, epoch, got_rows, expected_rows, files)
             yield batch
     except RowsMissingError as exc:
-        if "footers of its shard" in str(exc):
+        if getattr(exc, "files", None):  # already names the shard's files
             raise
         raise missing(what, rank, epoch, got_rows, expected_rows, files,
                       f": {exc}") from None
+    finally:  # a loop that stops early stops the reading now (its prefetch thread too)
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
     if got_rows != expected_rows and not stopped():
         raise missing(what, rank, epoch, got_rows, expected_rows, files,
                       f" in {got_batches} of {expected_batches} batches")

@@ -20,6 +20,9 @@ The contract, for a rank of ``size``:
    and then the ventilator's state, and the ventilator thread can fill the workers in
    between), leaving row groups queued in its workers; the reader then asks once more, and
    a shard still short of its footers' rows is a RowsMissingError naming its files.
+
+The rows of an epoch are always the same, but not always in the same order: petastorm's
+pool hands row groups over as its threads finish them (``reader="arrow"`` is deterministic).
 """
 
 from __future__ import annotations
