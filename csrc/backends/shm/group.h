@@ -79,11 +79,12 @@ class Group {
 };
 
 // The set-up (connect.cc): this rank's segment made, every member's mapped, a
-// connection to each peer. Collective over `members` (job ranks, sorted, all on this
-// host, options.rank among them). Throws StatusError.
+// connection to each peer, through "<store_prefix>/shm/<name>" in the store (a name
+// unique to the group). Collective over `members` (job ranks, sorted, all on this host,
+// options.rank among them). Throws StatusError.
 std::unique_ptr<Group> ConnectGroup(const BackendOptions& options,
-                                    const std::vector<int32_t>& members, int32_t set_id,
-                                    size_t slot_bytes);
+                                    const std::vector<int32_t>& members,
+                                    const std::string& name, size_t slot_bytes);
 // Every job rank's host key (HostKey, communicator.h), by rank: each rank publishes its
 // own under "<store_prefix>/shm/hosts" and reads the others'. Collective over the job.
 std::vector<std::string> ExchangeHostKeys(const BackendOptions& options, const std::string& key);
