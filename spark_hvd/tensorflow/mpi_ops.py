@@ -68,9 +68,10 @@ def _scalar_at_run(value: Callable[[], Any], dtype: tf.DType, kind: str) -> tf.T
     return _set_shape(out, [])
 
 
-def _scaled_at_run(tensor: tf.Tensor, scale: RunTimeScale) -> tf.Tensor:
-    """``tensor`` times ``scale()``, evaluated each time the op runs."""
-    if kernels():
+def _scaled_at_run(tensor: tf.Tensor, scale: Callable[[], float]) -> tf.Tensor:
+    """``tensor`` times ``scale()``, evaluated each time the op runs (a RunTimeScale through
+    the kernels' process-set query, any other function as a host function)."""
+    if isinstance(scale, RunTimeScale) and kernels():
         return tensor * tf.cast(scale.tensor(), tensor.dtype)
     return tensor * tf.cast(_scalar_at_run(scale, tf.float64, "scale_factor"), tensor.dtype)
 
@@ -617,7 +618,7 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
             factor = prescale_factor * postscale_factor
             for i, full in zip(idx, fulls):
                 if rop == Sum:  # the size when the gradient runs
-                    full = _scaled_at_run(full, lambda: factor * process_set.size())
+                    full = _scaled_at_run(full, RunTimeScale(factor, process_set, 1))
                 else:
                     full = _scaled(full, factor)
                 out[i] = tf.reshape(full, tf.shape(xs[i]))
