@@ -59,9 +59,12 @@
 //   last call using the op.
 // * ncclGetLastError(comm): that comm's async error text, else the process's last error.
 //   ncclGetVersion -> 22304.
+// * For tests: shvd_fake_nccl_calls() counts the collective and send/recv calls this
+//   process made that NCCL accepted (a script waits on it to know its op reached NCCL).
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -172,6 +175,8 @@ ncclResult_t Flush() {
   return ncclSuccess;
 }
 
+std::atomic<unsigned long long> g_calls{0};  // accepted calls (shvd_fake_nccl_calls)
+
 ncclResult_t Enqueue(ncclComm_t handle, uint8_t kind, const void* send, void* recv, size_t count,
                      int dtype, int op, int peer, cudaStream_t stream) {
   std::shared_ptr<Comm> comm;
@@ -185,6 +190,7 @@ ncclResult_t Enqueue(ncclComm_t handle, uint8_t kind, const void* send, void* re
     return rc;
   }
   t_calls.emplace_back(comm, call);
+  ++g_calls;
   return t_depth == 0 ? Flush() : ncclSuccess;
 }
 
@@ -203,6 +209,8 @@ std::string Hostname() {
 using namespace shvd_fake;
 
 extern "C" {
+
+unsigned long long shvd_fake_nccl_calls(void) { return g_calls.load(); }
 
 ncclResult_t ncclGetVersion(int* version) {
   if (!version) return Fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");

@@ -115,6 +115,10 @@ ncclResult_t Comm::Prepare(uint8_t kind, const void* send, void* recv, size_t co
   ncclResult_t rc = CheckBuffer(fn, "sendbuff", send, call->send_bytes);
   if (rc == ncclSuccess) rc = CheckBuffer(fn, "recvbuff", recv, call->recv_bytes);
   if (rc != ncclSuccess) return rc;
+  // What the stream reads and writes: the device memory's read-write mapping.
+  call->send = shvd_fake_view(send);
+  call->recv = static_cast<void*>(shvd_fake_view(recv));
+  if (call->scalar_ptr) call->scalar_ptr = shvd_fake_view(call->scalar_ptr);
   int stream_device = -1;
   if (shvd_fake_stream_device(stream, &stream_device) != cudaSuccess) {
     return Fail(ncclUnhandledCudaError, std::string(fn) + ": invalid stream (destroyed?)");
