@@ -222,10 +222,13 @@ def test_a_failed_ops_buffers_stay_until_its_queued_copies_ran(gpu_env, tmp_path
 
 INIT_FAIL_SCRIPT = PRELUDE + r'''
 x = g.DeviceArray(np.ones(8, np.float32))
-# Rank 1 names a GPU it does not have: its first GPU op fails before it joins the NCCL
-# communicator, and it exits; rank 0 is already waiting in ncclCommInitRank for it.
+# Rank 1's NCCL init fails at once with a system error (as on a node whose /dev/shm is too
+# small): its first GPU op fails before it joins the NCCL communicator, and it exits; rank 0
+# is already waiting in ncclCommInitRank for it.
+if me == 1:
+    os.environ["SHVD_FAKE_NCCL_INIT_ERROR"] = "2"  # ncclSystemError
 h = _ops.submit(OpType.ALLREDUCE, "first", numpy_code(np.float32), (8,), x.ptr, x.ptr, x,
-                lambda r: None, device=7 if me == 1 else 0)
+                lambda r: None, device=g.device())
 report(h)
 if me == 1:
     os._exit(3)
@@ -234,7 +237,9 @@ if me == 1:
 
 def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
     """ncclCommInitRank waits for every member: a member that fails first (and exits) must
-    end the wait with PeerLostError naming it, not hang the survivor's engine."""
+    end the wait with PeerLostError naming it, not hang the survivor's engine. The member's
+    own failure, an NCCL system error, is InternalError saying what to check on that
+    rank, not a lost peer."""
     script = tmp_path / "init_fail.py"
     script.write_text(INIT_FAIL_SCRIPT)
     env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
@@ -245,7 +250,9 @@ def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
         logs = job.outputs()
         assert codes[1] == 3, (codes, logs)
         failed = json.loads((tmp_path / "result1").read_text())
-        assert failed["error"] and "7" in failed["message"], failed
+        assert failed["error"] == "InternalError", failed
+        assert "unhandled system error" in failed["message"], failed
+        assert "/dev/shm" in failed["message"] and "NCCL_DEBUG=WARN" in failed["message"], failed
         path = tmp_path / "result0"
         assert path.exists(), f"rank 0 did not report (exit {codes[0]})\n{logs}"
         res = json.loads(path.read_text())
@@ -302,3 +309,81 @@ def test_a_stalled_gpu_times_out_on_every_rank(gpu_env, tmp_path):
             assert res["error"] == "PeerLostError", (res, logs)
         assert took < timeout_s + 5, took
     assert (tmp_path / "shut_down0").exists(), logs
+
+
+# Rank 0's NCCL communicator fails at the first of two GPU allreduces (ncclSystemError,
+# through the fake's SHVD_FAKE_NCCL_FAIL_CALL): its work hangs, as a real kernel would, and
+# the other op's call sees the error. "stuck": that call also blocks 7 s, as one stuck on a
+# broken connection, while SPARK_HVD_TIMEOUT_S is 1 s on rank 0.
+NCCL_ERROR_SCRIPT = r"""
+import os, sys
+if os.environ["SPARK_HVD_RANK"] == "0":
+    os.environ["SHVD_FAKE_NCCL_FAIL_CALL"] = "3:2"  # the 3rd NCCL call: ncclSystemError
+    if sys.argv[2] == "stuck":
+        os.environ.update(SHVD_FAKE_NCCL_STUCK_CALL_MS="7000", SPARK_HVD_TIMEOUT_S="1")
+""" + PRELUDE + r"""
+for i in range(2):  # the 1st and 2nd NCCL calls
+    g.wait_for(g.allreduce_async(np.ones(8, np.float32), f"warm.{i}"), 20, "warm-up")
+a = g.DeviceArray(np.ones(64, np.float32))
+b = g.DeviceArray(np.ones(64, np.int32))  # another dtype: not fused with a
+hvd.barrier()
+started = time.time()
+with _ops.submit_together():
+    hs = {name: _ops.submit(OpType.ALLREDUCE, name, numpy_code(x.dtype), (64,), x.ptr, x.ptr,
+                            x, lambda r: None, reduce_op=hvd.Sum, device=g.device())
+          for name, x in (("a", a), ("b", b))}
+done = {}
+while len(done) < 2 and time.time() - started < 40:  # when each op completes
+    for name, h in hs.items():
+        if name not in done and hvd.poll(h):
+            done[name] = time.time() - started
+    time.sleep(0.002)
+res = {}
+for name, h in hs.items():
+    try:
+        hvd.synchronize(h)
+        res[name] = {"error": None}
+    except Exception as e:
+        res[name] = {"error": type(e).__name__, "message": str(e)}
+    res[name]["after_s"] = done.get(name)
+with open(os.path.join(out, f"result{me}"), "w") as f:
+    json.dump(res, f)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["async", "stuck"])
+def test_an_nccl_failure_of_this_rank_is_internal_and_no_abort_overlaps_a_call(gpu_env, tmp_path,
+                                                                               mode):
+    """An NCCL system error on rank 0 is InternalError there, naming NCCL's text and what
+    to check (shared memory, interfaces, NCCL_DEBUG=WARN), not a lost peer; rank 1, whose
+    collective rank 0 abandons, gets PeerLostError. "stuck": the engine thread is inside an
+    NCCL call that blocks 7 s when SPARK_HVD_TIMEOUT_S (1 s) aborts the communicator: the
+    timed-out op still fails within seconds, and ncclCommAbort waits for the call to return
+    (the fake reports any call that overlaps another on one communicator)."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "nccl_error.py"
+    script.write_text(NCCL_ERROR_SCRIPT)
+    job = DirectJob(2, [PYTHON, str(script), str(tmp_path), mode], env=env)
+    try:
+        codes = job.wait(DEADLINE_S + 40)
+        logs = job.outputs(tail=1 << 20)
+    finally:
+        job.close()
+    assert list(codes) == [0, 0], (codes, logs[-4000:])
+    assert "must not overlap" not in logs, logs
+    res = [json.loads((tmp_path / f"result{r}").read_text()) for r in range(2)]
+    print(res)
+    internal = [op for op in res[0].values() if op["error"] == "InternalError"]
+    assert internal, (res, logs)
+    for op in internal:
+        assert "unhandled system error" in op["message"], op
+        assert "/dev/shm" in op["message"] and "NCCL_DEBUG=WARN" in op["message"], op
+    if mode == "async":
+        assert [op["error"] for op in res[0].values()] == ["InternalError"] * 2, res
+        assert "PeerLostError" in [op["error"] for op in res[1].values()], res
+    else:
+        timed_out = [op for op in res[0].values() if op["error"] == "CollectiveTimeoutError"]
+        assert len(timed_out) == 1 and len(internal) == 1, res
+        assert timed_out[0]["after_s"] < 4, res  # not held up by the stuck call
+        assert internal[0]["after_s"] >= 6.5, res  # the stuck call's own error, after it
