@@ -134,8 +134,8 @@ print(rt.cudaSetDevice(1), rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(64)),
 
 
 def test_the_legacy_null_stream_runs_its_work_later(fakes):
-    """SHVD_FAKE_CUDA_LEGACY_STREAM=1: work on the null stream is queued (here 100 ms
-    behind), seen only after cudaStreamSynchronize(0) or a wait on an event recorded
+    """SHVD_FAKE_CUDA_LEGACY_STREAM=1: work on the null stream is queued (here behind a
+    0.6 s kernel), seen only after cudaStreamSynchronize(0) or a wait on an event recorded
     there; without it the null stream runs work at once."""
     body = """
 p, ev, side = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
@@ -147,6 +147,7 @@ def first_byte():  # read through a copy on another stream (the host cannot touc
     assert rt.cudaMemcpyAsync(host, p, ctypes.c_size_t(1), 2, side) == 0
     assert rt.cudaStreamSynchronize(side) == 0
     return host.raw[0]
+assert rt.shvd_fake_launch_kernel(None, ctypes.c_uint(600000)) == 0  # 0.6 s of compute first
 assert rt.cudaMemsetAsync(p, 0, ctypes.c_size_t(8), None) == 0
 assert rt.cudaEventRecord(ev, None) == 0
 print(first_byte(), rt.cudaEventQuery(ev))
@@ -155,7 +156,7 @@ print(first_byte(), rt.cudaEventQuery(ev))
 """
     outs = []
     for legacy in ("1", "0"):
-        proc = _cuda_script(fakes, body, {DELAY_US_ENV_VAR: "100000",
+        proc = _cuda_script(fakes, body, {DELAY_US_ENV_VAR: "20000",
                                           "SHVD_FAKE_CUDA_LEGACY_STREAM": legacy})
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
