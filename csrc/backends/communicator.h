@@ -111,6 +111,11 @@ class Communicator {
                            const std::vector<int64_t>& recv_bytes) = 0;
 
   virtual Status Barrier() = 0;
+  // Can this communicator carry the engine's per-cycle control exchange (AllgatherFixed,
+  // Allgatherv) in this job? The engine hands the exchange to the first communicator of
+  // the global set that can, when it comes before the control plane's own (shm, when
+  // every rank shares a host). Default: no.
+  virtual bool CarriesControl() const { return false; }
   // Does this communicator run `op`? A backend whose communicators differ by where their
   // ranks are (shm: one host or several) declines what a set's cannot do, and the op goes
   // to the set's next backend that accepts it (ProcessSet::For). Default: yes.
