@@ -604,11 +604,11 @@ def _(ctx):
 @CASES.case("topology/backend_of_cpu_ops")
 def _(ctx):
     """The backend the settings select runs the CPU ops (the timeline names it): the
-    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else tcp; a process set of
-    one rank too."""
+    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else shm (every rank is on
+    this host); a process set of one rank too."""
     cpu = os.environ.get("SPARK_HVD_CPU_OPERATIONS", "")
     mpi = os.environ.get("SPARK_HVD_CONTROLLER", "gloo") == "mpi"
-    want = (cpu or ("mpi" if mpi else "tcp")).upper()
+    want = (cpu or ("mpi" if mpi else "shm")).upper()
     path = os.path.join(ctx.outdir, f"timeline_backend_rank{ctx.rank}.json")
     alone = hvd.add_process_set([ctx.size - 1])
     hvd.start_timeline(path)
@@ -628,6 +628,42 @@ def _(ctx):
     if alone.included():
         want_ops.add(("be.alone", f"{want}_ALLREDUCE"))
     assert ran == want_ops, f"ran {sorted(ran)}, expected {sorted(want_ops)}"
+
+
+@CASES.case("hierarchy/where_ops_run")
+def _(ctx):
+    """At 2 hosts x 2 ranks with hierarchical allreduce and allgather (test_hosts.py):
+    those run on the shm backend's hierarchical communicator, within and across hosts,
+    in the global set, a set of one rank per host and a set within a host; broadcast, and
+    a set with different numbers of ranks on the hosts, run on tcp."""
+    if os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") != "1" or hvd.cross_size() != 2:
+        raise Skip("needs 2 hosts and HOROVOD_HIERARCHICAL_ALLREDUCE=1 (test_hosts.py)")
+    path = os.path.join(ctx.outdir, f"timeline_hierarchy_rank{ctx.rank}.json")
+    sets = {"one_per_host": hvd.add_process_set([0, 2]), "host_a": hvd.add_process_set([0, 1]),
+            "uneven": hvd.add_process_set([0, 1, 2])}
+    hvd.start_timeline(path)
+    want = {("h.ar", "SHM_ALLREDUCE"), ("h.ag", "SHM_ALLGATHER"), ("h.bc", "TCP_BROADCAST")}
+    got = hvd.allreduce(values(np.float32, ctx.rank, (1031,)), op=hvd.Sum, name="h.ar")
+    assert_same(got, reduce([values(np.float32, r, (1031,)) for r in range(4)], "Sum",
+                            np.float32), "allreduce")
+    got = hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="h.ag")
+    assert_same(got, np.concatenate([values(np.int32, r, (r + 1, 2)) for r in range(4)]),
+                "allgather")
+    hvd.broadcast(np.ones(3), root_rank=3, name="h.bc")
+    for tag, ps in sets.items():
+        if ps.included():
+            got = hvd.allreduce(values(np.int64, ctx.rank, (9,)), name=f"h.{tag}", process_set=ps)
+            assert_same(got, reduce([values(np.int64, r, (9,)) for r in ps.ranks], "Average",
+                                    np.int64), tag)
+            want.add((f"h.{tag}", "TCP_ALLREDUCE" if tag == "uneven" else "SHM_ALLREDUCE"))
+    hvd.stop_timeline()
+    for ps in sets.values():
+        hvd.remove_process_set(ps)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
+    assert ran == want, f"ran {sorted(ran)}, expected {sorted(want)}"
 
 
 @CASES.case("timeline/start_stop_names_tensors")
@@ -653,6 +689,39 @@ def _(ctx):
     for name in ("tl.alpha", "tl.beta", "tl.gamma"):
         assert name in named, f"{name} not in the timeline: {sorted(map(str, named))}"
     assert "tl.after_stop" not in named
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@CASES.case("soak/rss_flat_over_repeated_steps", timeout_s=120)
+def _(ctx):
+    """20,000 small allreduces (40 steps of 500 in flight, the same names each step, as
+    gradients) and 1,000 of 1 MiB (50 steps of 20): every result right, and the resident
+    memory after the second half within 5 % of what it was after the first."""
+    if ctx.size != 2:
+        raise Skip("run at 2 ranks only (the soak costs seconds)")
+    n = ctx.size
+    small = [np.full(4, float(i % 7), np.float32) for i in range(500)]
+    big = [np.full(1 << 18, float(i % 5), np.float32) for i in range(20)]
+
+    def step(tensors, tag):
+        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"soak.{tag}.{i}")
+              for i, x in enumerate(tensors)]
+        for x, h in zip(tensors, hs):
+            got = hvd.synchronize(h)
+            assert got[0] == x[0] * n and got[-1] == x[-1] * n, (tag, got[:2], x[:2])
+
+    rss = []
+    for half in range(2):
+        for _ in range(20):
+            step(small, "small")
+        for _ in range(25):
+            step(big, "big")
+        rss.append(_rss_bytes())
+    assert rss[1] <= rss[0] * 1.05, f"resident memory grew {rss[0]} -> {rss[1]} bytes"
 
 
 # -- last: a case whose failure can leave the ranks' generated names out of step -------------
@@ -685,16 +754,16 @@ def _(ctx):
 
 @CASES.case("process_set/same_name_in_two_sets")
 def _(ctx):
-    """The same tensor name used at once in two disjoint sets: [0, 1] and [2]. Rank 1
-    is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
+    """The same tensor name used at once in two disjoint sets: [0, 1] and [2, ...]. Rank
+    1 is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
     submits before the global 'pss.first' (so its request is negotiated by the time
-    that completes), rank 2 after it, and rank 1 only after 'pss.second', which rank 2
-    submits after its own request."""
+    that completes), ranks 2, ... after it, and rank 1 only after 'pss.second', which
+    they submit after their own request."""
     n, me = ctx.size, ctx.rank
     if n < 3:
-        raise Skip("needs 3 ranks (sets [0, 1] and [2])")
+        raise Skip("needs 3 ranks (sets [0, 1] and [2, ...])")
     a = hvd.add_process_set([0, 1])
-    b = hvd.add_process_set([2])
+    b = hvd.add_process_set(range(2, n))
     mine = a if me < 2 else b
 
     def submit():
@@ -703,7 +772,7 @@ def _(ctx):
 
     h = submit() if me == 0 else None
     hvd.allreduce(np.ones(1), name="pss.first")
-    h = submit() if me == 2 else h
+    h = submit() if me >= 2 else h
     hvd.allreduce(np.ones(1), name="pss.second")
     h = submit() if me == 1 else h
     try:

@@ -17,7 +17,9 @@
 //
 // Failures: a closed peer socket is kPeerLost naming every peer whose socket is closed
 // by then (job ranks); a wait past timeout_s is kTimeout naming the peers not there.
-// After either the group is broken: every later call returns that first error.
+// After either the group is broken: every later call returns that first error, and the
+// rank's header says so (Header::failed, with the code and the ranks blamed), so that a
+// peer seeing its connection close next reports that failure rather than this rank.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +65,7 @@ class Group {
   uint64_t Load(int r, Counter c) const;
   bool Reached(Counter c, uint64_t round, int peer) const;
   Status CheckPeers(const char* what);
+  int rank_of(int32_t job_rank) const;  // its member rank
   Status Fail(Status s);
 
   int rank_;
@@ -76,11 +79,12 @@ class Group {
 };
 
 // The set-up (connect.cc): this rank's segment made, every member's mapped, a
-// connection to each peer. Collective over `members` (job ranks, sorted, all on this
-// host, options.rank among them). Throws StatusError.
+// connection to each peer, through "<store_prefix>/shm/<name>" in the store (a name
+// unique to the group). Collective over `members` (job ranks, sorted, all on this host,
+// options.rank among them). Throws StatusError.
 std::unique_ptr<Group> ConnectGroup(const BackendOptions& options,
-                                    const std::vector<int32_t>& members, int32_t set_id,
-                                    size_t slot_bytes);
+                                    const std::vector<int32_t>& members,
+                                    const std::string& name, size_t slot_bytes);
 // Every job rank's host key (HostKey, communicator.h), by rank: each rank publishes its
 // own under "<store_prefix>/shm/hosts" and reads the others'. Collective over the job.
 std::vector<std::string> ExchangeHostKeys(const BackendOptions& options, const std::string& key);
