@@ -17,6 +17,18 @@ void Completions::Complete(OpState& state, Status status) {
   if (on_done) on_done();
 }
 
+void Completions::Complete(std::shared_ptr<OpState> state, Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!state->done) {
+      state->status = std::move(status);
+      state->done = true;
+    }
+    state.reset();  // before any waiter runs (see op_state.h)
+  }
+  cv_.notify_all();
+}
+
 bool Completions::Done(const OpState& state) {
   std::lock_guard<std::mutex> lock(mu_);
   return state.done;
