@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/events.h"
 #include "common/status.h"
 #include "common/types.h"
 #include "engine/instance.h"
@@ -65,6 +66,18 @@ TensorEntry EntryOf(const shvd_op& op, std::shared_ptr<void> owner) {
   e.output = op.output;
   e.stream = op.stream;
   e.owner = std::move(owner);
+  // A device op's ready event, recorded on its producer stream now, at submit, as for
+  // Python's ops (backends/cuda/events.h): the op's work waits for that event alone.
+  const cuda::CudaApi* api = op.device >= 0 ? cuda::Cuda() : nullptr;
+  if (api != nullptr) {
+    cuda::PooledEvent ready;
+    Status s = cuda::RecordReady(api, op.device, op.stream, &ready);
+    if (!s.ok()) {
+      throw StatusError(Status(s.code(), std::string(OpTypeName(r.op)) + " '" + r.name + "': " +
+                                             s.message()));
+    }
+    e.ready = std::move(ready);
+  }
   e.state = std::make_shared<OpState>();
   if (op.done != nullptr) {
     auto done = op.done;
