@@ -338,13 +338,17 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         overlap = set(p["feature_cols"]) & set(labels)
         if overlap:
             raise InvalidArgumentError(f"columns {sorted(overlap)} are both features and labels")
-        if p["reader"] == "petastorm" and (p["train_steps_per_epoch"] is None or (
-                p["validation"] and p["validation_steps_per_epoch"] is None)):
-            raise InvalidArgumentError(
-                "reader='petastorm' shards by row group, so processes may get different numbers "
-                "of batches: set train_steps_per_epoch (and validation_steps_per_epoch with "
-                "validation) to at most the batches of the smallest shard, or use "
-                "reader='arrow' (equal steps on every process)")
+        if p["reader"] == "petastorm":  # before any work: importable, and a local store
+            from spark_hvd.data.petastorm_reader import import_make_batch_reader
+
+            import_make_batch_reader()
+            import pyarrow.fs as pafs
+
+            if p["store"] is not None and not isinstance(p["store"].filesystem,
+                                                         pafs.LocalFileSystem):
+                raise InvalidArgumentError(
+                    f"reader='petastorm' reads a local store here, and {p['store']} is on "
+                    f"{type(p['store'].filesystem).__name__}: use reader='arrow'")
         comp = p["gradient_compression"]
         if comp is not None and not (hasattr(comp, "compress") and hasattr(comp, "decompress")):
             framework = "torch" if "Torch" in name else "tensorflow"

@@ -362,7 +362,7 @@ class Readers:
     def _steps(self, reader: Any, wanted: Optional[int], what: str) -> int:
         try:
             available = len(reader)
-        except TypeError:  # petastorm: no equal-steps guarantee, the user says how many
+        except TypeError:  # a reader without len(): the user says how many steps
             if wanted is None:
                 raise ValueError(f"reader={self.c.reader!r} cannot tell the steps per epoch "
                                  f"(ranks may get different row counts): set {what}") from None

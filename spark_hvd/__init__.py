@@ -27,8 +27,10 @@ _BASICS = (
 )
 _OPS = (
     "allreduce", "allreduce_async", "grouped_allreduce", "grouped_allreduce_async",
-    "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall",
-    "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_async", "alltoall", "alltoall_async", "reducescatter",
+    "reducescatter_async", "grouped_reducescatter", "grouped_reducescatter_async", "barrier",
+    "join",
     "broadcast_object", "allgather_object", "poll", "synchronize", "Handle",
     "Sum", "Average", "Min", "Max", "Product", "Adasum",
 )

@@ -90,7 +90,8 @@ def init(process_sets: Optional[Sequence[ProcessSet]] = None, comm=None) -> None
             _core.init(rank=rank_, size=size_, controller=controller, store=client,
                        store_prefix=RUNTIME.store_prefix, bind_host=bind_host,
                        connect_timeout_s=_config.start_timeout_s(),
-                       timeline_path=timeline_path(_config.timeline(), rank_, size_))
+                       timeline_path=timeline_path(_config.timeline(), rank_, size_),
+                       host=job_env.hostname())
         except BaseException as exc:
             failure = explain_failure(exc) if isinstance(exc, PeerLostError) else exc
             RUNTIME.client = None

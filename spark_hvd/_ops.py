@@ -54,7 +54,7 @@ class Handle:
         return f"Handle({'group of %d' % len(self.members) if self.members else 'op'}, {state})"
 
 
-_batch = threading.local()  # .pending: [(spec, handle)] while a submit_together block runs
+_batch = threading.local()  # .pending: [(_core.Op, handle)] while a submit_together block runs
 
 
 @contextlib.contextmanager
@@ -75,9 +75,9 @@ def submit_together() -> Iterator[None]:
         _enqueue(pending)
 
 
-def _enqueue(pending: List[Tuple[tuple, Handle]]) -> None:
+def _enqueue(pending: List[Tuple[Any, Handle]]) -> None:
     try:
-        works = _core.enqueue([spec for spec, _ in pending])
+        works = _core.enqueue([op for op, _ in pending])
     except SparkHvdError as exc:
         raise explain_failure(exc) from None
     for (_, handle), work in zip(pending, works):
@@ -96,9 +96,12 @@ def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, ou
     set_id = process_set._require()
     if op == OpType.BROADCAST:
         root = process_set._set_rank_of(int(root))
-    spec = (int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr), int(out_ptr),
-            int(reduce_op), float(prescale), float(postscale), int(root), set_id, int(device),
-            [int(s) for s in splits], group, int(group_size), owner, int(stream))
+    spec = _core.Op(op=OpType(op), name=name, dtype=DataType(dtype),
+                    shape=[int(d) for d in shape], input=int(in_ptr), output=int(out_ptr),
+                    reduce_op=ReduceOp(reduce_op), prescale=float(prescale),
+                    postscale=float(postscale), root=int(root), process_set=set_id,
+                    device=int(device), splits=[int(s) for s in splits], group=group,
+                    group_size=int(group_size), owner=owner, stream=int(stream))
     handle = Handle(None, finish)
     pending = getattr(_batch, "pending", None)
     if pending is not None:
@@ -247,6 +250,25 @@ def allgather(tensor, name: Optional[str] = None,
     return synchronize(allgather_async(tensor, name, process_set))
 
 
+def grouped_allgather_async(tensors, name: Optional[str] = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Allgathers a list of tensors as one group: negotiated together, and failing
+    together (a mismatch in one member fails every member)."""
+    arrays = [a.reshape(1) if a.ndim == 0 else a for a in (_array(t) for t in tensors)]
+    base = _name(name, "grouped_allgather", process_set)
+    with submit_together():
+        handles = [submit(OpType.ALLGATHER, f"{base}.{i}", numpy_code(a.dtype), a.shape,
+                          a.ctypes.data, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
+                          process_set=process_set, group=base, group_size=len(arrays))
+                   for i, a in enumerate(arrays)]
+    return GroupHandle(handles, list)
+
+
+def grouped_allgather(tensors, name: Optional[str] = None,
+                      process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
 def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     arr = _array(tensor)
@@ -260,11 +282,6 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns root_rank's tensor on every rank."""
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-
-def _even_splits(rows: int, n: int) -> List[int]:
-    base, rem = divmod(rows, n)
-    return [base + (1 if i < rem else 0) for i in range(n)]
 
 
 def alltoall_async(tensor, splits=None, name: Optional[str] = None,
@@ -311,6 +328,34 @@ def reducescatter(tensor, name: Optional[str] = None, op=Average,
     remainder rows)."""
     return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
                                            postscale_factor))
+
+
+def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
+                                process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Reducescatters a list of tensors as one group: negotiated together, and
+    failing together."""
+    arrays = [_array(t) for t in tensors]
+    if any(a.ndim == 0 for a in arrays):
+        raise InvalidArgumentError("reducescatter needs tensors with at least one dimension")
+    base = _name(name, "grouped_reducescatter", process_set)
+    rop = _reduce_op(op, None)
+    with submit_together():
+        handles = [submit(OpType.REDUCESCATTER, f"{base}.{i}", numpy_code(a.dtype), a.shape,
+                          a.ctypes.data, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
+                          reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
+                          process_set=process_set, group=base, group_size=len(arrays))
+                   for i, a in enumerate(arrays)]
+    return GroupHandle(handles, list)
+
+
+def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> List[np.ndarray]:
+    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
+                                                   prescale_factor, postscale_factor))
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

@@ -100,6 +100,13 @@ class Communicator {
                            const std::vector<int64_t>& recv_bytes) = 0;
 
   virtual Status Barrier() = 0;
+  // Does this communicator run `op`? A backend whose communicators differ by where their
+  // ranks are (shm: one host or several) declines what a set's cannot do, and the op goes
+  // to the set's next backend that accepts it (ProcessSet::For). Default: yes.
+  virtual bool Runs(OpType op) const {
+    (void)op;
+    return true;
+  }
   // Reduce-scatter in equal blocks, where the backend has it as one collective:
   // `args.tensors` is one tensor of size() * `block` elements (its output unused), and
   // this rank's reduced block goes to `out`. Returns false, doing nothing, where it has

@@ -7,6 +7,8 @@
 // buffer) are first packed into one scratch buffer, so each element is reduced once.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -22,5 +24,21 @@ Status HostAllreduce(const ReduceArgs& args, const SegmentReduce& reduce);
 // contributing ranks for Average (for every dtype: integers go through double and are
 // truncated, float32 multiplies by the factor rounded to float32).
 double PostFactor(const ReduceArgs& args);
+
+// The order of the reduction, shared by the backends that give the same bits (tcp and
+// shm: a job's results do not depend on which of them ran it):
+// - direct: a buffer of at most kDirectReduceBytes, or of fewer elements than ranks, is
+//   reduced in rank order, accumulator first: ((x0 op x1) op x2) ...;
+// - ring: otherwise chunk c (elements [RingChunkStart(c), RingChunkStart(c + 1))) is
+//   reduced around the ring from rank c, the arriving partial result as the right
+//   operand: x(c+2) op (x(c+1) op x(c)) ... (GetReduceFnReversed, common/reduce.h).
+// The postscale factor (float32/float64, see above) multiplies each final element.
+constexpr size_t kDirectReduceBytes = 64 * 1024;
+inline bool ReducesDirect(size_t bytes, size_t count, int ranks) {
+  return bytes <= kDirectReduceBytes || count < static_cast<size_t>(ranks);
+}
+inline size_t RingChunkStart(size_t count, int chunk, int ranks) {
+  return count * static_cast<size_t>(chunk) / static_cast<size_t>(ranks);
+}
 
 }  // namespace spark_hvd

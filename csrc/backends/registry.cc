@@ -15,6 +15,7 @@ void RegisterGlooBackend(BackendRegistry* registry);
 void RegisterMpiBackend(BackendRegistry* registry);
 void RegisterNcclBackend(BackendRegistry* registry);
 void RegisterStagedBackend(BackendRegistry* registry);
+void RegisterShmBackend(BackendRegistry* registry);
 
 namespace {
 
@@ -52,8 +53,8 @@ class NotBuiltBackend : public Backend {
 void RegisterBuiltinBackends(BackendRegistry* registry) {
 #if SPARK_HVD_HAVE_NCCL
   RegisterNcclBackend(registry);
-  RegisterStagedBackend(registry);
 #endif
+  RegisterStagedBackend(registry);
 #if SPARK_HVD_HAVE_MPI
   RegisterMpiBackend(registry);
 #else
@@ -71,6 +72,7 @@ void RegisterBuiltinBackends(BackendRegistry* registry) {
       "spark_hvd was built without Gloo (spark_hvd.gloo_built() is False); install Gloo "
       "(apt-get install libgloo-dev) and reinstall, or unset it for the default tcp backend"));
 #endif
+  RegisterShmBackend(registry);
   RegisterTcpBackend(registry);
 }
 

@@ -41,7 +41,7 @@ class BackendRegistry {
 // SPARK_HVD_CPU_OPERATIONS, or else its alias SPARK_HVD_GLOO_DATA_PLANE ("" = default).
 std::string CpuOperationsSetting();
 
-// nccl (GPUs), mpi (or a stand-in that explains it was not built), gloo, tcp, in
+// nccl (GPUs), mpi (or a stand-in that explains it was not built), gloo, shm, tcp, in
 // priority order.
 void RegisterBuiltinBackends(BackendRegistry* registry);
 

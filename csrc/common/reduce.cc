@@ -43,6 +43,10 @@ void Kernel(void* xv, const void* yv, size_t n) {
   }
 }
 
+// Op with its operands swapped: Kernel<Conv, Swapped<Op>> computes x = op(y, x).
+template <typename Op>
+struct Swapped { template <typename V> static V Apply(V a, V b) { return Op::Apply(b, a); } };
+
 // bool: Sum/Max are logical or, Product/Min logical and.
 void BoolOr(void* xv, const void* yv, size_t n) {
   auto* x = static_cast<uint8_t*>(xv);
@@ -55,18 +59,40 @@ void BoolAnd(void* xv, const void* yv, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] = static_cast<uint8_t>(x[i] != 0 && y[i] != 0);
 }
 
-template <typename Conv>
+// W<Op> wraps an op (identity, or Swapped for the reversed kernels).
+template <typename Op>
+struct Same { template <typename V> static V Apply(V a, V b) { return Op::Apply(a, b); } };
+
+template <typename Conv, template <typename> class W = Same>
 ReduceFn ForOp(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAverage:
     case ReduceOp::kAdasum:
-      return &Kernel<Conv, OpSum>;
-    case ReduceOp::kProduct: return &Kernel<Conv, OpProd>;
-    case ReduceOp::kMin: return &Kernel<Conv, OpMin>;
-    case ReduceOp::kMax: return &Kernel<Conv, OpMax>;
+      return &Kernel<Conv, W<OpSum>>;
+    case ReduceOp::kProduct: return &Kernel<Conv, W<OpProd>>;
+    case ReduceOp::kMin: return &Kernel<Conv, W<OpMin>>;
+    case ReduceOp::kMax: return &Kernel<Conv, W<OpMax>>;
   }
-  return &Kernel<Conv, OpSum>;
+  return &Kernel<Conv, W<OpSum>>;
+}
+
+template <template <typename> class W>
+ReduceFn ForDtype(DataType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DataType::kUInt8: return ForOp<Plain<uint8_t>, W>(op);
+    case DataType::kInt8: return ForOp<Plain<int8_t>, W>(op);
+    case DataType::kInt16: return ForOp<Plain<int16_t>, W>(op);
+    case DataType::kInt32: return ForOp<Plain<int32_t>, W>(op);
+    case DataType::kInt64: return ForOp<Plain<int64_t>, W>(op);
+    case DataType::kFloat16: return ForOp<Half, W>(op);
+    case DataType::kBFloat16: return ForOp<BHalf, W>(op);
+    case DataType::kFloat32: return ForOp<Plain<float>, W>(op);
+    case DataType::kFloat64: return ForOp<Plain<double>, W>(op);
+    case DataType::kBool:  // symmetric either way round
+      return (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? &BoolAnd : &BoolOr;
+  }
+  return &Kernel<Plain<float>, W<OpSum>>;
 }
 
 // Horovod's arithmetic, bit for bit: float32 multiplies by the factor rounded to float32,
@@ -93,22 +119,9 @@ void ScaleHalf(void* xv, size_t n, double factor) {
 
 }  // namespace
 
-ReduceFn GetReduceFn(DataType dtype, ReduceOp op) {
-  switch (dtype) {
-    case DataType::kUInt8: return ForOp<Plain<uint8_t>>(op);
-    case DataType::kInt8: return ForOp<Plain<int8_t>>(op);
-    case DataType::kInt16: return ForOp<Plain<int16_t>>(op);
-    case DataType::kInt32: return ForOp<Plain<int32_t>>(op);
-    case DataType::kInt64: return ForOp<Plain<int64_t>>(op);
-    case DataType::kFloat16: return ForOp<Half>(op);
-    case DataType::kBFloat16: return ForOp<BHalf>(op);
-    case DataType::kFloat32: return ForOp<Plain<float>>(op);
-    case DataType::kFloat64: return ForOp<Plain<double>>(op);
-    case DataType::kBool:
-      return (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? &BoolAnd : &BoolOr;
-  }
-  return &Kernel<Plain<float>, OpSum>;
-}
+ReduceFn GetReduceFn(DataType dtype, ReduceOp op) { return ForDtype<Same>(dtype, op); }
+
+ReduceFn GetReduceFnReversed(DataType dtype, ReduceOp op) { return ForDtype<Swapped>(dtype, op); }
 
 void ScaleBuffer(void* x, size_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;

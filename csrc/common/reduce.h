@@ -13,9 +13,10 @@ using ReduceFn = void (*)(void* x, const void* y, size_t n);
 // The kernel for (dtype, op); never null for a valid pair (Adasum -> Sum kernel).
 ReduceFn GetReduceFn(DataType dtype, ReduceOp op);
 
-inline void ReduceInto(void* x, const void* y, size_t n, DataType dtype, ReduceOp op) {
-  GetReduceFn(dtype, op)(x, y, n);
-}
+// x[i] = op(y[i], x[i]): the operands the other way round, which differs from
+// GetReduceFn for Min/Max on signed zeros and NaNs (and NaN payloads of the others).
+// The tcp ring's order, where the partial result arriving is the right operand.
+ReduceFn GetReduceFnReversed(DataType dtype, ReduceOp op);
 
 // x[i] *= factor, as Horovod computes it: float32 by the factor rounded to float32,
 // float16/bfloat16 in float32, integers through double, truncated toward zero.

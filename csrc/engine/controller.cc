@@ -6,6 +6,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/fusion.h"
+#include "engine/groups.h"
 #include "engine/timeline.h"
 
 namespace spark_hvd {
@@ -35,11 +36,13 @@ bool CycleRecords::AnyFlagOrBit() const {
   return false;
 }
 
-Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner)
+Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner,
+                       CacheStats* stats)
     : rank_(rank),
       size_(size),
       sets_(sets),
       tuner_(tuner),
+      stats_(stats),
       cache_(env::CacheCapacity()),
       stalls_(rank, sets),
       joined_(static_cast<size_t>(size), false),
@@ -51,11 +54,14 @@ void Controller::File(Request req) {
     return;
   }
   const std::string key = TensorKey(req);
-  int64_t slot = Cacheable(req) ? cache_.Find(key) : -1;
+  const bool cacheable = Cacheable(req);
+  int64_t slot = cacheable ? cache_.Find(key) : -1;
   if (slot >= 0 && cache_.Matches(slot, req)) {
     cached_local_[slot] = key;
+    ++stats_->hits;
   } else {
     to_send_.push_back(key);
+    if (cacheable) ++stats_->misses;
   }
   local_[key] = std::move(req);
 }
@@ -123,8 +129,12 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
       std::vector<int32_t> a(first.splits.begin(), first.splits.end());
       std::vector<int32_t> b(q.splits.begin(), q.splits.end());
       mismatch("process set ranks", RankList(a), q.rank, RankList(b));
-    } else if (q.group != first.group || q.group_size != first.group_size) {
-      mismatch("group", first.group, q.rank, q.group);
+    } else if (q.group != first.group) {
+      auto group = [](const std::string& g) { return g.empty() ? "no group" : "group '" + g + "'"; };
+      mismatch("group", group(first.group), q.rank, group(q.group));
+    } else if (q.group_size != first.group_size) {
+      mismatch("group size (tensors in group '" + first.group + "')",
+               std::to_string(first.group_size), q.rank, std::to_string(q.group_size));
     }
     if (r.error != StatusCode::kOk) return r;
   }
@@ -200,10 +210,12 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incomi
   ReadyCached(records, &ready);
   ReadyTable(&ready);
   ReadyJoin(&ready);
+  const size_t before_stalls = ready.size();
   stalls_.Inspect(records.headers[0].stall_cutoff, records, joined_, &table_, &cache_, &ready);
+  FailWholeGroups(&table_, &ready, before_stalls);
   Answered(ready);
   result.idle = !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() &&
-                table_.empty() && groups_.empty();
+                table_.empty();
   result.responses = FuseResponses(std::move(ready), tuner_->fusion_threshold_bytes());
   tuner_->Measure(result.responses);
   return result;
@@ -317,6 +329,7 @@ void Controller::ReadyTable(std::vector<Response>* ready) {
   std::vector<std::pair<int64_t, std::string>> order;
   for (const auto& kv : table_) order.emplace_back(kv.second.seq, kv.first);
   std::sort(order.begin(), order.end());
+  GroupsReady groups;
   for (const auto& o : order) {
     TableEntry& te = table_[o.second];
     const Request& first = te.requests.begin()->second;
@@ -340,19 +353,14 @@ void Controller::ReadyTable(std::vector<Response>* ready) {
         cache_.Put(te.requests);
       }
     }
-    if (!first.group.empty() && resp.error == StatusCode::kOk) {
-      const std::string group_key = TensorKey(first.process_set, first.group);
-      auto& g = groups_[group_key];
-      g.push_back(std::move(resp));
-      if (static_cast<int32_t>(g.size()) >= first.group_size) {
-        for (auto& gr : g) ready->push_back(std::move(gr));
-        groups_.erase(group_key);
-      }
+    if (const Request* grouped = GroupedRequest(te)) {
+      groups.Add(*grouped, std::move(resp), ready);
     } else {
       ready->push_back(std::move(resp));
     }
     table_.erase(o.second);
   }
+  groups.Close(&table_, ready);
 }
 
 void Controller::ReadyJoin(std::vector<Response>* ready) {

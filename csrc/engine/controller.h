@@ -22,9 +22,12 @@
 //     bit; a table entry is ready when all active members submitted it, and is
 //     then validated (op, dtype, shape, root, ... must agree: a mismatch is an
 //     error response naming the tensor, both ranks and both values) and cached.
-//  5. Grouped tensors wait for their whole group; join completes when every
-//     rank has joined; stall inspection (stall_inspector.h): rank 0's cutoff
-//     turns tensors pending since that cycle into errors on every rank.
+//  5. Groups (groups.h): the members of a group become ready in the same cycle;
+//     a group runs when all its members are ready and valid, else every member
+//     fails with one error (its members still in the table too). Join completes
+//     when every rank has joined; stall inspection (stall_inspector.h): rank 0's
+//     cutoff turns tensors pending since that cycle into errors on every rank,
+//     a grouped one's into its whole group's.
 //  6. Fusion (fusion.h): adjacent ready allreduces with the same
 //     dtype/op/scales/set/device are fused up to SPARK_HVD_FUSION_THRESHOLD bytes,
 //     or the threshold rank 0's header carries (autotune.h, which then measures).
@@ -58,8 +61,9 @@ struct CycleResult {
 
 class Controller {
  public:
-  // `tuner` (the engine's) outlives the controller.
-  Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner);
+  // `tuner` and `stats` (the engine's) outlive the controller.
+  Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner,
+             CacheStats* stats);
 
   // Runs one negotiation cycle over this rank's new requests. Throws StatusError
   // when the control plane fails.
@@ -86,6 +90,7 @@ class Controller {
   int32_t size_;
   ProcessSetTable* sets_;
   Autotuner* tuner_;
+  CacheStats* stats_;
   ResponseCache cache_;
   StallInspector stalls_;
   int64_t cycle_ = 0;
@@ -93,7 +98,6 @@ class Controller {
 
   // Identical on every rank.
   MessageTable table_;
-  std::map<std::string, std::vector<Response>> groups_;
   std::vector<bool> joined_;
   std::vector<int64_t> join_cycle_;
 

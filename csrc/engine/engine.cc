@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "backends/host_adasum.h"
 #include "common/env.h"
@@ -11,6 +12,28 @@
 #include "engine/executor.h"
 
 namespace spark_hvd {
+namespace {
+
+// A group comes whole, in one enqueue: the controller relies on every rank's
+// members reaching it in the same cycle (groups.h).
+void CheckGroupsWhole(const std::vector<TensorEntry>& entries) {
+  std::map<std::string, int32_t> count;
+  for (const auto& e : entries) {
+    if (!e.req.group.empty()) ++count[TensorKey(e.req.process_set, e.req.group)];
+  }
+  for (const auto& e : entries) {
+    const Request& q = e.req;
+    if (q.group.empty() || count[TensorKey(q.process_set, q.group)] == q.group_size) continue;
+    throw StatusError(Status::InvalidArgument(
+        "group '" + q.group + "': this call holds " +
+        std::to_string(count[TensorKey(q.process_set, q.group)]) + " of its tensors but '" +
+        q.name + "' says the group has " + std::to_string(q.group_size) +
+        "; submit every tensor of a group in one call (spark_hvd's grouped_* ops do)")
+                          .WithTensor(q.name));
+  }
+}
+
+}  // namespace
 
 Engine::Engine() { RegisterBuiltinBackends(&registry_); }
 
@@ -65,6 +88,7 @@ void Engine::Connect() {
   bo.store = options_.store;
   bo.store_prefix = options_.store_prefix;
   bo.bind_host = options_.bind_host;
+  bo.host = options_.host;
   bo.timeout_s = env::TimeoutS();
   bo.connect_timeout_s = options_.connect_timeout_s;
   if (options_.store) {
@@ -111,7 +135,8 @@ void Engine::Loop(std::promise<Status>* ready) {
     return;
   }
   tuner_.Reset(rank_);
-  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_);
+  cache_stats_.Reset();
+  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_, &cache_stats_);
   InFlight in_flight(&completions_);
   Executor executor(rank_, &sets_, &queue_, &completions_, &in_flight, &timeline_);
   running_ = true;
@@ -256,8 +281,10 @@ void Engine::Validate(const Request& req) const {
                    [&](Backend* b) { return b->Accepts(req.device, req.op, req.dtype); })) {
     bad("no backend of this job runs it on " + std::string(DataTypeName(req.dtype)) +
         " tensors of device " + std::to_string(req.device) +
-        (req.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: "
-                           "spark_hvd.nccl_built())"
+        (req.device >= 0 ? " (GPU tensors run on NCCL, which has no int16 (cast it first), or "
+                           "staged through host memory where NCCL does not load or "
+                           "SPARK_HVD_GPU_OPERATIONS names a CPU backend; both need the CUDA "
+                           "runtime: spark_hvd.cuda_built())"
                          : ""));
   }
   auto* self = const_cast<Engine*>(this);
@@ -335,6 +362,7 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
     e.enqueue_us = now;
     states.push_back(e.state);
   }
+  CheckGroupsWhole(entries);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());

@@ -31,6 +31,7 @@ struct EngineOptions {
   std::shared_ptr<Store> store;     // the rendezvous store (needed by "gloo" with size > 1)
   std::string store_prefix = "spark_hvd";
   std::string bind_host = "127.0.0.1";  // the address peers reach this rank at
+  std::string host;  // this rank's host identity ("" = the host name), BackendOptions::host
   double connect_timeout_s = 60.0;
   std::string timeline_path;
 };
@@ -65,6 +66,8 @@ class Engine {
 
   // The fusion threshold and cycle time in force, and autotune's switches (autotune.h).
   TuneState Tuned() const { return tuner_.Snapshot(); }
+  // The response cache's hits and misses of this rank's requests since init.
+  const CacheStats& cache_stats() const { return cache_stats_; }
 
   bool StartTimeline(const std::string& path);
   void StopTimeline();
@@ -95,6 +98,7 @@ class Engine {
   ProcessSetTable sets_;
   Timeline timeline_;
   Autotuner tuner_;
+  CacheStats cache_stats_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
                                      // backend that can carry it
 

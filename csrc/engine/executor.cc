@@ -51,12 +51,13 @@ Status Executor::Execute(const Response& r) {
   }
   ProcessSet* set = sets_->Get(r.process_set);
   if (set == nullptr || !set->Contains(rank_)) return Status::OK();
-  Communicator* comm = set->For(r.device, r.op, r.dtype);
+  // Adasum runs on pairwise exchanges (HostAdasum): on a communicator that runs alltoall.
+  const bool adasum = r.op == OpType::kAllreduce && r.reduce_op == ReduceOp::kAdasum;
+  Communicator* comm = set->For(r.device, adasum ? OpType::kAlltoall : r.op, r.dtype);
   if (comm == nullptr) {
     fail_all(Status::InvalidArgument(
-        "no backend of this build executes ops on device " + std::to_string(r.device) +
-        (r.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: spark_hvd.nccl_built())"
-                       : "")));
+        "no communicator of process set " + std::to_string(r.process_set) +
+        " executes this op on device " + std::to_string(r.device)));
     return Status::OK();
   }
   const int64_t start = NowMicros();

@@ -59,6 +59,7 @@ struct Response {
   StatusCode error = StatusCode::kOk;   // != kOk: every rank fails these tensors
   std::string error_message;
   std::vector<int32_t> error_ranks;     // the evidence: stall: missing; mismatch: disagreeing
+  std::string group;  // grouped ops: the group's name; a failure fails the whole group (groups.h)
 
   int64_t TotalElements() const;
 };

@@ -58,4 +58,13 @@ struct TableEntry {
 };
 using MessageTable = std::map<std::string, TableEntry>;  // by TensorKey
 
+// The request of `te` that names a group (the lowest rank's), or null: ranks that
+// disagree about the group still fail the whole of it (groups.h).
+inline const Request* GroupedRequest(const TableEntry& te) {
+  for (const auto& kv : te.requests) {
+    if (!kv.second.group.empty()) return &kv.second;
+  }
+  return nullptr;
+}
+
 }  // namespace spark_hvd

@@ -14,7 +14,7 @@ int32_t ProcessSet::SetRank(int32_t global_rank) const {
 
 Communicator* ProcessSet::For(int32_t device, OpType op, DataType dtype) const {
   for (const auto& link : comms) {
-    if (link.backend->Accepts(device, op, dtype)) return link.comm.get();
+    if (link.backend->Accepts(device, op, dtype) && link.comm->Runs(op)) return link.comm.get();
   }
   return nullptr;
 }
@@ -34,11 +34,6 @@ ProcessSet* ProcessSetTable::Get(int32_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);
   return it == sets_.end() ? nullptr : it->second.get();
-}
-
-bool ProcessSetTable::Exists(int32_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sets_.count(id) > 0;
 }
 
 std::vector<int32_t> ProcessSetTable::Ranks(int32_t id) {

@@ -26,7 +26,7 @@ struct ProcessSet {
   bool Contains(int32_t global_rank) const;
   int32_t SetRank(int32_t global_rank) const;  // -1 when not a member
   // The first communicator whose backend executes `op` on `dtype` tensors of
-  // `device`; null if none.
+  // `device` and that runs it (Communicator::Runs); null if none.
   Communicator* For(int32_t device, OpType op, DataType dtype) const;
 };
 
@@ -37,7 +37,6 @@ class ProcessSetTable {
   void Add(std::unique_ptr<ProcessSet> set);
   void Remove(int32_t id);
   ProcessSet* Get(int32_t id);  // background thread only
-  bool Exists(int32_t id);
   std::vector<int32_t> Ranks(int32_t id);  // empty when unknown
   std::vector<int32_t> Ids();
   int32_t NextId();

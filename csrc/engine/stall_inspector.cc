@@ -88,6 +88,10 @@ void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
           &missing);
     te.reported = te.reported || warn;
     Report(first, first.process_set, got, missing, te.first_us, warn, expire, out);
+    if (expire) {
+      const Request* grouped = GroupedRequest(te);
+      out->back().group = grouped != nullptr ? grouped->group : "";
+    }
     it = expire ? table->erase(it) : std::next(it);
   }
   // Cached tensors: some ranks set the bit, others did not yet.

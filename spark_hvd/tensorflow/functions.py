@@ -7,7 +7,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from spark_hvd import _ops as _np
+from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.tensorflow._host import _BITCAST, _check_dtype, collective_name, host_call
 
@@ -17,9 +17,10 @@ def _np_broadcast_many(arrays: Sequence[np.ndarray], root_rank: int, name: str,
     """Submits one broadcast per array, then waits for all (the core fuses them)."""
     views = [np.ascontiguousarray(a) for a in arrays]
     views = [a.view(_BITCAST[a.dtype]) if a.dtype in _BITCAST else a for a in views]
-    handles = [_np.broadcast_async(a, root_rank, name=f"{name}.{i}", process_set=process_set)
+    handles = [_ops.broadcast_async(a, root_rank, name=f"{name}.{i}", process_set=process_set)
                for i, a in enumerate(views)]
-    return [_np.synchronize(h).view(a.dtype).reshape(np.shape(a)) for h, a in zip(handles, arrays)]
+    return [_ops.synchronize(h).view(a.dtype).reshape(np.shape(a))
+            for h, a in zip(handles, arrays)]
 
 
 @tf.autograph.experimental.do_not_convert
@@ -58,7 +59,7 @@ def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,
                      name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Pickles ``obj`` on root_rank and returns it on every rank (eager/host only)."""
-    return _np.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return _ops.broadcast_object(obj, root_rank, name=name, process_set=process_set)
 
 
 def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = None,
@@ -72,4 +73,4 @@ def broadcast_object_fn(root_rank: int = 0, session=None, name: Optional[str] = 
 def allgather_object(obj: Any, session=None, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> List[Any]:
     """Returns the list of every rank's ``obj``, in rank order (eager/host only)."""
-    return _np.allgather_object(obj, name=name, process_set=process_set)
+    return _ops.allgather_object(obj, name=name, process_set=process_set)

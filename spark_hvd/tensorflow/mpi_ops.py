@@ -25,9 +25,9 @@ from typing import Any, Callable, List, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from spark_hvd import _ops as _np
+from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size, rank
-from spark_hvd._types import OpType, ReduceOp, numpy_code
+from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
                                         _first_dim_unknown, _not_autograph, _rest, _set_shape,
@@ -39,7 +39,7 @@ from spark_hvd._ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 
 
 def _reduce_op(op, average) -> ReduceOp:
-    return _np._reduce_op(op, average)
+    return _ops._reduce_op(op, average)
 
 
 def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
@@ -81,19 +81,20 @@ def _np_grouped_allreduce(arrays: Sequence[np.ndarray], name: str, op: ReduceOp,
                           prescale: float, postscale: float,
                           process_set: ProcessSet) -> List[np.ndarray]:
     """Submits every array as one negotiated, fused group, then waits for all of them."""
-    shapes = [np.shape(a) for a in arrays]
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    codes = [numpy_code(a.dtype) for a in arrays]  # validate all before submitting any
-    handles = []
-    with _np.submit_together():
-        for i, (a, code) in enumerate(zip(arrays, codes)):
-            out = np.empty_like(a)
-            handles.append(_np.submit(
-                OpType.ALLREDUCE, f"{name}.{i}", code, a.shape, a.ctypes.data, out.ctypes.data,
-                (a, out), (lambda r, o=out: o), reduce_op=op, prescale=_resolve(prescale),
-                postscale=_resolve(postscale), process_set=process_set, group=name,
-                group_size=len(arrays)))
-    return [_np.synchronize(h).reshape(shape) for h, shape in zip(handles, shapes)]
+    return _np_group(_ops.grouped_allreduce_async, arrays, name=name, op=op,
+                     prescale_factor=_resolve(prescale), postscale_factor=_resolve(postscale),
+                     process_set=process_set)
+
+
+def _np_group(submit_async: Callable, arrays: Sequence[np.ndarray], bitcast: bool = False,
+              **kwargs) -> List[np.ndarray]:
+    """Runs a grouped numpy collective (``_ops.grouped_*_async``) on every array, bit-exact
+    ones through same-width int views; waits for every member."""
+    arrays = [np.asarray(a, order="C") for a in arrays]  # 0-d stays 0-d
+    wires = [a.view(_BITCAST[a.dtype]) if bitcast and a.dtype in _BITCAST else a
+             for a in arrays]
+    outs = _ops.synchronize(submit_async(wires, **kwargs))
+    return [o.view(a.dtype) for o, a in zip(outs, arrays)]
 
 
 def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
@@ -111,8 +112,8 @@ def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
 
 def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
     def fn(x):
-        out = _np.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
-                            postscale_factor=_resolve(postscale), process_set=process_set)
+        out = _ops.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
+                             postscale_factor=_resolve(postscale), process_set=process_set)
         return [out.reshape(x.shape)]  # numpy's layer returns 0-d arrays as shape (1,)
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allreduce")
     return _set_shape(out, tensor.shape)
@@ -249,7 +250,7 @@ def _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_fac
 
 def _allgather_raw(tensor, name, process_set):
     def fn(x):
-        return [_np_bitcast(_np.allgather, x, name=name, process_set=process_set)]
+        return [_np_bitcast(_ops.allgather, x, name=name, process_set=process_set)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allgather")
     shape = tensor.shape
     return _set_shape(out, [None] if shape.rank == 0 else _first_dim_unknown(shape))
@@ -291,21 +292,55 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
     return forward(tensor)
 
 
+def _grouped_allgather_raw(tensors, name, process_set):
+    def fn(*arrays):
+        return _np_group(_ops.grouped_allgather_async, arrays, bitcast=True, name=name,
+                         process_set=process_set)
+    outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_allgather")
+    return [_set_shape(o, [None] if t.shape.rank == 0 else _first_dim_unknown(t.shape))
+            for o, t in zip(outs, tensors)]
+
+
 @_not_autograph
 def grouped_allgather(tensors, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set):
-    """``allgather`` of each tensor; returns the list of results."""
+    """Allgathers a list of tensors as one group (Horovod's): negotiated together, and
+    failing together. Differentiable: each tensor's gradient is ``allgather``'s."""
     base = collective_name(name, "grouped_allgather")
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_dtype(t.dtype, bitcast=True)
+    if not tensors:
+        return []
+    if not any(_differentiable(t.dtype) for t in tensors):
+        with in_order():
+            return _grouped_allgather_raw(tensors, base, process_set)
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = _grouped_allgather_raw(list(xs), base, process_set)
+
+        def grad(*dys):
+            idx = [i for i, (x, dy) in enumerate(zip(xs, dys))
+                   if dy is not None and _differentiable(x.dtype)]
+            out = [None] * len(xs)
+            with in_order(after=ys[0]):
+                totals = _grouped_allreduce_dense([dys[i] for i in idx], Average, 1.0, 1.0,
+                                                  base + ".grad", process_set)
+                for i, total in zip(idx, totals):
+                    out[i] = _own_rows(total, xs[i], f"{base}.grad.rows{i}", process_set)
+            return out
+        return ys, grad
+
     with in_order():
-        return [allgather(t, name=f"{base}.{i}", process_set=process_set)
-                for i, t in enumerate(tensors)]
+        return list(forward(*tensors))
 
 
 # -- broadcast -----------------------------------------------------------------------------
 
 def _broadcast_raw(tensor, root_rank, name, process_set):
     def fn(x):
-        out = _np_bitcast(_np.broadcast, x, root_rank, name=name, process_set=process_set)
+        out = _np_bitcast(_ops.broadcast, x, root_rank, name=name, process_set=process_set)
         return [out.reshape(x.shape)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "broadcast")
     return _set_shape(out, tensor.shape)
@@ -352,7 +387,7 @@ def _alltoall_raw(tensor, splits, name, process_set):
     inputs = [tensor] if splits is None else [tensor, splits]
 
     def fn(x, s=None):
-        out, received = _np_bitcast(_np.alltoall, x, splits=s, name=name,
+        out, received = _np_bitcast(_ops.alltoall, x, splits=s, name=name,
                                     process_set=process_set)
         return [out, received.astype(np.int32)]
     out, received = host_call(fn, inputs, [tensor.dtype, tf.int32], "alltoall")
@@ -404,8 +439,8 @@ def _reducescatter_rows(rows: Optional[int], process_set: ProcessSet) -> Optiona
 
 def _np_reducescatter(x: np.ndarray, name: str, op, prescale: float, postscale: float,
                       process_set: ProcessSet) -> np.ndarray:
-    return _np.reducescatter(x, name=name, op=op, process_set=process_set,
-                             prescale_factor=prescale, postscale_factor=postscale)
+    return _ops.reducescatter(x, name=name, op=op, process_set=process_set,
+                              prescale_factor=prescale, postscale_factor=postscale)
 
 
 def _reducescatter_raw(tensor, op, prescale, postscale, name, process_set):
@@ -458,18 +493,66 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
     return compression.decompress(forward(compressed), ctx)
 
 
+def _grouped_reducescatter_raw(tensors, op, prescale, postscale, name, process_set):
+    def fn(*arrays):
+        return _np_group(_ops.grouped_reducescatter_async, arrays, name=name, op=op,
+                         process_set=process_set, prescale_factor=prescale,
+                         postscale_factor=postscale)
+    outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_reducescatter")
+    for o, t in zip(outs, tensors):
+        if t.shape.rank is not None:
+            _set_shape(o, [_reducescatter_rows(t.shape.as_list()[0], process_set)] + _rest(t.shape))
+    return outs
+
+
 @_not_autograph
 def grouped_reducescatter(tensors, device_dense: str = "", compression=Compression.none,
                           op=Average, process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: Optional[str] = None):
-    """``reducescatter`` of each tensor; returns the list of results."""
+    """Reducescatters a list of tensors as one group (Horovod's): negotiated together, and
+    failing together. Differentiable as ``reducescatter``, each tensor on its own."""
+    rop = _reduce_op(op, None)
     base = collective_name(name, "grouped_reducescatter")
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    for t in tensors:
+        _check_dtype(t.dtype)
+        if t.shape.rank == 0:
+            raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
+    compressed = [compression.compress(t) for t in tensors]
+    xs = [c for c, _ in compressed]
+    if not xs:
+        return []
+    args = (rop, prescale_factor, postscale_factor, base, process_set)
+    if rop not in (Sum, Average) or not any(_differentiable(x.dtype) for x in xs):
+        with in_order():
+            outs = _grouped_reducescatter_raw(xs, *args)
+        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
+
+    @tf.custom_gradient
+    def forward(*xs):
+        ys = _grouped_reducescatter_raw(list(xs), *args)
+
+        def grad(*dys):
+            idx = [i for i, (x, dy) in enumerate(zip(xs, dys))
+                   if dy is not None and _differentiable(x.dtype)]
+            out = [None] * len(xs)
+            with in_order(after=ys[0]):
+                fulls = grouped_allgather([dys[i] for i in idx], name=base + ".grad",
+                                          process_set=process_set)
+            factor = prescale_factor * postscale_factor
+            for i, full in zip(idx, fulls):
+                if rop == Sum:  # the size when the gradient runs
+                    full = _scaled_at_run(full, lambda: factor * process_set.size())
+                else:
+                    full = _scaled(full, factor)
+                out[i] = tf.reshape(full, tf.shape(xs[i]))
+            return out
+        return ys, grad
+
     with in_order():
-        return [reducescatter(t, compression=compression, op=op, name=f"{base}.{i}",
-                              process_set=process_set, prescale_factor=prescale_factor,
-                              postscale_factor=postscale_factor)
-                for i, t in enumerate(tensors)]
+        outs = list(forward(*xs))
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, compressed)]
 
 
 # -- join, barrier, size ops -----------------------------------------------------------------
@@ -478,8 +561,8 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
 def join():
     """Marks this rank as out of data (see ``spark_hvd.join``); returns the last rank to join."""
     if tf.executing_eagerly():
-        return _np.join()
-    (out,) = host_call(lambda: [np.asarray(_np.join(), dtype=np.int32)], [], [tf.int32], "join")
+        return _ops.join()
+    (out,) = host_call(lambda: [np.asarray(_ops.join(), dtype=np.int32)], [], [tf.int32], "join")
     return _set_shape(out, [])
 
 
@@ -487,10 +570,10 @@ def join():
 def barrier(process_set: ProcessSet = global_process_set):
     """Returns once every rank of the set has called barrier."""
     if tf.executing_eagerly():
-        return _np.barrier(process_set)
+        return _ops.barrier(process_set)
 
     def fn():
-        _np.barrier(process_set)
+        _ops.barrier(process_set)
         return [np.asarray(True)]
     (out,) = host_call(fn, [], [tf.bool], "barrier")
     return out

@@ -16,7 +16,7 @@ import numpy as np
 import spark_hvd as hvd
 from harness import Registry, Skip, expect_error, wait_for
 from refdata import (BF16, DTYPES, OPS, Checks, assert_same, dname, even_rows, is_bool, is_float,
-                     reduce, values)
+                     ordered_reduce, reduce, values)
 
 CASES = Registry()
 OP = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
@@ -29,6 +29,49 @@ SHAPES = [(0,), (1,), (7,), (3, 5), (1031,)]
 
 def _concat(parts, tail_shape, dt) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,) + tuple(tail_shape), dt)
+
+
+# -- response cache ---------------------------------------------------------------
+
+@CASES.case("cache/repeated_steps_then_changes")
+def _(ctx):
+    """Repeated steps are answered by the response cache (this rank's hits and misses
+    counted by the core), a changed request is not, and the results stay right. First
+    in the module: the op matrix's names fill the cache (SPARK_HVD_CACHE_CAPACITY, 1024),
+    and a full cache takes no new name."""
+    from spark_hvd import _core
+
+    n, me = ctx.size, ctx.rank
+    shapes = [(4,), (1,), (3, 3), (0,)]
+    before = _core.cache_stats()
+
+    def step(s, j, shape, op="Sum", dt=np.float32):
+        got = hvd.allreduce(values(dt, me, shape, salt=s), op=OP[op], name=f"cache.w{j}")
+        want = reduce([values(dt, r, shape, salt=s) for r in range(n)], op, dt)
+        assert_same(got, want, f"step {s} tensor {j} {shape} {op}")
+
+    for s in range(12):  # the same names every step: served by the response cache
+        for j, shape in enumerate(shapes):
+            step(s, j, shape)
+    for s in range(3):   # same name, new shape: the cached entry must not be reused
+        step(100 + s, 0, (6,))
+    step(200, 0, (6,), op="Max")      # same name, new op
+    step(201, 0, (6,), dt=np.int64)   # same name, new dtype
+    for s in range(3):
+        step(300 + s, 0, (4,))        # and back
+    # the same tensors as async steps, several in flight at once
+    for s in range(4):
+        hs = [hvd.allreduce_async(values(np.float32, me, shape, salt=s), op=hvd.Sum,
+                                  name=f"cache.w{j}") for j, shape in enumerate(shapes)]
+        for j, h in enumerate(hs):
+            want = reduce([values(np.float32, r, shapes[j], salt=s) for r in range(n)], "Sum",
+                          np.float32)
+            assert_same(hvd.synchronize(h), want, f"async step {s} tensor {j}")
+    after = _core.cache_stats()
+    # Sent in full: the 4 tensors' first step, each new shape, op or dtype of cache.w0 and
+    # its return to (4,); every other step (11 x 4, 2, 2, 4 x 4) went as cache bits.
+    assert after["misses"] - before["misses"] == 4 + 4, (before, after)
+    assert after["hits"] - before["hits"] == 11 * 4 + 2 + 2 + 4 * 4, (before, after)
 
 
 # -- allreduce ----------------------------------------------------------------------
@@ -93,6 +136,40 @@ def _(ctx):
     assert np.allclose(got, want, rtol=1e-5, atol=1e-2), "ring sum differs from the reference"
     digests = hvd.allgather_object(hashlib.sha256(got.tobytes()).hexdigest(), name="ring.bits")
     assert len(set(digests)) == 1, f"ranks hold different results: {digests}"
+
+
+def _order_sensitive(dt, rank: int, n: int) -> np.ndarray:
+    """Values whose float sum depends on the order of addition, with signed zeros (Min
+    and Max pick by operand order between +0 and -0)."""
+    x = np.random.default_rng(11 + rank).standard_normal(n) * 1e3
+    x[::7] = 0.0 if rank % 2 else -0.0
+    return x.astype(dt)
+
+
+@CASES.case("order/bits_of_the_reduction_order")
+def _(ctx):
+    """tcp and shm reduce every element in the order csrc/backends/host_reduce.h defines,
+    so their results are the same bits: each rank checks its result against that order
+    computed in numpy (refdata.ordered_reduce), for direct and ring sizes (several shm
+    rounds), Sum/Average with pre/postscale, Min and Max, every float dtype."""
+    if os.environ.get("SPARK_HVD_CPU_OPERATIONS", "") not in ("", "tcp", "shm") or \
+            os.environ.get("SPARK_HVD_CONTROLLER", "gloo") != "gloo":
+        raise Skip("gloo and mpi reduce in orders of their own")
+    chk = Checks()
+    for dt in (np.float32, np.float64, np.float16, BF16):
+        for count in (1001, 3 * 32768 + 7):  # direct, then ring
+            xs = [_order_sensitive(dt, r, count) for r in range(ctx.size)]
+            for op, pre, post in (("Sum", 1.25, 0.7), ("Average", 1.0, 3.0), ("Min", 1, 1),
+                                  ("Max", 1, 1)):
+                got = hvd.allreduce(xs[ctx.rank], op=OP[op], prescale_factor=pre,
+                                    postscale_factor=post, name=f"ord.{dname(dt)}.{count}.{op}")
+                want = ordered_reduce(xs, op, pre, post)
+                bits = [a.view(np.uint8).reshape(count, -1) for a in (got, want)]
+                bad = np.flatnonzero(np.any(bits[0] != bits[1], axis=1))
+                chk.true(bad.size == 0, f"{dname(dt)} x {count} {op}: {bad.size} elements "
+                         f"differ from the order's bits, first at {bad[:5].tolist()}: got "
+                         f"{got[bad[:5]].tolist()}, expected {want[bad[:5]].tolist()}")
+    chk.done()
 
 
 @CASES.case("broadcast_large/every_root")
@@ -440,7 +517,7 @@ def _(ctx):
     hvd.remove_process_set(again)
 
 
-# -- fusion, response cache, async -----------------------------------------------------------
+# -- fusion, async ---------------------------------------------------------------------------
 
 @CASES.case("fusion/200_small_tensors_in_flight")
 def _(ctx):
@@ -481,35 +558,6 @@ def _(ctx):
         else:
             want = values(np.float64, i % n, (3,), salt=i)
         assert_same(got, want, f"{kind} {i}")
-
-
-@CASES.case("cache/repeated_steps_then_changes")
-def _(ctx):
-    n, me = ctx.size, ctx.rank
-    shapes = [(4,), (1,), (3, 3), (0,)]
-
-    def step(s, j, shape, op="Sum", dt=np.float32):
-        got = hvd.allreduce(values(dt, me, shape, salt=s), op=OP[op], name=f"cache.w{j}")
-        want = reduce([values(dt, r, shape, salt=s) for r in range(n)], op, dt)
-        assert_same(got, want, f"step {s} tensor {j} {shape} {op}")
-
-    for s in range(12):  # the same names every step: served by the response cache
-        for j, shape in enumerate(shapes):
-            step(s, j, shape)
-    for s in range(3):   # same name, new shape: the cached entry must not be reused
-        step(100 + s, 0, (6,))
-    step(200, 0, (6,), op="Max")      # same name, new op
-    step(201, 0, (6,), dt=np.int64)   # same name, new dtype
-    for s in range(3):
-        step(300 + s, 0, (4,))        # and back
-    # the same tensors as async steps, several in flight at once
-    for s in range(4):
-        hs = [hvd.allreduce_async(values(np.float32, me, shape, salt=s), op=hvd.Sum,
-                                  name=f"cache.w{j}") for j, shape in enumerate(shapes)]
-        for j, h in enumerate(hs):
-            want = reduce([values(np.float32, r, shapes[j], salt=s) for r in range(n)], "Sum",
-                          np.float32)
-            assert_same(hvd.synchronize(h), want, f"async step {s} tensor {j}")
 
 
 @CASES.case("async/poll_and_synchronize")
@@ -553,6 +601,71 @@ def _(ctx):
     assert hvd.allgather_object(me, name="topo.ranks") == list(range(n))
 
 
+@CASES.case("topology/backend_of_cpu_ops")
+def _(ctx):
+    """The backend the settings select runs the CPU ops (the timeline names it): the
+    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else shm (every rank is on
+    this host); a process set of one rank too."""
+    cpu = os.environ.get("SPARK_HVD_CPU_OPERATIONS", "")
+    mpi = os.environ.get("SPARK_HVD_CONTROLLER", "gloo") == "mpi"
+    want = (cpu or ("mpi" if mpi else "shm")).upper()
+    path = os.path.join(ctx.outdir, f"timeline_backend_rank{ctx.rank}.json")
+    alone = hvd.add_process_set([ctx.size - 1])
+    hvd.start_timeline(path)
+    hvd.allreduce(np.ones(10, np.float32), name="be.ar")
+    hvd.allgather(np.ones((ctx.rank + 1, 2), np.int32), name="be.ag")
+    hvd.broadcast(np.ones(3), root_rank=0, name="be.bc")
+    if alone.included():
+        hvd.allreduce(np.ones(2), name="be.alone", process_set=alone)
+    hvd.stop_timeline()
+    hvd.remove_process_set(alone)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
+    want_ops = {("be.ar", f"{want}_ALLREDUCE"), ("be.ag", f"{want}_ALLGATHER"),
+                ("be.bc", f"{want}_BROADCAST")}
+    if alone.included():
+        want_ops.add(("be.alone", f"{want}_ALLREDUCE"))
+    assert ran == want_ops, f"ran {sorted(ran)}, expected {sorted(want_ops)}"
+
+
+@CASES.case("hierarchy/where_ops_run")
+def _(ctx):
+    """At 2 hosts x 2 ranks with hierarchical allreduce and allgather (test_hosts.py):
+    those run on the shm backend's hierarchical communicator, within and across hosts,
+    in the global set, a set of one rank per host and a set within a host; broadcast, and
+    a set with different numbers of ranks on the hosts, run on tcp."""
+    if os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") != "1" or hvd.cross_size() != 2:
+        raise Skip("needs 2 hosts and HOROVOD_HIERARCHICAL_ALLREDUCE=1 (test_hosts.py)")
+    path = os.path.join(ctx.outdir, f"timeline_hierarchy_rank{ctx.rank}.json")
+    sets = {"one_per_host": hvd.add_process_set([0, 2]), "host_a": hvd.add_process_set([0, 1]),
+            "uneven": hvd.add_process_set([0, 1, 2])}
+    hvd.start_timeline(path)
+    want = {("h.ar", "SHM_ALLREDUCE"), ("h.ag", "SHM_ALLGATHER"), ("h.bc", "TCP_BROADCAST")}
+    got = hvd.allreduce(values(np.float32, ctx.rank, (1031,)), op=hvd.Sum, name="h.ar")
+    assert_same(got, reduce([values(np.float32, r, (1031,)) for r in range(4)], "Sum",
+                            np.float32), "allreduce")
+    got = hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="h.ag")
+    assert_same(got, np.concatenate([values(np.int32, r, (r + 1, 2)) for r in range(4)]),
+                "allgather")
+    hvd.broadcast(np.ones(3), root_rank=3, name="h.bc")
+    for tag, ps in sets.items():
+        if ps.included():
+            got = hvd.allreduce(values(np.int64, ctx.rank, (9,)), name=f"h.{tag}", process_set=ps)
+            assert_same(got, reduce([values(np.int64, r, (9,)) for r in ps.ranks], "Average",
+                                    np.int64), tag)
+            want.add((f"h.{tag}", "TCP_ALLREDUCE" if tag == "uneven" else "SHM_ALLREDUCE"))
+    hvd.stop_timeline()
+    for ps in sets.values():
+        hvd.remove_process_set(ps)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
+    assert ran == want, f"ran {sorted(ran)}, expected {sorted(want)}"
+
+
 @CASES.case("timeline/start_stop_names_tensors")
 def _(ctx):
     path = os.path.join(ctx.outdir, f"timeline_api_rank{ctx.rank}.json")
@@ -576,6 +689,39 @@ def _(ctx):
     for name in ("tl.alpha", "tl.beta", "tl.gamma"):
         assert name in named, f"{name} not in the timeline: {sorted(map(str, named))}"
     assert "tl.after_stop" not in named
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@CASES.case("soak/rss_flat_over_repeated_steps", timeout_s=120)
+def _(ctx):
+    """20,000 small allreduces (40 steps of 500 in flight, the same names each step, as
+    gradients) and 1,000 of 1 MiB (50 steps of 20): every result right, and the resident
+    memory after the second half within 5 % of what it was after the first."""
+    if ctx.size != 2:
+        raise Skip("run at 2 ranks only (the soak costs seconds)")
+    n = ctx.size
+    small = [np.full(4, float(i % 7), np.float32) for i in range(500)]
+    big = [np.full(1 << 18, float(i % 5), np.float32) for i in range(20)]
+
+    def step(tensors, tag):
+        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"soak.{tag}.{i}")
+              for i, x in enumerate(tensors)]
+        for x, h in zip(tensors, hs):
+            got = hvd.synchronize(h)
+            assert got[0] == x[0] * n and got[-1] == x[-1] * n, (tag, got[:2], x[:2])
+
+    rss = []
+    for half in range(2):
+        for _ in range(20):
+            step(small, "small")
+        for _ in range(25):
+            step(big, "big")
+        rss.append(_rss_bytes())
+    assert rss[1] <= rss[0] * 1.05, f"resident memory grew {rss[0]} -> {rss[1]} bytes"
 
 
 # -- last: a case whose failure can leave the ranks' generated names out of step -------------
@@ -608,17 +754,27 @@ def _(ctx):
 
 @CASES.case("process_set/same_name_in_two_sets")
 def _(ctx):
-    """The same tensor name used at once in two disjoint sets: [0, 1] and [2]. Rank 1
-    is late, so rank 0's and rank 2's requests meet in negotiation first."""
+    """The same tensor name used at once in two disjoint sets: [0, 1] and [2, ...]. Rank
+    1 is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
+    submits before the global 'pss.first' (so its request is negotiated by the time
+    that completes), ranks 2, ... after it, and rank 1 only after 'pss.second', which
+    they submit after their own request."""
     n, me = ctx.size, ctx.rank
     if n < 3:
-        raise Skip("needs 3 ranks (sets [0, 1] and [2])")
+        raise Skip("needs 3 ranks (sets [0, 1] and [2, ...])")
     a = hvd.add_process_set([0, 1])
-    b = hvd.add_process_set([2])
+    b = hvd.add_process_set(range(2, n))
     mine = a if me < 2 else b
-    if me == 1:
-        time.sleep(0.5)
-    h = hvd.allreduce_async(np.full(2, me + 1.0), op=hvd.Sum, name="pss.grad", process_set=mine)
+
+    def submit():
+        return hvd.allreduce_async(np.full(2, me + 1.0), op=hvd.Sum, name="pss.grad",
+                                   process_set=mine)
+
+    h = submit() if me == 0 else None
+    hvd.allreduce(np.ones(1), name="pss.first")
+    h = submit() if me >= 2 else h
+    hvd.allreduce(np.ones(1), name="pss.second")
+    h = submit() if me == 1 else h
     try:
         got = wait_for(h, 5, f"allreduce 'pss.grad' in {mine} on rank {me}", ctx)
     finally:  # every rank reaches this point, whatever happened above

@@ -166,6 +166,53 @@ def _mismatches(n: int, me: int):
     }
 
 
+def _named_group(base: str, suffixes, op=hvd.Sum):
+    """A grouped allreduce of ones whose members are named base + suffix: the public
+    grouped ops name them base.0, base.1, ..., so only this gives two ranks different
+    members in one group."""
+    from spark_hvd import _ops
+    from spark_hvd._types import OpType, numpy_code
+
+    handles = []
+    with _ops.submit_together():
+        for suffix in suffixes:
+            x, out = np.ones(2, np.float32), np.empty(2, np.float32)
+            handles.append(_ops.submit(
+                OpType.ALLREDUCE, base + suffix, numpy_code(x.dtype), x.shape, x.ctypes.data,
+                out.ctypes.data, (x, out), lambda r, o=out: o, reduce_op=op, group=base,
+                group_size=len(suffixes)))
+    return _ops.GroupHandle(handles, list)
+
+
+def _group_mismatches(n: int, me: int):
+    """name -> (submit function giving a group handle, the two values the message must
+    name): one member disagrees on the last rank; every member must fail."""
+    odd = me == n - 1
+
+    def ones(*shape, dt=np.float32):
+        return np.ones(shape, dt)
+    return {
+        "group_allreduce_dtype": (lambda nm: hvd.grouped_allreduce_async(
+            [ones(3), ones(2, dt=np.float64 if odd else np.float32)], name=nm),
+            ("float32", "float64")),
+        "group_allreduce_shape": (lambda nm: hvd.grouped_allreduce_async(
+            [ones(3), ones(5 if odd else 4), ones(2)], name=nm), ("4", "5")),
+        "group_allgather_trailing_dims": (lambda nm: hvd.grouped_allgather_async(
+            [ones(2, 3), ones(1, 4 if odd else 3)], name=nm), ("3", "4")),
+        "group_reducescatter_shape": (lambda nm: hvd.grouped_reducescatter_async(
+            [ones(6, 2), ones(7 if odd else 6, 2)], name=nm), ("6", "7")),
+        # the last rank's third member is in no other rank's group: it must fail too
+        "group_member_count": (lambda nm: hvd.grouped_allreduce_async(
+            [ones(2)] * (3 if odd else 2), name=nm), ("2", "3")),
+        "group_member_names": (lambda nm: _named_group(nm, [".0", ".x" if odd else ".1"]),
+                               ("mm.group_member_names.1", "mm.group_member_names.x")),
+    }
+
+
+# every group name again, agreeing (3 members: the count case's third one too)
+_REUSE = {kind: [".0", ".1", ".2"] for kind in _group_mismatches(2, 0)}
+_REUSE["group_member_names"] = [".0", ".1", ".x"]
+
 _OUTCOMES: dict = {}
 
 
@@ -178,7 +225,7 @@ def _mismatch_outcomes(ctx) -> dict:
     for step in range(3):  # warm the response cache with an agreeing shape first
         hvd.allreduce(np.ones(3, np.float32), name="mm.after_cache")
     handles = {}
-    for kind, (submit, _) in cases.items():
+    for kind, (submit, _) in list(cases.items()) + list(_group_mismatches(n, me).items()):
         try:
             handles[kind] = submit(f"mm.{kind}")
         except Exception as e:  # noqa: BLE001 - raised at submit: recorded as the outcome
@@ -190,32 +237,60 @@ def _mismatch_outcomes(ctx) -> dict:
                                        f"mismatched tensor mm.{kind}", ctx)
         except Exception as e:  # noqa: BLE001 - the outcome under test
             _OUTCOMES[kind] = e
-    # the engine keeps working after mismatch errors
+        if h.members and not isinstance(_OUTCOMES[kind], CaseTimeout):  # each member's own
+            _OUTCOMES[kind] = [_outcome(hvd.synchronize, m) for m in h.members]
+    # the engine keeps working after mismatch errors, and the failed groups' names are free
     try:
         h = hvd.allreduce_async(np.ones(2, np.float32), op=hvd.Sum, name="mm.healthy")
         _OUTCOMES["__healthy__"] = wait_for(h, HANG_S, "the allreduce after the mismatches", ctx)
+        groups = [_named_group(f"mm.{kind}", names) for kind, names in _REUSE.items()]
+        _OUTCOMES["__reuse__"] = [wait_for(g, HANG_S, "a failed group's names again", ctx)
+                                  for g in groups]
     except Exception as e:  # noqa: BLE001
-        _OUTCOMES["__healthy__"] = e
+        _OUTCOMES.setdefault("__healthy__", e)
+        _OUTCOMES["__reuse__"] = e
     return _OUTCOMES
 
 
-def _mismatch_case(kind: str):
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - the outcome under test
+        return e
+
+
+def _mismatch_case(kind: str, grouped: bool = False):
     def fn(ctx):
         if ctx.size < 2:
             raise Skip("a mismatch needs 2 or more ranks")
-        outcome = _mismatch_outcomes(ctx)[kind]
-        if isinstance(outcome, CaseTimeout):
-            raise AssertionError(f"mismatched tensor 'mm.{kind}' hung instead of raising "
-                                 f"TensorMismatchError: {outcome}")
-        assert isinstance(outcome, hvd.TensorMismatchError), \
-            f"expected TensorMismatchError on every rank, got {type(outcome).__name__}: {outcome}"
-        msg = str(outcome)
-        assert f"mm.{kind}" in msg, f"the message should name the tensor: {msg}"
-        assert outcome.tensor == f"mm.{kind}", f"exc.tensor is {outcome.tensor!r}: {msg}"
-        assert outcome.ranks == [0, ctx.size - 1], \
-            f"exc.ranks should be the two ranks that disagree, got {outcome.ranks}: {msg}"
-        assert f"rank {ctx.size - 1}" in msg, f"the message should name rank {ctx.size - 1}: {msg}"
-        for value in _mismatches(ctx.size, ctx.rank)[kind][1]:
+        outcomes = _mismatch_outcomes(ctx)[kind]
+        what = f"grouped op 'mm.{kind}'" if grouped else f"tensor 'mm.{kind}'"
+        if isinstance(outcomes, CaseTimeout):
+            raise AssertionError(f"{what} with a mismatch hung instead of raising "
+                                 f"TensorMismatchError: {outcomes}")
+        if not grouped:
+            outcomes = [outcomes]
+        assert isinstance(outcomes, list), f"submitting the group raised: {outcomes!r}"
+        wrong = [o for o in outcomes if not isinstance(o, hvd.TensorMismatchError)]
+        assert not wrong, f"expected TensorMismatchError on every rank (and member), got " \
+            + ", ".join(f"{type(o).__name__}: {o}" for o in wrong)
+        msg = str(outcomes[0])
+        assert all(str(o) == msg and o.ranks == outcomes[0].ranks for o in outcomes), \
+            f"the members failed with different errors: {[str(o) for o in outcomes]}"
+        tensors = sorted(o.tensor for o in outcomes)
+        if grouped:  # each member's own name, the group named in the message
+            assert len(set(tensors)) == len(outcomes) and \
+                all(t.startswith(f"mm.{kind}.") for t in tensors), f"exc.tensor: {tensors}"
+            assert what in msg, f"the message should name the group: {msg}"
+        else:
+            assert tensors == [f"mm.{kind}"], f"exc.tensor is {tensors[0]!r}: {msg}"
+            assert f"mm.{kind}" in msg, f"the message should name the tensor: {msg}"
+            assert f"rank {ctx.size - 1}" in msg, \
+                f"the message should name rank {ctx.size - 1}: {msg}"
+        assert outcomes[0].ranks == [0, ctx.size - 1], \
+            f"exc.ranks should be the two ranks that disagree, got {outcomes[0].ranks}: {msg}"
+        table = _group_mismatches if grouped else _mismatches
+        for value in table(ctx.size, ctx.rank)[kind][1]:
             assert re.search(rf"(?<![\w.]){re.escape(value)}(?![\w])", msg, re.IGNORECASE), \
                 f"the message should name the value {value!r}: {msg}"
     return fn
@@ -223,17 +298,22 @@ def _mismatch_case(kind: str):
 
 for _kind in _mismatches(2, 0):
     CASES.add(f"mismatch/{_kind}", _mismatch_case(_kind))
+for _kind in _group_mismatches(2, 0):
+    CASES.add(f"mismatch/{_kind}", _mismatch_case(_kind, grouped=True))
 
 
 @CASES.case("mismatch/engine_still_works_after")
 def _(ctx):
+    """An allreduce after the mismatch errors works, and so do the failed groups' names."""
     if ctx.size < 2:
         raise Skip("a mismatch needs 2 or more ranks")
-    got = _mismatch_outcomes(ctx)["__healthy__"]
-    if isinstance(got, BaseException):
-        raise AssertionError(f"allreduce after the mismatch errors failed: "
-                             f"{type(got).__name__}: {got}")
-    assert_same(got, np.full(2, float(ctx.size), np.float32))
+    got = _mismatch_outcomes(ctx)
+    for key, what in (("__healthy__", "an allreduce after the mismatch errors"),
+                      ("__reuse__", "a failed group's names used again")):
+        if isinstance(got[key], BaseException):
+            raise AssertionError(f"{what} failed: {type(got[key]).__name__}: {got[key]}")
+    for out in [got["__healthy__"]] + [m for members in got["__reuse__"] for m in members]:
+        assert_same(out, np.full(2, float(ctx.size), np.float32))
 
 
 # -- after shutdown --------------------------------------------------------------------------

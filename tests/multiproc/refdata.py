@@ -149,3 +149,64 @@ class Checks:
         if self.failures:
             raise AssertionError(f"{len(self.failures)} check(s) failed:\n"
                                  + "\n".join(self.failures))
+
+
+# -- the reduction order of tcp and shm (csrc/backends/host_reduce.h), bit for bit ----------
+
+DIRECT_REDUCE_BYTES = 64 * 1024
+
+
+def _f32(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float32)
+
+
+def _scaled(x: np.ndarray, factor: float) -> np.ndarray:
+    """ScaleBuffer (csrc/common/reduce.cc): float32 by the factor rounded to float32,
+    float64 by the factor, float16/bfloat16 in float32 and rounded back."""
+    if factor == 1.0:
+        return x
+    if x.dtype == np.float64:
+        return x * factor
+    return (np.float32(factor) * _f32(x)).astype(x.dtype)
+
+
+def _apply(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The core's kernel op(a, b) for a float dtype: in float32 for the half types,
+    rounded back; Min is `b < a ? b : a`, Max `a < b ? b : a` (which of two equal
+    values, +0 and -0, comes out depends on the operands' order)."""
+    dt = a.dtype
+    x, y = (a, b) if dt == np.float64 else (_f32(a), _f32(b))
+    if op in ("Sum", "Average"):
+        out = x + y
+    elif op == "Product":
+        out = x * y
+    elif op == "Min":
+        out = np.where(y < x, y, x)
+    else:
+        out = np.where(x < y, y, x)
+    return out.astype(dt)
+
+
+def ordered_reduce(arrays: List[np.ndarray], op: str, prescale: float = 1.0,
+                   postscale: float = 1.0) -> np.ndarray:
+    """The allreduce of float `arrays` (one per rank, 1-D) exactly as tcp and shm compute
+    it: prescaled inputs; up to DIRECT_REDUCE_BYTES (or fewer elements than ranks) in
+    rank order, accumulator first; above, chunk c = [count*c//n, count*(c+1)//n) around
+    the ring from rank c, the partial result as the right operand; then the post factor
+    (Average: postscale / n)."""
+    n, count = len(arrays), arrays[0].size
+    xs = [_scaled(a, prescale) for a in arrays]
+    if count * arrays[0].itemsize <= DIRECT_REDUCE_BYTES or count < n:
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = _apply(op, acc, x)
+    else:
+        acc = np.empty_like(xs[0])
+        for c in range(n):
+            lo, hi = count * c // n, count * (c + 1) // n
+            part = xs[c][lo:hi]
+            for k in range(1, n):
+                part = _apply(op, xs[(c + k) % n][lo:hi], part)
+            acc[lo:hi] = part
+    factor = postscale / n if op == "Average" else postscale
+    return _scaled(acc, factor)

@@ -35,27 +35,39 @@ def names_rank(result, rank) -> bool:
         re.search(rf"\branks? \[?([\d,]*,)?{rank}\b", result["message"]) is not None
 
 
+def survivors(job, outdir, event: str, timeout_s: float, ranks=(0, 1)):
+    """Waits up to timeout_s for `ranks` to end; returns their exit codes (all ranks),
+    every rank's output, and (rank, result, seconds from the `event` file's time to the
+    result) for each of `ranks`, failing with the output when one did not report."""
+    codes = job.wait(timeout_s, ranks=list(ranks))
+    logs = job.outputs()
+    at = load(outdir, event)
+    assert at is not None, logs
+    reports = []
+    for r in ranks:
+        res = load(outdir, f"result{r}")
+        assert res is not None, f"rank {r} did not report in time (exit {codes[r]})\n{logs}"
+        detect = res["at"] - at["at"]
+        print(f"rank {r}: {res['error']} {detect:.2f} s after {event}: {res['message']}")
+        reports.append((r, res, detect))
+    return codes, logs, reports
+
+
 # -- a killed rank ------------------------------------------------------------------
 
 @pytest.mark.parametrize("scenario", ["kill", "kill_mid_transfer"])
 def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
     """Without a launcher that tears the job down: ranks 0 and 1 must see rank 2's
     death as PeerLostError on their own, and then exit by themselves; whether they
-    wait for it in negotiation (kill) or in the middle of a ring allreduce's
+    wait for it in negotiation (kill) or in the middle of a tcp ring allreduce's
     transfer (kill_mid_transfer: rank 1 is not rank 2's ring neighbour on the
-    receiving side)."""
-    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)])
+    receiving side). test_shm.py has the same on shared memory."""
+    env = {"SPARK_HVD_CPU_OPERATIONS": "tcp"} if scenario == "kill_mid_transfer" else None
+    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)], env=env)
     try:
-        codes = job.wait(DEADLINE_S + 20)
-        logs = job.outputs()
-        killed = load(tmp_path, "killed_at")
-        assert killed is not None, logs
+        codes, logs, reports = survivors(job, tmp_path, "killed_at", DEADLINE_S + 20)
         assert codes[2] == -signal.SIGKILL, (codes, logs)
-        for r in (0, 1):
-            res = load(tmp_path, f"result{r}")
-            assert res is not None, f"rank {r} did not report (exit {codes[r]})\n{logs}"
-            detect = res["at"] - killed["at"]
-            print(f"rank {r}: {res['error']} {detect:.2f} s after the kill: {res['message']}")
+        for r, res, detect in reports:
             assert res["error"] == "PeerLostError", (res, logs)
             assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s to notice"
             assert names_rank(res, 2), f"rank {r}'s error does not name rank 2: {res}"
@@ -108,15 +120,8 @@ def test_frozen_rank_is_declared_lost_after_spark_hvd_timeout_s(tmp_path):
     job = DirectJob(3, [PYTHON, WORKER, "freeze", str(tmp_path)],
                     env={"SPARK_HVD_TIMEOUT_S": "3"})
     try:
-        codes = job.wait(DEADLINE_S + 20, ranks=[0, 1])
-        logs = job.outputs()
-        frozen = load(tmp_path, "frozen_at")
-        assert frozen is not None, logs
-        for r in (0, 1):
-            res = load(tmp_path, f"result{r}")
-            assert res is not None, f"rank {r} did not report in time (exit {codes[r]})\n{logs}"
-            detect = res["at"] - frozen["at"]
-            print(f"rank {r}: {res['error']} {detect:.2f} s after the freeze: {res['message']}")
+        _, _, reports = survivors(job, tmp_path, "frozen_at", DEADLINE_S + 20)
+        for r, res, detect in reports:
             assert res["error"] in ("PeerLostError", "CollectiveTimeoutError"), res
             assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s"
     finally:
@@ -186,6 +191,16 @@ def test_stall_shutdown_fails_the_waiting_rank_with_collective_timeout(stall_shu
     assert 1.5 <= res["seconds"] < DEADLINE_S, res
     assert "stall.alone" in res["message"] and re.search(r"\b1\b", res["message"]), res
     assert res["tensor"] == "stall.alone" and res["ranks"] == [1], res  # the missing rank
+
+
+def test_stall_shutdown_fails_a_group_as_a_whole(stall_shutdown_job):
+    _, results = stall_shutdown_job
+    members = results[0]["group"]
+    assert len(members) == 2 and all(m == {**members[0], "tensor": m["tensor"], "at": m["at"],
+                                           "seconds": m["seconds"]} for m in members), members
+    assert members[0]["error"] == "CollectiveTimeoutError" and members[0]["ranks"] == [1], members
+    assert "grouped op 'stall.group' (2 tensors)" in members[0]["message"], members
+    assert sorted(m["tensor"] for m in members) == ["stall.group.0", "stall.group.1"], members
 
 
 def test_stall_shutdown_fails_every_stalled_rank(stall_shutdown_job):

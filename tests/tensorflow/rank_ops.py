@@ -10,7 +10,7 @@ import tensorflow as tf
 import keras
 import spark_hvd.tensorflow as hvd
 import spark_hvd.tensorflow.keras as khvd
-from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.exceptions import InvalidArgumentError, TensorMismatchError
 
 DTYPES = [tf.float32, tf.float64, tf.int32, tf.bfloat16, tf.float16]
 EXACT_EXTRA = [tf.int64, tf.uint8, tf.int8, tf.bool, tf.uint32]  # bit-exact ops only
@@ -68,6 +68,10 @@ def run_ops(dtype):
     m = tf.cast(tf.reshape(tf.range(2 * n + 1) + 1, [-1, 1]) * tf.ones([1, 2], tf.int32), dtype)
     out["reducescatter_avg"] = hvd.reducescatter(m * tf.cast(2 * (r + 1), dtype))
     out["reducescatter_sum"] = hvd.reducescatter(m, op=hvd.Sum)
+    out["grouped_allgather"] = hvd.grouped_allgather([tf.cast(rows + 10 * r, dtype),
+                                                      tf.cast(r, dtype)])
+    out["grouped_reducescatter"] = hvd.grouped_reducescatter([m, m * tf.cast(2, dtype)],
+                                                             op=hvd.Sum)
     return out
 
 
@@ -100,6 +104,8 @@ def expected_ops(dtype):
     mine = tf.reshape(tf.range(start, start + counts[r]) + 1, [-1, 1]) * tf.ones([1, 2], tf.int32)
     exp["reducescatter_avg"] = c(mine) * c(n + 1)
     exp["reducescatter_sum"] = c(mine) * c(n)
+    exp["grouped_allgather"] = [exp["allgather"], exp["allgather_scalar"]]
+    exp["grouped_reducescatter"] = [c(mine) * c(n), c(mine) * c(2 * n)]
     return exp
 
 
@@ -268,6 +274,11 @@ def op_gradients(dtype):
         loss = tf.reduce_sum(hvd.allgather(xg) * coef)
     grads["allgather"] = tape.gradient(loss, xg)
     with tf.GradientTape() as tape:
+        tape.watch(xg)
+        ys = hvd.grouped_allgather([xg, 2 * xg])
+        loss = tf.reduce_sum(ys[0] * coef) + tf.reduce_sum(ys[1] * coef)
+    grads["grouped_allgather"] = tape.gradient(loss, xg)
+    with tf.GradientTape() as tape:
         tape.watch(x)
         loss = tf.reduce_sum(hvd.broadcast(x, 0) * w)
     grads["broadcast"] = tape.gradient(loss, x)
@@ -277,6 +288,11 @@ def op_gradients(dtype):
             tape.watch(xr)
             loss = tf.reduce_sum(hvd.reducescatter(xr, op=op) * w)
         grads[f"reducescatter_{name}"] = tape.gradient(loss, xr)
+    with tf.GradientTape() as tape:
+        tape.watch(xr)
+        ys = hvd.grouped_reducescatter([xr, 3 * xr], op=hvd.Sum)
+        loss = tf.reduce_sum(ys[0] * w) + tf.reduce_sum(ys[1] * w)
+    grads["grouped_reducescatter"] = tape.gradient(loss, xr)
     xa = tf.ones([n * (n + 1) // 2, 2], dtype)
     with tf.GradientTape() as tape:
         tape.watch(xa)
@@ -307,6 +323,8 @@ def expected_gradients(dtype):
         # Horovod's: allgather of the gradient, times the size for Sum
         "reducescatter_sum": c(rs_rows) * c(n),
         "reducescatter_average": c(rs_rows),
+        "grouped_allgather": c(rows) * c(3 * tri / n),
+        "grouped_reducescatter": c(rs_rows) * c(4 * n),
         "alltoall": c(a2a),
     }
 
@@ -326,6 +344,34 @@ def check_gradients_match_closed_forms_in_tf_function():
         exp = expected_gradients(d)
         for k in exp:
             same(got[d.name][k], exp[k], f"graph {d.name} {k}", tol=1e-6)
+
+
+def check_grouped_mismatch_fails_every_member_and_frees_the_names():
+    """A member that differs on the last rank fails the whole group on every rank (not a
+    hang), and the group's names are free again at once."""
+    r, n = rn()
+    if n == 1:
+        return
+    odd = r == n - 1
+    ops = {
+        "allreduce": lambda nm: hvd.grouped_allreduce(
+            [tf.ones([3]), tf.ones([2], tf.float64 if odd else tf.float32)], name=nm),
+        "allgather": lambda nm: hvd.grouped_allgather(
+            [tf.ones([2, 3]), tf.ones([1, 4 if odd else 3])], name=nm),
+        "reducescatter": lambda nm: hvd.grouped_reducescatter(
+            [tf.ones([6, 2]), tf.ones([7 if odd else 6, 2])], name=nm),
+    }
+    errors = {}
+    for kind, call in ops.items():
+        try:
+            errors[kind] = call(f"tf.mm.{kind}")
+        except TensorMismatchError as e:
+            errors[kind] = e
+    again = hvd.grouped_allreduce([tf.ones([2]), tf.ones([3])], op=hvd.Sum, name="tf.mm.allreduce")
+    for kind, e in errors.items():
+        assert isinstance(e, TensorMismatchError), f"grouped {kind}: no mismatch error: {e}"
+        assert f"grouped op 'tf.mm.{kind}'" in str(e) and e.ranks == [0, n - 1], str(e)
+    same(again[1], tf.fill([3], float(n)), "a failed group's names used again")
 
 
 def check_xla_function_is_a_clear_error():

@@ -180,6 +180,41 @@ def check_grouped_allreduce():
     same(zs[1], torch.full((3,), float(n)), "grouped async_")
 
 
+def check_grouped_mismatch_fails_every_member_and_frees_the_names():
+    """A member that differs on the last rank (grouped allreduce, allgather,
+    reducescatter) fails every member of its group on every rank, not a hang, and the
+    group's names are free again at once."""
+    import time
+
+    r, n = rn()
+    if n == 1:
+        raise Skip("a mismatch needs 2 or more ranks")
+    odd = r == n - 1
+    groups = {
+        "allreduce": hvd.grouped_allreduce_async(
+            [torch.ones(3), torch.ones(2, dtype=torch.float64 if odd else torch.float32)],
+            name="mm.allreduce"),
+        "allgather": hvd.grouped_allgather_async(
+            [torch.ones(2, 3), torch.ones(1, 4 if odd else 3)], name="mm.allgather"),
+        "reducescatter": hvd.grouped_reducescatter_async(
+            [torch.ones(6, 2), torch.ones(7 if odd else 6, 2)], name="mm.reducescatter"),
+    }
+    deadline = time.monotonic() + 30
+    for kind, h in groups.items():
+        while not hvd.poll(h):
+            assert time.monotonic() < deadline, f"grouped {kind} with a mismatch hung"
+            time.sleep(0.005)
+        for m in h.members:
+            try:
+                hvd.synchronize(m)
+            except TensorMismatchError as e:
+                assert f"grouped op 'mm.{kind}'" in str(e) and e.ranks == [0, n - 1], str(e)
+            else:
+                raise AssertionError(f"a member of grouped {kind} did not fail")
+    again = hvd.grouped_allreduce([torch.ones(3), torch.ones(2)], op=hvd.Sum, name="mm.allreduce")
+    same(again[1], torch.full((2,), float(n)), "a failed group's names used again")
+
+
 # -- allgather -----------------------------------------------------------------
 
 def gather_piece(j, dtype, width=3):

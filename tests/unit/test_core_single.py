@@ -150,6 +150,16 @@ def test_grouped_allreduce(dt):
         same(g, x)
 
 
+def test_grouped_allgather_and_reducescatter():
+    xs = [np.arange(6, dtype=np.float32).reshape(3, 2), np.int32(7), np.zeros((0, 4))]
+    got = hvd.grouped_allgather(xs, name="single.group.ag")
+    for g, x in zip(got, xs):
+        same(g, np.reshape(x, (-1,) + np.shape(x)[1:]))  # a 0-d tensor gathers as 1-d
+    ys = [np.arange(4, dtype=np.float64), np.ones((2, 3), np.int64)]
+    for g, y in zip(hvd.grouped_reducescatter(ys, op=hvd.Sum, name="single.group.rs"), ys):
+        same(g, y)
+
+
 def test_many_async_allreduces_in_flight():
     xs = [sample(np.float32, (i % 13,), i) for i in range(200)]
     hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"single.many.{i}") for i, x in enumerate(xs)]
@@ -294,6 +304,18 @@ def test_duplicate_name_in_one_submission_is_refused_whole():
             hvd.allreduce_async(x, name="single.dup")
     assert first.work is None  # nothing was submitted
     same(hvd.allreduce(x, name="single.dup"), x)
+
+
+def test_part_of_a_group_is_refused():
+    """The controller relies on a rank submitting a group whole (csrc/engine/groups.h)."""
+    from spark_hvd import _ops
+    from spark_hvd._types import OpType, numpy_code
+
+    x = np.ones(2, np.float32)
+    with pytest.raises(hvd.InvalidArgumentError, match="'single.part'.* 1 of its tensors.* 2"):
+        _ops.submit(OpType.ALLREDUCE, "single.part.0", numpy_code(x.dtype), x.shape,
+                    x.ctypes.data, x.ctypes.data, (x,), lambda r: x, group="single.part",
+                    group_size=2)
 
 
 def test_group_with_an_invalid_member_submits_nothing():

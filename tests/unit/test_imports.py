@@ -27,10 +27,12 @@ LAYERS = (
     ("core API", ("spark_hvd", "spark_hvd._types", "spark_hvd._runtime", "spark_hvd._ops",
                   "spark_hvd._basics")),
     ("framework shims, data", ("spark_hvd.torch", "spark_hvd.tensorflow", "spark_hvd.keras",
-                               "spark_hvd.data")),
+                               "spark_hvd.mxnet", "spark_hvd.data")),
     ("runner", ("spark_hvd.runner",)),
     ("spark", ("spark_hvd.spark",)),
-    ("estimators", ("spark_hvd.estimators",)),
+    # Horovod's estimator paths (spark_hvd.spark.torch ...) give the estimators' classes.
+    ("estimators", ("spark_hvd.estimators", "spark_hvd.spark.torch", "spark_hvd.spark.keras",
+                    "spark_hvd.spark.lightning", "spark_hvd.spark.common.store")),
 )
 
 # Fresh-interpreter groups (a flat module, or a subpackage with all its modules) whose
@@ -40,6 +42,8 @@ CORE_FREE = ("spark_hvd", "spark_hvd.exceptions", "spark_hvd._config", "spark_hv
              "spark_hvd.data", "spark_hvd.runner", "spark_hvd.spark", "spark_hvd.estimators")
 REQUIRES = {"spark_hvd.torch": "torch", "spark_hvd.tensorflow": "tensorflow",
             "spark_hvd.keras": "tensorflow",
+            # MXNet 1.9 needs numpy < 1.24: only the compat env (.venv-compat) has it.
+            "spark_hvd.mxnet": "mxnet",
             "spark_hvd.estimators": "pyspark"}
 
 
@@ -68,17 +72,22 @@ def test_dependencies_point_down_the_layers():
     assert not upward, "\n".join(upward)
 
 
-def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
+def test_the_checker_sees_function_level_relative_and_type_only_imports(tmp_path,
+                                                                        monkeypatch):
+    """A function-level import one way and a type-only one back (as launch.py and
+    _elastic_launch.py had) is a cycle too."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from pkg.b import g\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nfrom . import c\n"
-                              "if TYPE_CHECKING:\n    from pkg import a\n")
-    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "b.py").write_text("from . import c\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from pkg.a import f\n")
+    (pkg / "d.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import pkg.b\n")
     monkeypatch.setattr(import_graph, "PACKAGES", {"pkg": pkg})
     graph = import_graph.build_graph()
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
+    assert graph["pkg.c"] == {"pkg.a"} and graph["pkg.d"] == {"pkg.b"}
     assert import_graph.cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
 
 

@@ -1,5 +1,5 @@
 """The one settings table (spark_hvd/settings.def): the core, spark_hvd._config and the
-README's Settings table agree on it, and no SPARK_HVD_* name is used without being
+docs/settings.md's table agree on it, and no SPARK_HVD_* name is used without being
 declared there (or in the launch contract, spark_hvd/_job/env.py). That the launchers
 read the settings without loading the core is checked in test_imports.py."""
 
@@ -33,9 +33,9 @@ def _files(*dirs):
 
 
 def _readme_rows():
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Settings\n"):]
-    lines = [ln for ln in section.splitlines()[1:] if ln.strip()]
+    text = (ROOT / "docs" / "settings.md").read_text()
+    section = text[text.index("| variable |"):]
+    lines = [ln for ln in section.splitlines() if ln.strip()]
     rows = []
     for line in lines[2:]:  # after the header and the |---| line
         if not line.startswith("|"):
@@ -47,7 +47,7 @@ def _readme_rows():
 def test_readme_settings_table_is_the_declared_table():
     expected = list(_config.readme_rows())
     assert _readme_rows() == expected, (
-        "README.md's Settings table differs from spark_hvd/settings.def; "
+        "docs/settings.md's table differs from spark_hvd/settings.def; "
         "`python -m spark_hvd._config` prints the table to paste")
 
 
@@ -155,6 +155,7 @@ _HOROVOD_ENV = {
     "HOROVOD_CONTROLLER": "GLOO", "HOROVOD_AUTOTUNE": "1",
     "HOROVOD_AUTOTUNE_LOG": "/tmp/Autotune_Log.csv", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "2",
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4", "HOROVOD_ELASTIC_TIMEOUT": "90",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_ALLGATHER": "1",
 }
 _READ_BOTH = """
 import json
@@ -184,6 +185,8 @@ def test_the_core_reads_the_horovod_aliases_like_python():
     assert values["SPARK_HVD_AUTOTUNE_WARMUP_SAMPLES"][0] == 2
     assert values["SPARK_HVD_AUTOTUNE_STEPS_PER_SAMPLE"][0] == 4
     assert values["SPARK_HVD_ELASTIC_TIMEOUT_S"][0] == 90.0
+    assert values["SPARK_HVD_HIERARCHICAL_ALLREDUCE"][0] == 1
+    assert values["SPARK_HVD_HIERARCHICAL_ALLGATHER"][0] == 1
     aliased = {s.name for s in _config.SETTINGS if s.alias in _HOROVOD_ENV}
     assert aliased == {s.name for s in _config.SETTINGS if s.alias}  # every alias tried
 

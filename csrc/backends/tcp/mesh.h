@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "backends/layout.h"
 #include "common/status.h"
 #include "common/types.h"
 #include "rendezvous/store.h"
@@ -89,14 +90,13 @@ class TcpMesh {
   Status Barrier();
 
  private:
-  class Layout;
   TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s);
 
   // Small buffers: everyone sends everything to everyone (one round trip), then
   // each rank reduces the contributions in rank order.
-  Status DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale);
+  Status DirectAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale);
   // Larger buffers: reduce-scatter then allgather around the ring, pipelined.
-  Status RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale);
+  Status RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale);
 
   // Sends/receives whole buffers to/from several peers at once.
   struct Transfer {

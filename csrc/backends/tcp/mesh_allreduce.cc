@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/host_reduce.h"
+#include "backends/layout.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
 #include "common/reduce.h"
@@ -15,10 +17,6 @@ namespace {
 
 using tcp::Clock;
 
-// Allreduces of at most this many bytes go direct (one round trip, every rank
-// receives everything); larger ones take the ring (2 (n - 1) steps, each moving
-// 1/n of the buffer).
-constexpr size_t kDirectBytes = 64 * 1024;
 // The reduce-scatter receives into a scratch ring of this size and reduces slices
 // of at least kReduceSlice bytes (or what is left of a step) as they arrive.
 constexpr size_t kScratchBytes = 4 << 20;
@@ -26,91 +24,24 @@ constexpr size_t kReduceSlice = 64 << 10;
 
 }  // namespace
 
-// The bytes of an allreduce as one logical buffer over several memory segments
-// (tensors reduced in place, without a fusion buffer).
-class TcpMesh::Layout {
- public:
-  Layout(const std::vector<Segment>& segments, size_t elem) {
-    for (const auto& seg : segments) {
-      if (seg.count <= 0) continue;
-      ptrs_.push_back(static_cast<char*>(seg.data));
-      starts_.push_back(bytes_);
-      bytes_ += static_cast<size_t>(seg.count) * elem;
-    }
-  }
-  size_t bytes() const { return bytes_; }
-
-  // fn(pointer, length) for each contiguous piece of [off, off + len).
-  template <typename F>
-  void Pieces(size_t off, size_t len, F&& fn) const {
-    size_t i = Find(off);
-    while (len > 0) {
-      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : bytes_;
-      const size_t n = std::min(len, end - off);
-      fn(ptrs_[i] + (off - starts_[i]), n);
-      off += n;
-      len -= n;
-      ++i;
-    }
-  }
-
-  // Describes [off, off + len) as at most kMaxIov entries of iov; returns how many.
-  int Iov(size_t off, size_t len, iovec* iov) const {
-    int k = 0;
-    size_t i = Find(off);
-    while (len > 0 && k < kMaxIov) {
-      const size_t end = i + 1 < starts_.size() ? starts_[i + 1] : bytes_;
-      const size_t n = std::min(len, end - off);
-      iov[k].iov_base = ptrs_[i] + (off - starts_[i]);
-      iov[k].iov_len = n;
-      ++k;
-      off += n;
-      len -= n;
-      ++i;
-    }
-    return k;
-  }
-
-  // All the bytes, packed into / unpacked from a contiguous buffer.
-  void CopyOut(char* to) const {
-    Pieces(0, bytes_, [&](char* p, size_t len) {
-      std::memcpy(to, p, len);
-      to += len;
-    });
-  }
-  void CopyIn(const char* from) const {
-    Pieces(0, bytes_, [&](char* p, size_t len) {
-      std::memcpy(p, from, len);
-      from += len;
-    });
-  }
-
-  static constexpr int kMaxIov = 64;
-
- private:
-  size_t Find(size_t off) const {
-    auto it = std::upper_bound(starts_.begin(), starts_.end(), off);
-    return static_cast<size_t>(it - starts_.begin()) - 1;
-  }
-  std::vector<char*> ptrs_;
-  std::vector<size_t> starts_;
-  size_t bytes_ = 0;
-};
-
 Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
                           double scale) {
   if (!broken_.ok()) return broken_;
   const size_t elem = DataTypeSize(dtype);
-  Layout buf(segments, elem);
+  SegmentLayout buf(segments, elem);
   if (buf.bytes() == 0) return Status::OK();
   const size_t count = buf.bytes() / elem;
-  if (buf.bytes() <= kDirectBytes || count < static_cast<size_t>(size_)) {
+  // Small buffers go direct (one round trip, every rank receives everything); larger
+  // ones take the ring (2 (n - 1) steps, each moving 1/n of the buffer). Both reduce
+  // in the order host_reduce.h defines.
+  if (ReducesDirect(buf.bytes(), count, size_)) {
     return DirectAllreduce(buf, dtype, op, scale);
   }
   return RingAllreduce(buf, dtype, op, scale);
 }
 
-Status TcpMesh::DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale) {
+Status TcpMesh::DirectAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op,
+                                double scale) {
   const size_t n = buf.bytes();
   const size_t elem = DataTypeSize(dtype);
   // Slots 0..size-1: each rank's contribution (this rank's packed here); slot size:
@@ -142,18 +73,18 @@ Status TcpMesh::DirectAllreduce(const Layout& buf, DataType dtype, ReduceOp op, 
 // Each chunk is reduced along the ring in one order, then copied to every rank,
 // so all ranks hold the same bits. Sends and allgather receives go straight from
 // and into the segments (sendmsg/recvmsg over iovecs).
-Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, double scale) {
+Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op,
+                              double scale) {
   const int n = size_;
   const size_t elem = DataTypeSize(dtype);
   const size_t count = buf.bytes() / elem;
   auto chunk_begin = [&](int c) {
     c = ((c % n) + n) % n;
-    return count * static_cast<size_t>(c) / static_cast<size_t>(n) * elem;
+    return RingChunkStart(count, c, n) * elem;
   };
   auto chunk_bytes = [&](int c) {
     c = ((c % n) + n) % n;
-    return (count * static_cast<size_t>(c + 1) / static_cast<size_t>(n) -
-            count * static_cast<size_t>(c) / static_cast<size_t>(n)) * elem;
+    return (RingChunkStart(count, c + 1, n) - RingChunkStart(count, c, n)) * elem;
   };
   const int steps = 2 * n - 2;
   auto send_chunk = [&](int k) { return k < n - 1 ? rank_ - k : rank_ + 1 - (k - (n - 1)); };
@@ -173,7 +104,7 @@ Status TcpMesh::RingAllreduce(const Layout& buf, DataType dtype, ReduceOp op, do
   size_t got = 0;          // bytes of step rk received
   size_t done = 0;         // bytes of step rk reduced (reduce-scatter) or received (allgather)
   auto last_progress = Clock::now();
-  iovec iov[Layout::kMaxIov];
+  iovec iov[SegmentLayout::kMaxIov];
 
   // Reduces received scratch bytes of step rk into buf, whole elements only.
   auto reduce_ready = [&](bool force) {

@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <sstream>
 
 #include "backends/tcp/hello.h"
@@ -48,19 +47,6 @@ constexpr double kLostCheckS = 0.5;     // how often to ask the store for lost p
 constexpr double kRetryS = 0.02;        // pause before connecting again after a failure
 
 [[noreturn]] void Throw(Status s) { throw StatusError(std::move(s)); }
-
-std::string NewToken() {
-  std::random_device rd;
-  static const char* hex = "0123456789abcdef";
-  std::string t(tcp::kTokenBytes, '0');
-  for (auto& c : t) c = hex[rd() & 15];
-  return t;
-}
-
-int MillisUntil(Clock::time_point t) {
-  const double ms = std::chrono::duration<double, std::milli>(t - Clock::now()).count();
-  return ms <= 0 ? 0 : static_cast<int>(ms) + 1;
-}
 
 // One rank's set-up: steps 1 to 4 above.
 class MeshSetup {
@@ -84,7 +70,7 @@ class MeshSetup {
   std::vector<int> Run(const std::string& bind_host) {
     int port = 0;
     tcp::FdCloser listener(tcp::Listen(bind_host, kBacklog, &port));
-    const std::string token = NewToken();
+    const std::string token = tcp::RandomHex(tcp::kTokenBytes);
     store_->Set("tcp/" + std::to_string(rank_),
                 bind_host + " " + std::to_string(port) + " " + token);
     for (int p = 0; p < rank_; ++p) ReadAddress(p);
@@ -185,7 +171,7 @@ class MeshSetup {
     const size_t first_desk = pfds.size();
     desk->AddPolls(listener, &pfds, &wake);
     owner.resize(pfds.size(), -1);
-    int rc = ::poll(pfds.data(), pfds.size(), MillisUntil(wake));
+    int rc = ::poll(pfds.data(), pfds.size(), tcp::MillisUntil(wake));
     if (rc < 0 && errno != EINTR) Throw(Status::Internal("poll: " + tcp::Errno(errno)));
     for (size_t i = 0; i < first_desk; ++i) {
       if (pfds[i].revents != 0) Advance(owner[i]);

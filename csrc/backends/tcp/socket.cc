@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <random>
 
 #include "common/status.h"
 
@@ -25,6 +26,19 @@ Clock::time_point After(double seconds) {
   return Clock::now() + std::chrono::microseconds(static_cast<int64_t>(seconds * 1e6));
 }
 
+int MillisUntil(Clock::time_point t) {
+  const double ms = std::chrono::duration<double, std::milli>(t - Clock::now()).count();
+  return ms <= 0 ? 0 : static_cast<int>(ms) + 1;
+}
+
+std::string RandomHex(size_t n) {
+  std::random_device rd;
+  static const char* hex = "0123456789abcdef";
+  std::string t(n, '0');
+  for (auto& c : t) c = hex[rd() & 15];
+  return t;
+}
+
 void SetNoDelay(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -33,6 +47,7 @@ void SetNoDelay(int fd) {
 std::string AddressString(const sockaddr* addr) {
   char host[INET6_ADDRSTRLEN] = "?";
   int port = 0;
+  if (addr->sa_family == AF_UNIX) return "a local process (Unix socket)";
   if (addr->sa_family == AF_INET6) {
     const auto* a6 = reinterpret_cast<const sockaddr_in6*>(addr);
     inet_ntop(AF_INET6, &a6->sin6_addr, host, sizeof(host));

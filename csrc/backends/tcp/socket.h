@@ -18,6 +18,9 @@ using Clock = std::chrono::steady_clock;
 std::string Errno(int err);
 double SecondsSince(Clock::time_point t);
 Clock::time_point After(double seconds);  // now + seconds
+int MillisUntil(Clock::time_point t);     // a poll timeout reaching t (0 once past)
+// `n` random hex characters (std::random_device): tokens and names others cannot guess.
+std::string RandomHex(size_t n);
 
 void SetNoDelay(int fd);
 // "1.2.3.4:5678" or "[::1]:5678".

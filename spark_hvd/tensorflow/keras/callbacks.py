@@ -7,7 +7,7 @@ from typing import Callable, Optional, Union
 import keras
 import numpy as np
 
-from spark_hvd import _ops as _np
+from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow.functions import broadcast_variables
@@ -66,8 +66,9 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not keys:
             return
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        averaged = _np.allreduce(values, op=_np.Average, name=f"MetricAverageCallback.{epoch}",
-                                 process_set=self.process_set)
+        averaged = _ops.allreduce(values, op=_ops.Average,
+                                  name=f"MetricAverageCallback.{epoch}",
+                                  process_set=self.process_set)
         logs.update(zip(keys, averaged.tolist()))
 
 
