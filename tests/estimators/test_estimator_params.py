@@ -667,3 +667,37 @@ def test_fit_reports_where_its_time_went(capsys):
                        "checkpoints": 0.75, "total": 10.0}
     clock.report("TorchEstimator", verbose=0)
     assert capsys.readouterr().out == ""
+
+
+def test_a_rank_imports_no_pyspark(tmp_path):
+    """What a rank unpickles and runs (a TrainConfig with its DataMeta and Store, the
+    trainers) imports no pyspark: ``pyspark.ml``, which DataMeta's old module imported, took
+    1-3 s of every rank's start."""
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    from spark_hvd.estimators._trainer_common import TrainConfig
+    from spark_hvd.estimators.materialize import ColumnMeta, DataMeta
+    store = LocalStore(str(tmp_path))
+    meta = DataMeta(key="k", train_path=store.join("t"), val_path=None, train_rows=4,
+                    val_rows=0, columns={"x": ColumnMeta("x", "float32", (3,), "array",
+                                                         "array<float>", None)},
+                    feature_cols=["x"], label_cols=[], sample_weight_col=None, num_proc=2,
+                    store=store)
+    config = TrainConfig(
+        run_id="r", store=store, meta=meta, objects=b"", feature_cols=["x"], label_cols=[],
+        sample_weight_col=None, input_shapes=None, label_shapes=None, loss_weights=None,
+        batch_size=2, val_batch_size=2, epochs=1, train_steps_per_epoch=None,
+        validation_steps_per_epoch=None, shuffle=False, shuffle_buffer_size=None, seed=0,
+        backward_passes_per_step=1, use_gpu=False, verbose=0, terminate_on_nan=True)
+    code = ("import pickle, sys\n"
+            "config = pickle.loads(sys.stdin.buffer.read())\n"
+            "assert config.meta.columns['x'].shape == (3,)\n"
+            "import spark_hvd.estimators._trainer_torch, spark_hvd.estimators._trainer_common\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(config),
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().strip() == "[]", proc.stdout.decode()
