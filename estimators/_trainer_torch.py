@@ -163,11 +163,15 @@ def read_checkpoint(store: Any, run_id: str, which: str = LAST_CHECKPOINT,
     return state
 
 
-def _write_checkpoint(store: Any, run_id: str, which: str, state: Dict[str, Any]) -> None:
+def _write_checkpoint(store: Any, run_id: str, which: Any, state: Dict[str, Any]) -> None:
+    """``state`` serialized once and written atomically as each checkpoint of ``which``
+    (a name, or several: ``last.pt`` and ``best.pt`` hold the same bytes)."""
     import torch
     buf = io.BytesIO()
     torch.save(state, buf)
-    store.write_bytes_atomic(checkpoint_file(store, run_id, which), buf.getvalue())
+    data = buf.getvalue()
+    for name in ([which] if isinstance(which, str) else which):
+        store.write_bytes_atomic(checkpoint_file(store, run_id, name), data)
 
 
 def _pick_device(use_gpu: Optional[bool], hvd: Any) -> Any:
@@ -315,9 +319,8 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                              model={k: v.detach().cpu() for k, v in model.state_dict().items()},
                              optimizer=optimizer.state_dict(),
                              scheduler=scheduler.state_dict() if scheduler is not None else None)
-                _write_checkpoint(config.store, config.run_id, LAST_CHECKPOINT, state)
-                if improved:
-                    _write_checkpoint(config.store, config.run_id, BEST_CHECKPOINT, state)
+                _write_checkpoint(config.store, config.run_id,
+                                  [LAST_CHECKPOINT] + [BEST_CHECKPOINT] * improved, state)
                 write_history(config.store, config.run_id, epoch + 1, record.history)
                 if events is not None:
                     events.add_epoch(epoch, logs)
