@@ -95,8 +95,9 @@ test-compat: compat apt-test
 # this checkout, then `auditwheel repair`, which grafts the libraries the core needs (Gloo's)
 # into the wheel and tags it manylinux. Built without the MPI backend: libmpi must be the
 # cluster's own, and a wheel linked to this machine's would not load without it. The CMake
-# build folder is the editable install's, so only the units that depend on the MPI switch
-# (registry.cc, bindings.cc) compile again. tests/wheel/ installs it into a fresh venv.
+# build folder is the editable install's, and MPI's flags touch only the MPI backend and the
+# module (CMakeLists.txt), so the wheel recompiles a few units, not the core (each switch
+# back and forth: about 25 s of CPU). tests/wheel/ installs it into a fresh venv.
 WHEEL_DIR := dist
 STAMP_WHEEL := $(WHEEL_DIR)/.built
 PY_SOURCES := $(shell find spark_hvd estimators -name '*.py' -o -name '*.def' -o -name '*.pyi')

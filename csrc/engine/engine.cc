@@ -117,6 +117,15 @@ void Engine::Connect() {
     global->comms.push_back({b, b == control ? std::move(control_comm) : b->Connect(bo)});
     if (b == control) control_ = global->comms.back().comm.get();
   }
+  // A communicator ahead of the control plane's that can carry the exchange in this job
+  // (shm, when every rank shares a host) takes it over.
+  for (const auto& link : global->comms) {
+    if (link.comm.get() == control_) break;
+    if (link.comm->CarriesControl()) {
+      control_ = link.comm.get();
+      break;
+    }
+  }
   sets_.Add(std::move(global));
 }
 

@@ -100,7 +100,7 @@ class Engine {
   Autotuner tuner_;
   CacheStats cache_stats_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
-                                     // backend that can carry it
+                                     // backend that can carry it (CarriesControl)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

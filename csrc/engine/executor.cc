@@ -67,18 +67,19 @@ Status Executor::Execute(const Response& r) {
                        e->enqueue_us, start);
     }
   }
-  std::vector<void*> streams;
-  int32_t device = -1;
+  DeviceInputs inputs;
   for (const auto& e : es) {
     if (!e) continue;
-    device = e->req.device;
-    // A GPU tensor's producing stream, the null (legacy default) stream included: a
-    // backend's own non-blocking stream does not wait for it by itself.
-    if (device >= 0 && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
-      streams.push_back(e->stream);
+    inputs.device = e->req.device;
+    if (inputs.device < 0) continue;
+    // A backend's own stream waits for each input's ready event (recorded on its producer
+    // stream, the null one included, at submit), not for what was queued there since.
+    if (e->ready) inputs.ready.push_back(e->ready.get());
+    if (std::find(inputs.streams.begin(), inputs.streams.end(), e->stream) == inputs.streams.end()) {
+      inputs.streams.push_back(e->stream);
     }
   }
-  Status s = comm->Prepare(device, streams);
+  Status s = comm->Prepare(inputs);
   if (!s.ok()) {
     fail_all(s);
     return s;

@@ -14,6 +14,18 @@ void Completions::Complete(OpState& state, Status status) {
   cv_.notify_all();
 }
 
+void Completions::Complete(std::shared_ptr<OpState> state, Status status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!state->done) {
+      state->status = std::move(status);
+      state->done = true;
+    }
+    state.reset();  // before any waiter runs (see op_state.h)
+  }
+  cv_.notify_all();
+}
+
 bool Completions::Done(const OpState& state) {
   std::lock_guard<std::mutex> lock(mu_);
   return state.done;

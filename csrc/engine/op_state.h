@@ -35,6 +35,10 @@ class Completions {
  public:
   // Marks the op done with `status` (only the first call counts) and wakes waiters.
   void Complete(OpState& state, Status status);
+  // The same, dropping this reference to the op before any waiter can run: a waiter that
+  // then drops its own frees what the op holds (a GPU output back in its pool) at once,
+  // on its own thread, before it can submit the next op.
+  void Complete(std::shared_ptr<OpState> state, Status status);
   bool Done(const OpState& state);
   // Waits up to timeout_s (< 0: forever). Returns false on timeout.
   bool Wait(const OpState& state, double timeout_s);

@@ -7,6 +7,7 @@ fit with that descent run here (one fit, not two: CI time; the arrow reader's fi
 tests/estimators')."""
 
 import numpy as np
+import pytest
 
 
 def _fit(spark, df, store, reader, **kw):
@@ -52,3 +53,23 @@ def test_petastorm_reader_fits_as_full_batch_descent(spark, tmp_path):
         want = want.detach().numpy()
         assert not np.allclose(want, before)
         assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+
+
+def test_petastorm_reader_on_a_store_it_cannot_read_is_refused_before_any_work(tmp_path):
+    import pyarrow.fs as pafs
+    import torch
+
+    from spark_hvd.estimators import LocalStore, TorchEstimator
+    from spark_hvd.exceptions import InvalidArgumentError
+
+    class RemoteStore(LocalStore):  # a store on another filesystem than the local one
+        @property
+        def filesystem(self):
+            return pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+
+    net = torch.nn.Linear(4, 1)
+    est = TorchEstimator(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                         loss=torch.nn.functional.mse_loss, feature_cols=["features"],
+                         label_cols=["y"], store=RemoteStore(str(tmp_path)), reader="petastorm")
+    with pytest.raises(InvalidArgumentError, match="reader='petastorm' reads a local store"):
+        est._check_params(est._values())

@@ -2,8 +2,10 @@
 trainer and the model: no Spark session, no Spark job."""
 
 import io
+import sys
 
 import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -133,6 +135,12 @@ def test_param_checks(change, needle):
     with pytest.raises(InvalidArgumentError) as err:
         est._check_params(p)
     assert needle in str(err.value)
+
+
+def test_petastorm_reader_that_does_not_import_is_refused_before_any_work(monkeypatch):
+    monkeypatch.setitem(sys.modules, "petastorm", None)  # as in the main env: no petastorm
+    with pytest.raises(ImportError, match=r"petastorm 0\.13\.1.*make compat"):
+        TorchEstimator()._check_params(_values(reader="petastorm"))
 
 
 def test_optimizer_of_another_model_is_refused():

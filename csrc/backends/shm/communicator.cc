@@ -108,6 +108,11 @@ Status ShmCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
 
 Status ShmCommunicator::Allgatherv(const void* in, void* out,
                                    const std::vector<int64_t>& bytes_per_rank) {
+  return Gather(in, out, bytes_per_rank, "allgather");
+}
+
+Status ShmCommunicator::Gather(const void* in, void* out,
+                               const std::vector<int64_t>& bytes_per_rank, const char* what) {
   const size_t n = bytes_per_rank.size();
   std::vector<size_t> offset(n + 1, 0);
   for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + static_cast<size_t>(bytes_per_rank[r]);
@@ -120,11 +125,11 @@ Status ShmCommunicator::Allgatherv(const void* in, void* out,
   const size_t slot = group_->slot_bytes();
   for (size_t a = 0; a < most; a += slot) {
     uint64_t g;
-    Status s = group_->Next("allgather", &g);
+    Status s = group_->Next(what, &g);
     if (!s.ok()) return s;
     if (a < mine) std::memcpy(group_->slot(rank_, g), dst + offset[rank_] + a, std::min(slot, mine - a));
     group_->Post(shm::Counter::kStarted, g);
-    s = group_->Wait(shm::Counter::kStarted, g, "allgather");
+    s = group_->Wait(shm::Counter::kStarted, g, what);
     if (!s.ok()) return s;
     for (size_t r = 0; r < n; ++r) {
       const size_t theirs = static_cast<size_t>(bytes_per_rank[r]);
@@ -137,7 +142,8 @@ Status ShmCommunicator::Allgatherv(const void* in, void* out,
 }
 
 Status ShmCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes) {
-  return Allgatherv(in, out, std::vector<int64_t>(members_.size(), bytes));
+  // The engine's per-cycle exchange (and alltoall's sizes).
+  return Gather(in, out, std::vector<int64_t>(members_.size(), bytes), "exchange");
 }
 
 Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,

@@ -74,6 +74,8 @@ class ShmCommunicator : public Communicator {
   const char* name() const override { return "shm"; }
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
+  // Every member shares this host: the engine's per-cycle exchange runs here too.
+  bool CarriesControl() const override { return true; }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
   Status Allreduce(const ReduceArgs& args) override;
@@ -95,6 +97,9 @@ class ShmCommunicator : public Communicator {
   Status AllgatherPieces(const SegmentLayout& buf, size_t count, DataType dtype);
 
  private:
+  // Allgatherv, its waits named `what`.
+  Status Gather(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank,
+                const char* what);
   // allreduce.cc
   Status ReduceSegments(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
                         double scale);
