@@ -682,7 +682,6 @@ def test_a_rank_imports_no_pyspark(tmp_path):
     trainers) imports no pyspark: ``pyspark.ml``, which DataMeta's old module imported, took
     1-3 s of every rank's start."""
     import subprocess
-    import sys
 
     import cloudpickle
 
