@@ -68,18 +68,24 @@ VENV_COMPAT := .venv-compat
 CPY := $(VENV_COMPAT)/bin/python
 COMPAT_NO_DEPS := torch==2.13.0+cpu
 STAMP_COMPAT := $(VENV_COMPAT)/.compat-stamp
+STAMP_CHECKOUT := $(VENV_COMPAT)/.checkout-stamp
 
 $(STAMP_COMPAT): requirements/compat.txt | $(VPY)
 	rm -rf $(VENV_COMPAT)
 	$(PY) -m venv $(VENV_COMPAT)
 	$(CPY) -m pip install -q -r requirements/compat.txt
 	$(CPY) -m pip install -q --no-deps $(COMPAT_NO_DEPS)
-	echo "$(CURDIR)" > "$$($(CPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/spark_hvd_checkout.pth"
+	touch $@
+
+$(STAMP_CHECKOUT): $(STAMP_COMPAT) requirements/spark_hvd_checkout.py
+	site="$$($(CPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	cp requirements/spark_hvd_checkout.py "$$site/"; \
+	printf '%s\nimport spark_hvd_checkout; spark_hvd_checkout.install(%s)\n' "$(CURDIR)" "'$(CURDIR)'" > "$$site/spark_hvd_checkout.pth"
 	printf '#!%s\nfrom spark_hvd.runner.launch import main\nmain()\n' "$(CURDIR)/$(CPY)" > $(VENV_COMPAT)/bin/spark-hvdrun
 	chmod +x $(VENV_COMPAT)/bin/spark-hvdrun
 	touch $@
 
-compat: $(STAMP_BUILD) $(STAMP_COMPAT)
+compat: $(STAMP_BUILD) $(STAMP_CHECKOUT)
 
 # tests/compat_env runs in the compat environment only (its conftest ignores it elsewhere).
 test-compat: compat apt-test
@@ -89,8 +95,9 @@ test-compat: compat apt-test
 # this checkout, then `auditwheel repair`, which grafts the libraries the core needs (Gloo's)
 # into the wheel and tags it manylinux. Built without the MPI backend: libmpi must be the
 # cluster's own, and a wheel linked to this machine's would not load without it. The CMake
-# build folder is the editable install's, so only the units that depend on the MPI switch
-# (registry.cc, bindings.cc) compile again. tests/wheel/ installs it into a fresh venv.
+# build folder is the editable install's, and MPI's flags touch only the MPI backend and the
+# module (CMakeLists.txt), so the wheel recompiles a few units, not the core (each switch
+# back and forth: about 25 s of CPU). tests/wheel/ installs it into a fresh venv.
 WHEEL_DIR := dist
 STAMP_WHEEL := $(WHEEL_DIR)/.built
 PY_SOURCES := $(shell find spark_hvd estimators -name '*.py' -o -name '*.def' -o -name '*.pyi')
@@ -142,7 +149,11 @@ DURATIONS := 25
 # each group's wall time is printed after it (`== <group>: N s`).
 LANE_2_LOG := build/test-lane-2.log
 
+# spark_hvd's TensorFlow kernels are compiled on first use and cached (per TensorFlow version
+# and source); built here first, so that no rank job of the suite waits for the compiler.
 test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
+	@if $(VPY) -c "import tensorflow" 2>/dev/null; then \
+	  echo "== TensorFlow kernels"; $(VPY) -m spark_hvd.tensorflow.build_kernels || exit 1; fi
 	@group() { case "$$1" in \
 	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
 	    compat_env) echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
