@@ -499,6 +499,9 @@ class _Job:
             if kind == "report":
                 rank, report = event[1], event[2]
                 reports[rank] = report
+                # Its child has ended: if before init() registered it, the others' init
+                # fails naming it rather than waiting out the start timeout.
+                self.server.rank_ended(rank, why="its Spark task's child ended")
                 if not _failures.ok(report):
                     return ("rank", rank)
                 try:
