@@ -28,7 +28,7 @@ STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt apt-test apt-install venv compat test test-compat demo bench clean
+.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench clean wheel docs
 
 setup: apt $(STAMP_BUILD)
 
@@ -85,9 +85,34 @@ compat: $(STAMP_BUILD) $(STAMP_COMPAT)
 test-compat: compat apt-test
 	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider $(PYTEST_ARGS)
 
+# The wheel for `pip install` on a cluster (docs/databricks.md): `python -m build --wheel` of
+# this checkout, then `auditwheel repair`, which grafts the libraries the core needs (Gloo's)
+# into the wheel and tags it manylinux. Built without the MPI backend: libmpi must be the
+# cluster's own, and a wheel linked to this machine's would not load without it. The CMake
+# build folder is the editable install's, so only the units that depend on the MPI switch
+# (registry.cc, bindings.cc) compile again. tests/wheel/ installs it into a fresh venv.
+WHEEL_DIR := dist
+STAMP_WHEEL := $(WHEEL_DIR)/.built
+PY_SOURCES := $(shell find spark_hvd estimators -name '*.py' -o -name '*.def' -o -name '*.pyi')
+
+wheel: $(STAMP_WHEEL)
+
+$(STAMP_WHEEL): $(STAMP_DEPS) $(CORE_SOURCES) $(PY_SOURCES) README.md
+	rm -rf $(WHEEL_DIR) build/wheel-raw
+	SPARK_HVD_WITHOUT_MPI=1 $(VPY) -m build --wheel --no-isolation --skip-dependency-check \
+	  --outdir build/wheel-raw .
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VPY) -m auditwheel repair \
+	  --wheel-dir $(WHEEL_DIR) build/wheel-raw/spark_hvd-*.whl
+	touch $@
+
+# The documentation site (MkDocs, Material theme) from docs/ into site/; --strict: a broken
+# link or API reference fails the build (`make test` runs it, so CI does too).
+docs: $(STAMP_DEPS)
+	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict --site-dir site
+
 # Suites that start a SparkSession run in their own pytest process (one JVM each:
 # a local-cluster session and a local[N] one cannot share a driver).
-TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic" "tests/spark" "tests/estimators"
+TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic" "tests/spark" "tests/estimators" "tests/wheel"
 
 # npm as the machine has it, or Debian's nodejs and npm where it has none.
 $(STAMP_AZURITE):
@@ -101,31 +126,43 @@ $(STAMP_NVIDIA): | $(VPY)
 	$(VPY) -m pip install -q --no-deps --target $(NVIDIA_LIBS)/cu13 $(NVIDIA_CU13)
 	touch $@
 
+# Each group lists its slowest tests at the end (where CI's time goes).
+DURATIONS := 25
+
 test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
-	@status=0; for group in $(TEST_GROUPS); do \
+	@status=0; $(MAKE) --no-print-directory docs || status=1; for group in $(TEST_GROUPS); do \
 	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
 	  [ -n "$$dirs" ] || continue; \
 	  echo "== pytest$$dirs"; \
-	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider $(PYTEST_ARGS) || status=1; \
+	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider --durations=$(DURATIONS) $(PYTEST_ARGS) \
+	    || status=1; \
 	done; \
 	echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
-	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider $(PYTEST_ARGS) || status=1; \
+	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
+	  $(PYTEST_ARGS) || status=1; \
 	exit $$status
+
+# Day-to-day: the groups without Spark, multi-rank tests at one rank count (FAST_NP;
+# tests/conftest.py's --np). CI runs `make test`.
+FAST_NP ?= 2
+FAST_DIRS := tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic
+
+test-fast: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
+	$(VPY) -m pytest $(FAST_DIRS) -q -p no:cacheprovider --np=$(FAST_NP) --durations=$(DURATIONS) \
+	  $(PYTEST_ARGS)
 
 demo: setup
 	$(VPY) examples/demo.py
 
-# Every benchmark of the README's table, one after the other (each prints its own
+# Every benchmark of docs/benchmarks.md's table, one after the other (each prints its own
 # side-by-side ratios); BENCH=name runs one, e.g. `make bench BENCH=torch_step`.
 BENCHES := allreduce torch_step keras_step spark_launch reader transform fit_e2e
 BENCH ?= $(BENCHES)
 
 bench: setup
 	@for b in $(BENCH); do echo "== bench/$$b.py"; \
-	  if [ $$b = allreduce ]; then \
-	    PYTHONPATH=. $(VPY) -m spark_hvd.runner -np 2 $(VPY) bench/allreduce.py || exit 1; \
-	  else PYTHONPATH=. $(VPY) bench/$$b.py || exit 1; fi; \
+	  PYTHONPATH=. $(VPY) bench/$$b.py || exit 1; \
 	done
 
 clean:
-	rm -rf build *.egg-info spark_hvd/_core*.so $(VENV_COMPAT)
+	rm -rf build *.egg-info spark_hvd/_core*.so $(WHEEL_DIR) site $(VENV_COMPAT)

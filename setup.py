@@ -3,8 +3,9 @@
 CMake, ninja and pybind11 come from pyproject.toml's build requirements, so ``pip install .``
 needs no system packages beyond a C++ compiler; a cmake or ninja of the system is used when
 the build environment has none (``--no-build-isolation`` without them). Optional backends
-are CMake options (CMakeLists.txt): SPARK_HVD_WITHOUT_GLOO=1 / SPARK_HVD_WITHOUT_MPI=1 turn
-them off; left on, each is built when CMake finds its library.
+are CMake options (CMakeLists.txt): SPARK_HVD_WITHOUT_GLOO=1 / SPARK_HVD_WITHOUT_MPI=1 /
+SPARK_HVD_WITHOUT_NCCL=1 turn them off; left on, Gloo and MPI are built when CMake finds
+their library, NCCL always (it is loaded at run time).
 """
 
 import os
@@ -19,7 +20,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = Path(__file__).resolve().parent
 # (CMake option, environment variable that turns it off)
 OPTIONAL_BACKENDS = (("SPARK_HVD_WITH_GLOO", "SPARK_HVD_WITHOUT_GLOO"),
-                     ("SPARK_HVD_WITH_MPI", "SPARK_HVD_WITHOUT_MPI"))
+                     ("SPARK_HVD_WITH_MPI", "SPARK_HVD_WITHOUT_MPI"),
+                     ("SPARK_HVD_WITH_NCCL", "SPARK_HVD_WITHOUT_NCCL"))
 
 
 def build_tool(name: str) -> str | None:

@@ -1,14 +1,18 @@
-"""float32 allreduce: spark_hvd vs torch.distributed (gloo), side by side in the same run.
+"""float32 allreduce: spark_hvd on shm, tcp and Open MPI vs torch.distributed (gloo).
 
-Launch (rank 0 prints the table)::
+Run (the driver launches one job per backend and prints one table)::
 
-    python -m spark_hvd.runner -np 2 python bench/allreduce.py [--max-size 64MiB]
+    python bench/allreduce.py [--np 2] [--backends shm,tcp,mpi] [--max-size 64MiB]
 
-Every rank process initializes both spark_hvd and torch.distributed (gloo, TCP on
-127.0.0.1, MASTER_PORT picked by rank 0 and shared through spark_hvd). For each size
+Each job (``spark-hvdrun -np N python bench/allreduce.py --worker``; ``--mpi`` for the
+``mpi`` backend, i.e. Open MPI's own shared-memory transport under ``mpirun``, where
+openmpi-bin is installed) initializes both spark_hvd and torch.distributed (gloo, TCP
+on 127.0.0.1, MASTER_PORT picked by rank 0 and shared through spark_hvd). For each size
 the two libraries alternate: warmup, then ``--rounds`` rounds of [spark_hvd block,
-torch block], each block N iterations (N scaled by size). A block's time is the
-slowest rank's; the reported time per op is the median over rounds.
+torch block], each block N iterations (N scaled by size). A block's time is the slowest
+rank's; reported per size are the min and the median over rounds. Every job measures
+torch gloo again; the ratios use the torch gloo of the same job (the same minutes of
+load), and the backends' ratios to each other their medians.
 
 Columns follow nccl-tests: algbw = bytes / time, busbw = algbw * 2 (n - 1) / n.
 Then "200 async allreduces of 4 KiB": spark_hvd enqueues all 200 and synchronizes;
@@ -19,10 +23,13 @@ async_op=True then waits on them all.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
 
@@ -31,6 +38,8 @@ import numpy as np
 import spark_hvd as hvd
 from spark_hvd import _config
 
+MARK = "@@ALLREDUCE "
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB, MiB = 1024, 1024 * 1024
 SIZES = [4, 64, KiB, 16 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB,
          256 * MiB]
@@ -124,7 +133,8 @@ class Bench:
             ours.append(self.time_hvd(x, iters, name))
             theirs.append(self.time_torch(t, iters))
         return {"bytes": nbytes, "iters": iters, "hvd": statistics.median(ours),
-                "torch": statistics.median(theirs)}
+                "torch": statistics.median(theirs), "hvd_min": min(ours),
+                "torch_min": min(theirs)}
 
     def burst(self) -> dict:
         n = BURST_BYTES // 4
@@ -174,8 +184,103 @@ def busbw(nbytes: int, seconds: float, n: int) -> float:
     return nbytes / seconds * (2 * (n - 1) / n if n > 1 else 1.0)
 
 
+def worker(args) -> None:
+    """One job: prints its table (rank 0) and each row as a MARK line for the driver."""
+    b = Bench(args)
+    out = print if b.rank == 0 else (lambda *a, **k: None)
+    n = b.size
+    cpu = _config.cpu_operations() or _config.gloo_data_plane()
+    backend = "mpi" if hvd.mpi_enabled() else (cpu or "shm")
+    out(f"# float32 allreduce, {n} ranks: spark_hvd ({backend} backend) vs torch.distributed "
+        f"{b.torch.__version__} (gloo); median of {args.rounds} alternating rounds")
+    out(f"{'size':>10} {'iters':>6} | {'hvd us':>10} {'busbw':>7} | {'torch us':>10} "
+        f"{'busbw':>7} | {'hvd/torch busbw':>15}")
+    for nbytes in [s for s in SIZES if args.min_size <= s <= args.max_size]:
+        row = b.size_row(nbytes)
+        h, t = row["hvd"], row["torch"]
+        out(f"{human(nbytes):>10} {row['iters']:>6} | {h * 1e6:>10.1f} "
+            f"{busbw(nbytes, h, n) / 1e9:>7.3f} | {t * 1e6:>10.1f} "
+            f"{busbw(nbytes, t, n) / 1e9:>7.3f} | {t / h:>14.2f}x", flush=True)
+        out(MARK + json.dumps(dict(row, backend=backend, ranks=n)), flush=True)
+    r = b.burst()
+    out(f"# {BURST_N} allreduces of {human(BURST_BYTES)}: spark_hvd async {r['hvd'] * 1e3:.2f} ms, "
+        f"torch one by one {r['torch'] * 1e3:.2f} ms, torch async {r['torch_async'] * 1e3:.2f} ms")
+    out(MARK + json.dumps({"burst": r, "backend": backend, "ranks": n}), flush=True)
+    b.close()
+
+
+def launch(backend: str, args) -> tuple:
+    """One job on `backend`: its size rows and its burst."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p), OMP_NUM_THREADS="1")
+    flags = ["--mpi"] if backend == "mpi" else []
+    if backend != "mpi":
+        env[_config.CPU_OPERATIONS_ENV_VAR] = backend
+    cmd = [sys.executable, "-m", "spark_hvd.runner", *flags, "-np", str(args.np),
+           sys.executable, os.path.abspath(__file__), "--worker",
+           "--max-size", str(args.max_size), "--min-size", str(args.min_size),
+           "--rounds", str(args.rounds), "--iters-scale", str(args.iters_scale)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    rows, burst = {}, None
+    for line in proc.stdout.splitlines():
+        _, sep, payload = line.partition(MARK)
+        if sep:
+            rec = json.loads(payload)
+            if "burst" in rec:
+                burst = rec["burst"]
+            else:
+                rows[rec["bytes"]] = rec
+    if proc.returncode != 0 or burst is None:
+        raise SystemExit(f"the {backend} job failed (exit {proc.returncode}):\n"
+                         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return rows, burst
+
+
+def driver(args) -> None:
+    backends = [b for b in args.backends.split(",") if b]
+    if "mpi" in backends and (shutil.which("mpirun") is None or not hvd.mpi_built()):
+        print("# mpi left out: no mpirun on PATH or spark_hvd built without MPI")
+        backends.remove("mpi")
+    print(f"# float32 allreduce, {args.np} ranks on {os.cpu_count()} cores (load average "
+          f"{os.getloadavg()[0]:.1f}{', oversubscribed' if args.np > os.cpu_count() else ''})"
+          f"; one job per backend: {', '.join(backends)}; each vs torch gloo in the same job; "
+          f"min / median of {args.rounds} rounds")
+    print("# busbw = algbw * 2(n-1)/n in GB/s; ratios of medians: busbw over torch gloo's in "
+          "the same job, and over the other backends'")
+    runs = {b: launch(b, args) for b in backends}
+    head = " | ".join(f"{b + ' busbw min/med':>20}" for b in backends)
+    ratios = " ".join(f"{b + '/torch':>10}" for b in backends)
+    first = backends[0]
+    others = " ".join(f"{first + '/' + b:>9}" for b in backends[1:])
+    print(f"{'size':>8} | {head} | {'torch gloo':>20} | {ratios} {others}")
+    for nbytes in sorted(runs[first][0]):
+        cells, vs_torch, med = [], [], {}
+        for b in backends:
+            row = runs[b][0][nbytes]
+            med[b] = busbw(nbytes, row["hvd"], args.np)
+            best = busbw(nbytes, row["hvd_min"], args.np)
+            cells.append(f"{best / 1e9:>9.3f} / {med[b] / 1e9:>8.3f}")
+            vs_torch.append(f"{row['torch'] / row['hvd']:>9.2f}x")
+        t = runs[first][0][nbytes]
+        tcell = (f"{busbw(nbytes, t['torch_min'], args.np) / 1e9:>9.3f} / "
+                 f"{busbw(nbytes, t['torch'], args.np) / 1e9:>8.3f}")
+        vs = " ".join(f"{med[first] / med[b]:>8.2f}x" for b in backends[1:])
+        print(f"{human(nbytes):>8} | {' | '.join(cells)} | {tcell} | {' '.join(vs_torch)} {vs}")
+    print(f"# latency of one 4 B allreduce through the API (median): " + ", ".join(
+        f"{b} {runs[b][0][4]['hvd'] * 1e6:.0f} us" for b in backends if 4 in runs[b][0])
+        + f"; torch gloo {runs[first][0][4]['torch'] * 1e6:.0f} us" if 4 in runs[first][0] else "")
+    for b in backends:
+        r = runs[b][1]
+        print(f"# {BURST_N} x {human(BURST_BYTES)} async on {b}: {r['hvd'] * 1e3:.2f} ms; torch "
+              f"gloo one by one {r['torch'] * 1e3:.2f} ms ({r['torch'] / r['hvd']:.1f}x), async "
+              f"{r['torch_async'] * 1e3:.2f} ms ({r['torch_async'] / r['hvd']:.1f}x)")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--np", type=int, default=2, help="ranks per job (default 2)")
+    p.add_argument("--backends", default="shm,tcp,mpi",
+                   help="spark_hvd CPU backends, one job each (default shm,tcp,mpi)")
     p.add_argument("--max-size", type=parse_size, default=256 * MiB,
                    help="largest message, e.g. 64MiB (default 256MiB)")
     p.add_argument("--min-size", type=parse_size, default=0,
@@ -183,33 +288,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size")
     p.add_argument("--iters-scale", type=float, default=1.0,
                    help="multiplies the iterations per block")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    b = Bench(args)
-    out = print if b.rank == 0 else (lambda *a, **k: None)
-    n = b.size
-    cpu = _config.cpu_operations() or _config.gloo_data_plane()
-    backend = "mpi backend" if hvd.mpi_enabled() else f"{cpu or 'tcp'} backend"
-    out(f"# float32 allreduce, {n} ranks: spark_hvd ({backend}"
-        f") vs torch.distributed {b.torch.__version__} (gloo); median of {args.rounds} "
-        "alternating rounds")
-    out(f"# busbw = algbw * 2(n-1)/n; GB/s = 1e9 B/s")
-    out(f"{'size':>10} {'iters':>6} | {'hvd us':>10} {'algbw':>7} {'busbw':>7} | "
-        f"{'torch us':>10} {'algbw':>7} {'busbw':>7} | {'hvd/torch busbw':>15}")
-    for nbytes in [s for s in SIZES if args.min_size <= s <= args.max_size]:
-        row = b.size_row(nbytes)
-        h, t = row["hvd"], row["torch"]
-        out(f"{human(nbytes):>10} {row['iters']:>6} | {h * 1e6:>10.1f} "
-            f"{nbytes / h / 1e9:>7.3f} {busbw(nbytes, h, n) / 1e9:>7.3f} | {t * 1e6:>10.1f} "
-            f"{nbytes / t / 1e9:>7.3f} {busbw(nbytes, t, n) / 1e9:>7.3f} | {t / h:>14.2f}x")
-        sys.stdout.flush()
-    r = b.burst()
-    out(f"\n# {BURST_N} allreduces of {human(BURST_BYTES)} (median of {max(5, args.rounds)})")
-    out(f"spark_hvd, {BURST_N} async then synchronize: {r['hvd'] * 1e3:9.2f} ms")
-    out(f"torch gloo, one by one (blocking):     {r['torch'] * 1e3:9.2f} ms   "
-        f"speedup {r['torch'] / r['hvd']:.1f}x")
-    out(f"torch gloo, async_op=True then wait:   {r['torch_async'] * 1e3:9.2f} ms   "
-        f"speedup {r['torch_async'] / r['hvd']:.1f}x")
-    b.close()
+    if args.worker:
+        worker(args)
+    else:
+        driver(args)
     return 0
 
 

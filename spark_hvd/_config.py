@@ -13,7 +13,7 @@ the settings without loading the native core, and defines for each setting
 A setting Horovod has too names Horovod's variable (``Setting.alias``, e.g.
 ``HOROVOD_CYCLE_TIME``), read when the ``SPARK_HVD_`` one is unset, as the core does.
 
-``python -m spark_hvd._config`` prints the README's Settings table.
+``python -m spark_hvd._config`` prints the settings table of docs/settings.md.
 """
 
 from __future__ import annotations
@@ -143,13 +143,13 @@ def _format_default(setting: Setting) -> str:
 
 
 def readme_rows() -> Tuple[Tuple[str, str, str, str], ...]:
-    """The README's Settings rows: (`variable`, default, meaning, `Horovod alias`)."""
+    """The rows of docs/settings.md's table: (`variable`, default, meaning, `Horovod alias`)."""
     return tuple((f"`{s.name}`", _format_default(s), s.meaning,
                   f"`{s.alias}`" if s.alias else "") for s in SETTINGS)
 
 
 def readme_table() -> str:
-    """The README's Settings table, in Markdown."""
+    """docs/settings.md's table, in Markdown."""
     lines = ["| variable | default | meaning | Horovod's name |", "|---|---|---|---|"]
     lines += ["|" + "|".join(f" {cell} " if cell else " " for cell in row) + "|"
               for row in readme_rows()]

@@ -69,11 +69,21 @@ class _Store(Protocol):
     def get(self, key: str, timeout_s: float) -> bytes: ...
     def wait(self, keys: List[str], timeout_s: float) -> None: ...
 
-# (op, name, dtype, shape, input address, output address, reduce_op, prescale,
-#  postscale, root, process_set, device, splits, group, group_size, owner): owner is
-# the object that keeps the addresses valid; the core holds it until the op is done.
-OpSpec = Tuple[int, str, int, Sequence[int], int, int, int, float, float, int, int, int,
-               Sequence[int], str, int, Any]
+class Op:
+    """One op to enqueue, with keyword fields only: input/output are addresses, owner the
+    object that keeps them valid (the core holds it until the op is done with it),
+    stream the CUDA stream that produced a device input (0: the default stream). A
+    device op (device >= 0) records its ready event on that stream here, at submit;
+    the calling thread's current CUDA device must be ``device``."""
+
+    def __init__(self, *, op: OpType, name: str, dtype: DataType, shape: Sequence[int],
+                 input: int = 0, output: int = 0, reduce_op: ReduceOp = ReduceOp.SUM,
+                 prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
+                 process_set: int = 0, device: int = -1, splits: Sequence[int] = (),
+                 group: str = "", group_size: int = 0, owner: Any = None,
+                 stream: int = 0) -> None: ...
+    @property
+    def name(self) -> str: ...
 
 class Work:
     """An enqueued op. Dropping it never frees what the op still uses; a result
@@ -118,14 +128,18 @@ def rank() -> int: ...
 def size() -> int: ...
 def controller() -> str:
     """"gloo" or "mpi"."""
-def enqueue(specs: List[OpSpec]) -> List[Work]:
-    """Queues the ops together or none of them (a group is never half submitted)."""
+def enqueue(ops: List[Op]) -> List[Work]:
+    """Queues the ops together or none of them (a group is never half submitted); each
+    Op is submitted once."""
 def tuned_parameters() -> Dict[str, Any]:
     """The fusion threshold (bytes) and cycle time (ms) the engine uses now, as
     ``fusion_threshold``, ``cycle_time_ms``; ``autotune``: rank 0 runs
     SPARK_HVD_AUTOTUNE; ``searching``: it is still searching; ``history``: every change
     as (cycle, fusion_threshold, cycle_time_ms), the same on every rank.
     NotInitializedError before init()."""
+def cache_stats() -> Dict[str, int]:
+    """This rank's requests since init that the response cache answered (``hits``: sent
+    as one bit) or not (``misses``: cacheable ops sent in full)."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

@@ -54,7 +54,7 @@ class Handle:
         return f"Handle({'group of %d' % len(self.members) if self.members else 'op'}, {state})"
 
 
-_batch = threading.local()  # .pending: [(spec, handle)] while a submit_together block runs
+_batch = threading.local()  # .pending: [(_core.Op, handle)] while a submit_together block runs
 
 
 @contextlib.contextmanager
@@ -75,9 +75,9 @@ def submit_together() -> Iterator[None]:
         _enqueue(pending)
 
 
-def _enqueue(pending: List[Tuple[tuple, Handle]]) -> None:
+def _enqueue(pending: List[Tuple[Any, Handle]]) -> None:
     try:
-        works = _core.enqueue([spec for spec, _ in pending])
+        works = _core.enqueue([op for op, _ in pending])
     except SparkHvdError as exc:
         raise explain_failure(exc) from None
     for (_, handle), work in zip(pending, works):
@@ -96,9 +96,12 @@ def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, ou
     set_id = process_set._require()
     if op == OpType.BROADCAST:
         root = process_set._set_rank_of(int(root))
-    spec = (int(op), name, int(dtype), [int(d) for d in shape], int(in_ptr), int(out_ptr),
-            int(reduce_op), float(prescale), float(postscale), int(root), set_id, int(device),
-            [int(s) for s in splits], group, int(group_size), owner, int(stream))
+    spec = _core.Op(op=OpType(op), name=name, dtype=DataType(dtype),
+                    shape=[int(d) for d in shape], input=int(in_ptr), output=int(out_ptr),
+                    reduce_op=ReduceOp(reduce_op), prescale=float(prescale),
+                    postscale=float(postscale), root=int(root), process_set=set_id,
+                    device=int(device), splits=[int(s) for s in splits], group=group,
+                    group_size=int(group_size), owner=owner, stream=int(stream))
     handle = Handle(None, finish)
     pending = getattr(_batch, "pending", None)
     if pending is not None:
@@ -279,11 +282,6 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns root_rank's tensor on every rank."""
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-
-def _even_splits(rows: int, n: int) -> List[int]:
-    base, rem = divmod(rows, n)
-    return [base + (1 if i < rem else 0) for i in range(n)]
 
 
 def alltoall_async(tensor, splits=None, name: Optional[str] = None,

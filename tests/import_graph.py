@@ -1,8 +1,9 @@
 """The module import graph of spark_hvd, read from the source (no imports run).
 
 Every ``import`` / ``from ... import`` counts, wherever it sits (module level, inside
-a function, under ``try``), except those under ``if TYPE_CHECKING:``: a function-level
-import is a dependency all the same, only a later one. An edge goes to the deepest
+a function, under ``try`` or ``if TYPE_CHECKING:``): a function-level import is a
+dependency all the same, only a later one, and a type-only one is a dependency of the
+design (two modules that name each other's types are one module cut in two). An edge goes to the deepest
 module the statement names (``from spark_hvd import _core`` -> ``spark_hvd._core``);
 importing a submodule also runs its package's ``__init__``, but that edge is left
 out: a package that re-exports its submodules is not a cycle.
@@ -37,19 +38,10 @@ def modules() -> Dict[str, Path]:
     return found
 
 
-def _type_checking_only(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST) -> Iterator[ast.AST]:
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _type_checking_only(node):
-            stack.extend(node.orelse)
-            continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         stack.extend(ast.iter_child_nodes(node))

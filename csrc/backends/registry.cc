@@ -53,8 +53,8 @@ class NotBuiltBackend : public Backend {
 void RegisterBuiltinBackends(BackendRegistry* registry) {
 #if SPARK_HVD_HAVE_NCCL
   RegisterNcclBackend(registry);
-  RegisterStagedBackend(registry);
 #endif
+  RegisterStagedBackend(registry);
 #if SPARK_HVD_HAVE_MPI
   RegisterMpiBackend(registry);
 #else

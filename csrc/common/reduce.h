@@ -18,10 +18,6 @@ ReduceFn GetReduceFn(DataType dtype, ReduceOp op);
 // The tcp ring's order, where the partial result arriving is the right operand.
 ReduceFn GetReduceFnReversed(DataType dtype, ReduceOp op);
 
-inline void ReduceInto(void* x, const void* y, size_t n, DataType dtype, ReduceOp op) {
-  GetReduceFn(dtype, op)(x, y, n);
-}
-
 // x[i] *= factor, as Horovod computes it: float32 by the factor rounded to float32,
 // float16/bfloat16 in float32, integers through double, truncated toward zero.
 // No-op for factor == 1.

@@ -36,11 +36,13 @@ bool CycleRecords::AnyFlagOrBit() const {
   return false;
 }
 
-Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner)
+Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner,
+                       CacheStats* stats)
     : rank_(rank),
       size_(size),
       sets_(sets),
       tuner_(tuner),
+      stats_(stats),
       cache_(env::CacheCapacity()),
       stalls_(rank, sets),
       joined_(static_cast<size_t>(size), false),
@@ -52,11 +54,14 @@ void Controller::File(Request req) {
     return;
   }
   const std::string key = TensorKey(req);
-  int64_t slot = Cacheable(req) ? cache_.Find(key) : -1;
+  const bool cacheable = Cacheable(req);
+  int64_t slot = cacheable ? cache_.Find(key) : -1;
   if (slot >= 0 && cache_.Matches(slot, req)) {
     cached_local_[slot] = key;
+    ++stats_->hits;
   } else {
     to_send_.push_back(key);
+    if (cacheable) ++stats_->misses;
   }
   local_[key] = std::move(req);
 }

@@ -61,8 +61,9 @@ struct CycleResult {
 
 class Controller {
  public:
-  // `tuner` (the engine's) outlives the controller.
-  Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner);
+  // `tuner` and `stats` (the engine's) outlive the controller.
+  Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner,
+             CacheStats* stats);
 
   // Runs one negotiation cycle over this rank's new requests. Throws StatusError
   // when the control plane fails.
@@ -89,6 +90,7 @@ class Controller {
   int32_t size_;
   ProcessSetTable* sets_;
   Autotuner* tuner_;
+  CacheStats* stats_;
   ResponseCache cache_;
   StallInspector stalls_;
   int64_t cycle_ = 0;

@@ -144,7 +144,8 @@ void Engine::Loop(std::promise<Status>* ready) {
     return;
   }
   tuner_.Reset(rank_);
-  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_);
+  cache_stats_.Reset();
+  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_, &cache_stats_);
   InFlight in_flight(&completions_);
   Executor executor(rank_, &sets_, &queue_, &completions_, &in_flight, &timeline_);
   running_ = true;
@@ -296,8 +297,10 @@ void Engine::Validate(const Request& req) const {
                    [&](Backend* b) { return b->Accepts(req.device, req.op, req.dtype); })) {
     bad("no backend of this job runs it on " + std::string(DataTypeName(req.dtype)) +
         " tensors of device " + std::to_string(req.device) +
-        (req.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: "
-                           "spark_hvd.nccl_built())"
+        (req.device >= 0 ? " (GPU tensors run on NCCL, which has no int16 (cast it first), or "
+                           "staged through host memory where NCCL does not load or "
+                           "SPARK_HVD_GPU_OPERATIONS names a CPU backend; both need the CUDA "
+                           "runtime: spark_hvd.cuda_built())"
                          : ""));
   }
   auto* self = const_cast<Engine*>(this);

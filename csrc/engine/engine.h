@@ -66,6 +66,8 @@ class Engine {
 
   // The fusion threshold and cycle time in force, and autotune's switches (autotune.h).
   TuneState Tuned() const { return tuner_.Snapshot(); }
+  // The response cache's hits and misses of this rank's requests since init.
+  const CacheStats& cache_stats() const { return cache_stats_; }
 
   bool StartTimeline(const std::string& path);
   void StopTimeline();
@@ -96,6 +98,7 @@ class Engine {
   ProcessSetTable sets_;
   Timeline timeline_;
   Autotuner tuner_;
+  CacheStats cache_stats_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
                                      // backend that can carry it
   // The job's heartbeats (backends/liveness.h): started before the communicators,

@@ -54,9 +54,8 @@ Status Executor::Execute(const Response& r) {
   Communicator* comm = set->For(r.device, r.op, r.dtype);
   if (comm == nullptr) {
     fail_all(Status::InvalidArgument(
-        "no backend of this build executes ops on device " + std::to_string(r.device) +
-        (r.device >= 0 ? " (GPU tensors need spark_hvd built with NCCL: spark_hvd.nccl_built())"
-                       : "")));
+        "no communicator of process set " + std::to_string(r.process_set) +
+        " executes this op on device " + std::to_string(r.device)));
     return Status::OK();
   }
   const int64_t start = NowMicros();

@@ -36,11 +36,6 @@ ProcessSet* ProcessSetTable::Get(int32_t id) {
   return it == sets_.end() ? nullptr : it->second.get();
 }
 
-bool ProcessSetTable::Exists(int32_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return sets_.count(id) > 0;
-}
-
 std::vector<int32_t> ProcessSetTable::Ranks(int32_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = sets_.find(id);

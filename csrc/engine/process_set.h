@@ -37,7 +37,6 @@ class ProcessSetTable {
   void Add(std::unique_ptr<ProcessSet> set);
   void Remove(int32_t id);
   ProcessSet* Get(int32_t id);  // background thread only
-  bool Exists(int32_t id);
   std::vector<int32_t> Ranks(int32_t id);  // empty when unknown
   std::vector<int32_t> Ids();
   int32_t NextId();

@@ -4,6 +4,7 @@
 // exchanged data, so slot numbers agree everywhere without extra messages.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -21,6 +22,15 @@ struct CacheSlot {
   int64_t first_bit_cycle = -1;  // first cycle any rank set this bit (stall inspection)
   int64_t first_bit_us = 0;
   bool reported = false;
+};
+
+// This rank's requests since init, counted as the controller files them (step 1):
+// `hits` went as a cache bit, `misses` (cacheable ops only) in full. Written by the
+// engine thread, read from any (`_core.cache_stats()`).
+struct CacheStats {
+  std::atomic<int64_t> hits{0};
+  std::atomic<int64_t> misses{0};
+  void Reset() { hits = 0, misses = 0; }
 };
 
 class ResponseCache {

@@ -9,13 +9,11 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/cuda/loader.h"
 #include "common/config.h"
 #include "common/env.h"
 #include "common/types.h"
 #include "engine/engine.h"
-#if SPARK_HVD_HAVE_NCCL
-#include "backends/nccl/loader.h"
-#endif
 #include "engine/message.h"
 #include "python/dlpack.h"
 #include "python/py_store.h"
@@ -81,30 +79,39 @@ std::shared_ptr<void> OwnerOf(py::object obj) {
                                [](void* p) { ReleaseLater(static_cast<PyObject*>(p)); });
 }
 
-TensorEntry ParseSpec(const py::tuple& t) {
-  if (t.size() != 17) Raise(Status::InvalidArgument("an op spec has 17 fields, got " + std::to_string(t.size())));
-  const int dtype = t[2].cast<int>();
-  if (!IsValidDataType(dtype)) Raise(Status::InvalidArgument("unknown dtype code " + std::to_string(dtype)));
-  TensorEntry e;
+// One op as Python describes it (spark_hvd._ops.submit builds it with keyword fields):
+// parsed into the engine's TensorEntry once, with the GIL held, when the op is
+// submitted. enqueue() moves the entry out; an Op is submitted once.
+struct Op {
+  TensorEntry entry;
+  bool submitted = false;
+};
+
+Op MakeOp(OpType op, const std::string& name, DataType dtype, std::vector<int64_t> shape,
+          uintptr_t input, uintptr_t output, ReduceOp reduce_op, double prescale,
+          double postscale, int root, int process_set, int device, std::vector<int64_t> splits,
+          const std::string& group, int group_size, py::object owner, uintptr_t stream) {
+  Op o;
+  TensorEntry& e = o.entry;
   Request& r = e.req;
-  r.op = static_cast<OpType>(t[0].cast<int>());
-  r.name = t[1].cast<std::string>();
-  r.dtype = static_cast<DataType>(dtype);
-  r.shape = t[3].cast<std::vector<int64_t>>();
-  e.input = reinterpret_cast<const void*>(t[4].cast<uintptr_t>());
-  e.output = reinterpret_cast<void*>(t[5].cast<uintptr_t>());
-  r.reduce_op = static_cast<ReduceOp>(t[6].cast<int>());
-  r.prescale = t[7].cast<double>();
-  r.postscale = t[8].cast<double>();
-  r.root = t[9].cast<int>();
-  r.process_set = t[10].cast<int>();
-  r.device = t[11].cast<int>();
-  r.splits = t[12].cast<std::vector<int64_t>>();
-  r.group = t[13].cast<std::string>();
-  r.group_size = t[14].cast<int>();
-  e.owner = OwnerOf(t[15]);
-  e.stream = reinterpret_cast<void*>(t[16].cast<uintptr_t>());
-  return e;
+  r.op = op;
+  r.name = name;
+  r.dtype = dtype;
+  r.shape = std::move(shape);
+  r.reduce_op = reduce_op;
+  r.prescale = prescale;
+  r.postscale = postscale;
+  r.root = root;
+  r.process_set = process_set;
+  r.device = device;
+  r.splits = std::move(splits);
+  r.group = group;
+  r.group_size = group_size;
+  e.input = reinterpret_cast<const void*>(input);
+  e.output = reinterpret_cast<void*>(output);
+  e.owner = OwnerOf(std::move(owner));
+  e.stream = reinterpret_cast<void*>(stream);
+  return o;
 }
 
 struct Work {
@@ -173,39 +180,19 @@ PYBIND11_MODULE(_core, m) {
   m.def("gloo_built", [] { return SPARK_HVD_HAVE_GLOO == 1; });
   m.def("mpi_built", [] { return SPARK_HVD_HAVE_MPI == 1; });
   // Whether the NCCL backend is compiled in and libnccl + the CUDA runtime load
-  // (loader.h); cuda_built: whether the CUDA runtime loads and sees a GPU.
-  m.def("nccl_built", [] {
-#if SPARK_HVD_HAVE_NCCL
-    return Native([] { return nccl::Nccl() != nullptr; });
-#else
-    return false;
-#endif
-  });
-  m.def("cuda_built", [] {
-#if SPARK_HVD_HAVE_NCCL
-    return Native([] { return nccl::Cuda() != nullptr; });
-#else
-    return false;
-#endif
-  });
+  // (cuda/loader.h); cuda_built: whether the CUDA runtime loads and sees a GPU (GPU
+  // tensors then run on NCCL, or staged through host memory).
+  m.def("nccl_built", [] { return Native([] { return cuda::NcclBackendLoads(); }); });
+  m.def("cuda_built", [] { return Native([] { return cuda::Cuda() != nullptr; }); });
   // Why nccl_built() is False ("" when it is True).
   m.def("nccl_unavailable_reason", [] {
-#if SPARK_HVD_HAVE_NCCL
     std::string why;
-    nccl::Nccl(&why);
+    cuda::NcclBackendLoads(&why);
     return why;
-#else
-    return std::string("spark_hvd was built without its NCCL backend (CMake option off)");
-#endif
   });
   // Directories searched first for libcudart / libnccl (before the first load).
-  m.def("set_library_dirs", [](const std::vector<std::string>& dirs) {
-#if SPARK_HVD_HAVE_NCCL
-    nccl::SetLibraryDirs(dirs);
-#else
-    (void)dirs;
-#endif
-  });
+  m.def("set_library_dirs",
+        [](const std::vector<std::string>& dirs) { cuda::SetLibraryDirs(dirs); });
   m.def(
       "settings",
       [] {
@@ -263,21 +250,36 @@ PYBIND11_MODULE(_core, m) {
   m.def("size", [] { return TheEngine().size(); });
   m.def("controller", [] { return TheEngine().controller_name(); });
 
-  // One or more ops, queued together or not at all (a group is never half
-  // submitted). Each spec is a tuple (op, name, dtype, shape, input, output,
-  // reduce_op, prescale, postscale, root, process_set, device, splits, group,
-  // group_size, owner, stream): input/output are addresses (stream: the CUDA stream
-  // that produced a device input, or 0), and owner is the Python object
-  // that keeps them valid; the core holds it until the op is finished with, even
-  // when the returned Work is dropped first.
-  m.def("enqueue", [](const py::list& specs) {
+  // An op to enqueue: keyword fields only. input/output are addresses (stream: the
+  // CUDA stream that produced a device input, 0 for the default one), and owner is
+  // the Python object that keeps them valid; the core holds it until the op is
+  // finished with, even when the returned Work is dropped first.
+  py::class_<Op>(m, "Op")
+      .def(py::init(&MakeOp), py::kw_only(), py::arg("op"), py::arg("name"), py::arg("dtype"),
+           py::arg("shape"), py::arg("input") = 0, py::arg("output") = 0,
+           py::arg("reduce_op") = ReduceOp::kSum, py::arg("prescale") = 1.0,
+           py::arg("postscale") = 1.0, py::arg("root") = 0, py::arg("process_set") = 0,
+           py::arg("device") = kCpuDevice, py::arg("splits") = std::vector<int64_t>{},
+           py::arg("group") = "", py::arg("group_size") = 0, py::arg("owner") = py::none(),
+           py::arg("stream") = 0)
+      .def_property_readonly("name", [](const Op& o) { return o.entry.req.name; });
+
+  // One or more Ops, queued together or not at all (a group is never half submitted).
+  m.def("enqueue", [](const std::vector<Op*>& ops) {
     DrainReleases();
     std::vector<TensorEntry> entries;
-    entries.reserve(specs.size());
+    entries.reserve(ops.size());
+    for (Op* o : ops) {
+      if (o->submitted) {
+        Raise(Status::InvalidArgument("op '" + o->entry.req.name +
+                                      "' was submitted already; make a new Op for each submit"));
+      }
+    }
     std::vector<DataType> dtypes;
-    for (const auto& item : specs) {
-      entries.push_back(ParseSpec(item.cast<py::tuple>()));
-      dtypes.push_back(entries.back().req.dtype);
+    for (Op* o : ops) {
+      o->submitted = true;
+      dtypes.push_back(o->entry.req.dtype);
+      entries.push_back(std::move(o->entry));
     }
     std::vector<std::shared_ptr<OpState>> states;
     try {
@@ -350,6 +352,14 @@ PYBIND11_MODULE(_core, m) {
       "The fusion threshold (bytes) and cycle time (ms) the engine uses now; autotune: rank 0 "
       "runs SPARK_HVD_AUTOTUNE, searching: still searching; history: every change as "
       "(cycle, fusion_threshold, cycle_time_ms), the same on every rank.");
+  m.def(
+      "cache_stats",
+      [] {
+        const CacheStats& s = TheEngine().cache_stats();
+        return py::dict(py::arg("hits") = s.hits.load(), py::arg("misses") = s.misses.load());
+      },
+      "This rank's requests since init that the response cache answered (hits: sent as one "
+      "bit) or not (misses: cacheable ops sent in full).");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {

@@ -77,14 +77,18 @@ class Coordinator:
     ``log(message)`` receives one line per event (an epoch formed, a worker lost, the
     job failing); the launchers print it. ``names`` spells the settings in messages as
     the user gave them: ``{"min_num_proc": "--min-np {}"}`` (default ``min_num_proc={}``;
-    keys ``min_num_proc``, ``reset_limit``, ``elastic_timeout_s``).
+    keys ``min_num_proc``, ``reset_limit``, ``elastic_timeout_s``). ``clock`` is what the
+    timeouts are measured on (seconds; a test can drive time). :attr:`steps` counts the
+    passes of the loop (each reads every request and answers what it can), so a test
+    can wait for a pass that saw a request instead of sleeping.
     """
 
     def __init__(self, server: RendezvousServer, num_proc: int, min_num_proc: int,
                  max_num_proc: int, start_timeout_s: float, elastic_timeout_s: float,
                  reset_limit: Optional[int] = None,
                  log: Callable[[str], None] = logger.info,
-                 names: Optional[Mapping[str, str]] = None) -> None:
+                 names: Optional[Mapping[str, str]] = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._server, self._store = server, server.store
         self.num_proc, self.min_num_proc, self.max_num_proc = num_proc, min_num_proc, max_num_proc
         self.start_timeout_s, self.elastic_timeout_s = start_timeout_s, elastic_timeout_s
@@ -102,7 +106,9 @@ class Coordinator:
         self.epoch = 0
         self.resets = 0
         self.error: Optional[str] = None
-        self._started_at = time.monotonic()
+        self._clock = clock
+        self._started_at = clock()
+        self.steps = 0
         self._short_since: Optional[float] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -139,6 +145,7 @@ class Coordinator:
         while not self._stop.wait(POLL_S):
             try:
                 self._step()
+                self.steps += 1
             except StoreError:  # the server is stopping with the job
                 return
             except Exception:  # never leave the workers waiting without a word
@@ -203,7 +210,7 @@ class Coordinator:
             return self._finishing(finished, requests, members)
         if not self.epoch:
             ready = len(requests) >= self.num_proc or (
-                time.monotonic() - self._started_at >= self.start_timeout_s
+                self._clock() - self._started_at >= self.start_timeout_s
                 and len(requests) >= self.min_num_proc)
         else:
             ready = bool(requests) and all(w in requests for w in live_members)
@@ -213,7 +220,7 @@ class Coordinator:
             # Short only at the start (past the start timeout): later, members that have
             # not asked yet are still training and will ask at their next commit.
             return self._check_short(requests, not self.epoch and (
-                time.monotonic() - self._started_at >= self.start_timeout_s))
+                self._clock() - self._started_at >= self.start_timeout_s))
         order = [w for w in members if w in requests] + sorted(w for w in requests
                                                               if w not in members)
         chosen, extra = order[:self.max_num_proc], order[self.max_num_proc:]
@@ -267,7 +274,7 @@ class Coordinator:
         if not short:
             self._short_since = None
             return
-        now = time.monotonic()
+        now = self._clock()
         minimum = self._knob("min_num_proc", self.min_num_proc)
         if self._short_since is None:
             self._short_since = now

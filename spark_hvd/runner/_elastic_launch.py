@@ -38,20 +38,17 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from spark_hvd import _config
 from spark_hvd._job import env as _env
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner import _hosts, _ssh
+from spark_hvd.runner import _addresses, _hosts, _ssh
 from spark_hvd.runner._discovery import DiscoveryScript, HostSource
 from spark_hvd.runner._elastic import Coordinator, check_sizes
 from spark_hvd.runner._hosts import Slot
 from spark_hvd.runner._procs import Prefixed, ProcessGroup, Sink, describe_exit, exit_code
 from spark_hvd.runner.rendezvous import RendezvousServer
-
-if TYPE_CHECKING:
-    from spark_hvd.runner.launch import _Addresses
 
 PROG = _ssh.PROG
 TICK_S = 0.1
@@ -122,7 +119,7 @@ class _Remotes:
     """Other hosts found after the start: each is probed over ssh once, in a thread,
     before a worker starts there (the probe also tells where it reaches the server)."""
 
-    def __init__(self, ssh: Optional[_ssh.Ssh], addrs: "_Addresses", env: Mapping[str, str],
+    def __init__(self, ssh: Optional[_ssh.Ssh], addrs: _addresses.Addresses, env: Mapping[str, str],
                  timeout_s: float, failed: Callable[[str, str], None]) -> None:
         self._ssh, self._addrs, self._env, self._timeout_s = ssh, addrs, dict(env), timeout_s
         self._failed = failed
@@ -167,7 +164,7 @@ class _ElasticJob:
 
     def __init__(self, command: List[str], options: ElasticOptions, sizes: Tuple[int, int, int],
                  source: HostSource, base_env: Dict[str, str], server: RendezvousServer,
-                 addrs: "_Addresses", ssh: Optional[_ssh.Ssh], start_timeout_s: float,
+                 addrs: _addresses.Addresses, ssh: Optional[_ssh.Ssh], start_timeout_s: float,
                  verbose: bool, out: Sink, err: Sink, kill_grace_s: float) -> None:
         self.command, self.options, self.source = command, options, source
         self.base_env, self.server, self.addrs, self.ssh = base_env, server, addrs, ssh
@@ -359,7 +356,7 @@ class _ElasticJob:
 
 def launch_elastic(command: List[str], options: ElasticOptions, sizes: Tuple[int, int, int],
                    source: HostSource, base_env: Dict[str, str], server: RendezvousServer,
-                   addrs: "_Addresses", ssh: Optional[_ssh.Ssh], start_timeout_s: float,
+                   addrs: _addresses.Addresses, ssh: Optional[_ssh.Ssh], start_timeout_s: float,
                    verbose: bool, out: Sink, err: Sink, kill_grace_s: float) -> int:
     """Runs ``command`` as an elastic job (module docstring); returns its exit code.
     ``sizes``: ``options.sizes(np)``."""

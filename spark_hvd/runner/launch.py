@@ -34,7 +34,7 @@ from spark_hvd import _config
 from spark_hvd._job import env as _env
 from spark_hvd._job.topology import assign
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner import _elastic_launch, _hosts, _mpi_exec, _ssh, _supervise
+from spark_hvd.runner import _addresses, _elastic_launch, _hosts, _mpi_exec, _ssh, _supervise
 from spark_hvd.runner._elastic_launch import ElasticOptions
 from spark_hvd.runner._hosts import Slot, parse_hosts  # noqa: F401  (parse_hosts: public here)
 from spark_hvd.runner._procs import (LineRouter, Prefixed, ProcessGroup, Sink,
@@ -71,45 +71,6 @@ def _check_runnable(program: str, env: Mapping[str, str]) -> None:
         raise CommandNotFoundError(f"cannot run {program!r}: No such file or directory")
     if os.path.isdir(path) or not os.access(path, os.X_OK):
         raise CommandNotFoundError(f"cannot run {program!r}: Permission denied")
-
-
-class _Addresses:
-    """Where the rendezvous server listens and where each rank is told to reach it.
-
-    ``pinned``: every rank reaches it at ``local`` (``--network-interface``).
-    """
-
-    def __init__(self, bind: str, local: str, remote: Mapping[str, str],
-                 pinned: bool = False) -> None:
-        self.bind, self.local, self.remote, self.pinned = bind, local, dict(remote), pinned
-
-    def of(self, slot: Slot) -> str:
-        return self.remote[slot.host] if slot.remote else self.local
-
-    def learn(self, host: str, seen: str) -> None:
-        """A host found later (elastic): its ranks reach the server at ``seen`` (what its
-        ssh probe saw), or at ``local`` when pinned."""
-        self.remote[host] = self.local if self.pinned else seen
-
-
-def _addresses(slots: Sequence[Slot], ssh: Optional[_ssh.Ssh], network_interface: Optional[str],
-               env: Mapping[str, str], timeout_s: float, err: Sink) -> _Addresses:
-    remote = list(dict.fromkeys(s.host for s in slots if s.remote))
-    addr = _hosts.interface_address(network_interface) if network_interface else None
-    seen = ssh.probe(remote, env, timeout_s) if remote else {}  # also fails fast if unreachable
-    if addr is not None:
-        return _Addresses(addr, addr, {h: addr for h in remote}, pinned=True)
-    if not remote:
-        return _Addresses("127.0.0.1", "127.0.0.1", {})
-    # Ranks here bind Gloo on the address they reach the server at, so tell them the
-    # one the (first) other host sees: that is where the other hosts reach them.
-    local = seen[remote[0]]
-    if len(set(seen.values())) > 1:
-        err.write(f"{PROG}: note: the hosts reach this one at different addresses "
-                  f"({', '.join(f'{h}: {a}' for h, a in seen.items())}); ranks here listen on "
-                  f"{local}; choose another with --network-interface\n".encode())
-    bind = "::" if any(":" in a for a in seen.values()) else "0.0.0.0"
-    return _Addresses(bind, local, seen)
 
 
 def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = None,
@@ -206,8 +167,8 @@ def launch(command: Sequence[str], np: int, env: Optional[Mapping[str, str]] = N
                        min(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S))
     if not mpi and any(not s.remote for s in slots):
         _check_runnable(command[0], base_env)
-    addrs = _addresses(slots, ssh, network_interface, base_env,
-                       max(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S + 5), err)
+    addrs = _addresses.addresses(slots, ssh, network_interface, base_env,
+                                 max(start_timeout_s, _ssh.DEFAULT_CONNECT_TIMEOUT_S + 5), err)
     with RendezvousServer(host=addrs.bind) as server:
         if exchange is not None:  # spark_hvd.runner.run: the function in, the results out
             exchange.before(server)
@@ -242,7 +203,7 @@ def _launch_on(command, np, env, mpi, hosts, remote, slots, source, elastic, siz
 
 
 def _launch_gloo(command: List[str], slots: Sequence[Slot], base_env: Dict[str, str],
-                 server: RendezvousServer, addrs: _Addresses, ssh: Optional[_ssh.Ssh],
+                 server: RendezvousServer, addrs: _addresses.Addresses, ssh: Optional[_ssh.Ssh],
                  start_timeout_s: float, verbose: bool, out: Sink, err: Sink,
                  kill_grace_s: float) -> int:
     # A rank that ends before its init() registered it is lost for the others at once.

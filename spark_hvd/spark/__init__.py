@@ -14,11 +14,13 @@
 
 Each rank is one task of a Spark barrier stage; see :func:`run`.
 :func:`run_elastic` runs an elastic job instead (workers may fail or join while it
-trains), each worker a plain Spark task.  pyspark is imported only when one of them
-is called.
+trains), each worker a plain Spark task.  :class:`TorchDistributor` is pyspark's
+``TorchDistributor`` on this launch (an unchanged DDP program trains).  pyspark is
+imported only when one of them is used.
 """
 
 from spark_hvd.spark._elastic import run_elastic
+from spark_hvd.spark.distributor import TorchDistributor
 from spark_hvd.spark.runner import check_launch, run
 
-__all__ = ["check_launch", "run", "run_elastic"]
+__all__ = ["TorchDistributor", "check_launch", "run", "run_elastic"]

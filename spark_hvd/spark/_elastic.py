@@ -37,7 +37,7 @@ from spark_hvd._job.store import MAX_TIMEOUT_S
 from spark_hvd.exceptions import CollectiveTimeoutError, InvalidArgumentError, SparkHvdError
 from spark_hvd.runner._elastic import Coordinator, check_sizes
 from spark_hvd.runner.rendezvous import RendezvousServer
-from spark_hvd.spark import _checks, _failures, _protocol as P, _task, runner
+from spark_hvd.spark import _checks, _driver, _failures, _protocol as P, _task, runner
 
 _PROG = _failures.ELASTIC_PROG
 _START_GRACE_S = 5.0   # after start_timeout: the coordinator forms the first epoch by then
@@ -174,19 +174,22 @@ class _Done:
         self.results, self.head, self.error, self.cause = results, head, error, cause
 
 
-class _ElasticJob(runner._Job):
-    """One elastic launch: the Spark job, the coordinator, the workers' readers."""
-
-    prog = _PROG
-    barrier = False
-    what = "elastic workers"
-    line_label = "w{}"
+class _ElasticJob:
+    """One elastic launch: the parts of a launch (:mod:`spark_hvd.spark._driver`: the
+    Spark job of plain tasks, the workers' readers) and the coordinator put together,
+    and the wait for the outcome."""
 
     def __init__(self, spark, server: RendezvousServer, spec: _task.TaskSpec,
-                 output: runner._Output, verbose: int, sizes: Tuple[int, int, int],
+                 output: _driver.Output, verbose: int, sizes: Tuple[int, int, int],
                  reset_limit: Optional[int]) -> None:
-        super().__init__(spark, server, spec, output, verbose)
-        self.tails = {}  # by worker id, as workers start
+        self.spec, self.verbose, self.size = spec, verbose, spec.size
+        self.store = server.store
+        self.events: _driver.Events = queue.Queue()
+        self.stage = _driver.SparkStage(spark, spec, server.run_id, self.events, barrier=False,
+                                        prog=_PROG, what="elastic workers")
+        self.logs = _driver.LogReader(self.store, output, self.events, _PROG, "w{}")
+        self._aborting = False
+        self._spark_ended = False
         self.num_proc, self.min_num_proc, _ = sizes
         self.coordinator = Coordinator(server, *sizes, spec.start_timeout_s,
                                        spec.elastic_timeout_s, reset_limit,
@@ -202,7 +205,7 @@ class _ElasticJob(runner._Job):
 
     def _coordinator_says(self, message: str) -> None:
         if self.verbose >= 1:
-            self._say(message)
+            self.logs.say(message)
         self.events.put(("coordinator",))  # its error, if any, is read by the main thread
 
     def _read_partition(self, partition: int) -> None:
@@ -216,38 +219,39 @@ class _ElasticJob(runner._Job):
                 return
             worker = int(hello["worker"])
             self.events.put(("worker", worker, stream, hello["host"]))
-            self._read_log(stream, worker, lambda a=attempt: self._attempts(partition) > a)
+            self.logs.read(stream, worker,
+                           lambda a=attempt: _driver.attempts(self.store, partition) > a)
             attempt += 1
 
     # -- the outcome ----------------------------------------------------------------
 
     def run(self) -> List[Any]:
         if self.verbose >= 2:
-            self._say(f"launching up to {self.size} workers as plain tasks "
-                      f"({'mapInArrow, Spark Connect' if self.connect else 'RDD'}); the job "
-                      f"starts with {self.num_proc}; rendezvous at {self.spec.addr}:"
-                      f"{self.spec.port}, run {self.server.run_id}")
+            self.logs.say(f"launching up to {self.size} workers as plain tasks "
+                          f"({'mapInArrow, Spark Connect' if self.stage.connect else 'RDD'}); "
+                          f"the job starts with {self.num_proc}; rendezvous at "
+                          f"{self.spec.addr}:{self.spec.port}, run {self.stage.run_id}")
         self.coordinator.start()
         for p in range(self.size):
-            self._thread(self._read_partition, p, name=f"spark_hvd-task-{p}-output")
-        spark_thread = self._spark_thread()
+            _driver.thread(self._read_partition, p, name=f"spark_hvd-task-{p}-output")
+        self.stage.start()
         try:
             done = self._wait()
         except BaseException:  # e.g. KeyboardInterrupt: stop everything, then re-raise
             self._finish()
-            self._cancel(spark_thread)
+            self.stage.cancel()
             raise
         finally:
             self.coordinator.stop()
         self._finish()
         if done.results is not None:
-            spark_thread.join(self.spec.kill_grace_s + runner._REPORT_WAIT_S)
-            self._cancel(spark_thread)  # tasks still pending (no slot, no executor yet)
+            self.stage.join(self.spec.kill_grace_s + _driver.REPORT_WAIT_S)
+            self.stage.cancel()  # tasks still pending (no slot, no executor yet)
             return done.results
         if done.error is None:
             self._collect_reports()
-        self._cancel(spark_thread)
-        raise done.error or _failures.elastic_error(done.head, self.reports, self.tails,
+        self.stage.cancel()
+        raise done.error or _failures.elastic_error(done.head, self.reports, self.logs.tails,
                                                     done.cause)
 
     def _wait(self) -> _Done:
@@ -270,7 +274,7 @@ class _ElasticJob(runner._Job):
                 continue
             self._handle(event)
             if self._spark_ended and late_deadline is None:
-                late_deadline = time.monotonic() + runner._LATE_REPORT_S
+                late_deadline = time.monotonic() + _driver.LATE_REPORT_S
 
     def _handle(self, event: tuple) -> None:
         kind = event[0]
@@ -281,14 +285,14 @@ class _ElasticJob(runner._Job):
             self.reports[worker] = report
             if _failures.ok(report):
                 try:
-                    self.results[worker] = self._load_result(self.streams[worker], report,
-                                                             f"worker {worker}")
+                    self.results[worker] = _driver.read_result(self.store, self.streams[worker],
+                                                               report, f"worker {worker}")
                     self.returned.append(worker)
                 except SparkHvdError as e:
                     report["task_error"] = str(e)
             if not _failures.ok(report) and self.final is None and not self._aborting \
                     and self.verbose >= 1:
-                self._say(f"worker {worker} ended: {_failures.describe(report)}")
+                self.logs.say(f"worker {worker} ended: {_failures.describe(report)}")
         elif kind == "spark_done":
             self._spark_ended = True
         elif kind == "spark_failed":
@@ -333,7 +337,7 @@ class _ElasticJob(runner._Job):
                 if worker in epoch.workers:
                     self.coordinator.stop()
                     if self.verbose >= 2:
-                        self._say(f"worker {worker} returned: epoch {number} is the last")
+                        self.logs.say(f"worker {worker} returned: epoch {number} is the last")
                     return epoch
         return None
 
@@ -376,8 +380,8 @@ class _ElasticJob(runner._Job):
     def _collect_reports(self) -> None:
         """The stopped workers' reports (for the error's details): until every worker
         that started has reported, or the Spark job has ended and every report has been
-        read, at most kill_grace_s + _REPORT_WAIT_S."""
-        deadline = time.monotonic() + self.spec.kill_grace_s + runner._REPORT_WAIT_S
+        read, at most kill_grace_s + REPORT_WAIT_S."""
+        deadline = time.monotonic() + self.spec.kill_grace_s + _driver.REPORT_WAIT_S
         while not self._all_reported():
             remaining = deadline - time.monotonic()
             if remaining <= 0:

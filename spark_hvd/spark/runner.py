@@ -21,39 +21,25 @@ The driver side of a launch:
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import os
-import pickle
 import queue
 import socket
-import sys
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from functools import partial
-from typing import (Any, Callable, Deque, Dict, List, Mapping, Optional, Sequence, TextIO,
-                    Tuple)
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from spark_hvd import _config
-from spark_hvd._job.store import MAX_TIMEOUT_S
-from spark_hvd.exceptions import (CollectiveTimeoutError, InvalidArgumentError, SparkHvdError,
-                                  StoreError)
+from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError, StoreError
 from spark_hvd.runner.rendezvous import RendezvousServer
-from spark_hvd.spark import _checks, _failures, _protocol as P, _task
+from spark_hvd.spark import _checks, _driver, _failures, _task
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SPARK_START_TIMEOUT_S = 600.0
 DEFAULT_KILL_GRACE_S = 3.0
-TAIL_LINES = 40
 _PROG = _failures.PROG
-_REPORT_WAIT_S = 10.0     # after an abort: how long the other ranks get to report
-_LATE_REPORT_S = 60.0     # after the Spark job ended: reports still on their way
-_SPARK_END_WAIT_S = 30.0  # how long to wait for the Spark job to end once ranks are done
-_SUPERSEDED_CHECK_S = 5.0  # elastic: how often a silent stream checks for a task retry
-
 
 
 def _plan(spark, conf, num_proc, use_gpu) -> "_checks.Plan":
@@ -165,7 +151,7 @@ class _Launch:
     args: Tuple
     kwargs: Dict[str, Any]
     env: Dict[str, str]
-    output: "_Output"
+    output: _driver.Output
     executable: str
     start_timeout_s: float
     kill_grace_s: float
@@ -179,7 +165,7 @@ class _Launch:
         """InvalidArgumentError for arguments that cannot work."""
         if not callable(fn):
             raise InvalidArgumentError(f"fn must be callable, got {type(fn).__name__}")
-        output = _Output.make(stdout, stderr, verbose, timestamp)
+        output = _driver.Output.make(stdout, stderr, verbose, timestamp)
         if executable is not None and (not isinstance(executable, str) or not executable):
             raise InvalidArgumentError(f"executable must be a path to a Python interpreter on "
                                        f"the executors, got {executable!r}")
@@ -193,7 +179,7 @@ class _Launch:
                    start_timeout_s, float(kill_grace_s))
 
     def run(self, spark, conf: Mapping[str, Optional[str]], size: int, use_gpu: bool,
-            job: Callable[[RendezvousServer, _task.TaskSpec], "_Job"],
+            job: Callable[[RendezvousServer, _task.TaskSpec], Any],
             **spec_fields: Any) -> List[Any]:
         """Starts the rendezvous server and runs ``job(server, spec)`` of ``size`` tasks."""
         import cloudpickle
@@ -232,40 +218,6 @@ def _check_controller(use_mpi: Optional[bool], use_gloo: Optional[bool],
         raise InvalidArgumentError(
             f"nics={nics!r} cannot be honoured: each rank connects on its address on the "
             "route to the driver (spark.driver.host); leave nics unset")
-
-
-class _Output:
-    """Where the ranks' output lines go on the driver."""
-
-    def __init__(self, out: Optional[TextIO], err: Optional[TextIO], timestamp: bool) -> None:
-        self.out, self.err, self.timestamp = out, err, timestamp
-
-    @classmethod
-    def make(cls, stdout: Optional[TextIO], stderr: Optional[TextIO], verbose: int,
-             timestamp: bool) -> "_Output":
-        if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
-            raise InvalidArgumentError(f"verbose must be 0, 1 or 2, got {verbose!r}")
-        for arg, stream in (("stdout", stdout), ("stderr", stderr)):
-            if stream is not None and not callable(getattr(stream, "write", None)):
-                raise InvalidArgumentError(f"{arg} must be a stream with write(), got "
-                                           f"{type(stream).__name__}")
-        if verbose >= 1:
-            stdout = stdout if stdout is not None else sys.stdout
-            stderr = stderr if stderr is not None else sys.stderr
-        return cls(stdout, stderr, bool(timestamp))
-
-    def write(self, label: str, lines: Sequence[Tuple[bytes, str]]) -> None:
-        """Lines of rank (or worker) ``label``, as (P.STDOUT or P.STDERR, text)."""
-        stamp = time.strftime("%a %b %d %H:%M:%S %Y ") if self.timestamp else ""
-        used = set()
-        for stream, text in lines:
-            out = self.out if stream == P.STDOUT else self.err
-            if out is not None:
-                out.write(f"{stamp}[{label}] {text}\n")
-                used.add(id(out))
-        for out in (self.out, self.err):
-            if out is not None and id(out) in used and callable(getattr(out, "flush", None)):
-                out.flush()
 
 
 def _check_env(env: Optional[Mapping[str, str]]) -> Dict[str, str]:
@@ -337,153 +289,57 @@ def _start_server(conf: Mapping[str, Optional[str]], connect: bool
 
 
 class _Job:
-    """One launch: the Spark stage, the rank readers, the wait for the outcome."""
-
-    prog = _PROG
-    barrier = True         # one barrier stage of ``size`` tasks
-    what = "ranks"         # what the tasks are, for the Spark UI
-    line_label = "{}"      # the label of each output line, from the rank
+    """One barrier launch: its parts (:mod:`spark_hvd.spark._driver`) put together, and
+    the wait for the outcome."""
 
     def __init__(self, spark, server: RendezvousServer, spec: _task.TaskSpec,
-                 output: _Output, verbose: int) -> None:
-        self.spark, self.server, self.spec, self.verbose = spark, server, spec, verbose
-        self.output = output
-        self.size = spec.size
+                 output: _driver.Output, verbose: int) -> None:
+        self.spec, self.verbose, self.size = spec, verbose, spec.size
         self.store = server.store
-        self.connect = _checks.is_connect(spark)
-        self.tag = f"spark_hvd-{server.run_id}"
-        self.events: "queue.Queue[tuple]" = queue.Queue()
-        self.tails: Dict[int, Deque[str]] = {r: deque(maxlen=TAIL_LINES)
-                                             for r in range(self.size)}
-        self._print_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._aborting = False
+        self.events: _driver.Events = queue.Queue()
+        self.stage = _driver.SparkStage(spark, spec, server.run_id, self.events, barrier=True,
+                                        prog=_PROG, what="ranks")
+        self.logs = _driver.LogReader(self.store, output, self.events, _PROG)
+        self.gate = _driver.StartGate(self.store, self.size)
         self._spark_ended = False
 
-    # -- threads --------------------------------------------------------------------
-
-    def _thread(self, target, *args, name: str) -> threading.Thread:
-        thread = threading.Thread(target=target, args=args, daemon=True, name=name)
-        thread.start()
-        return thread
-
-    def _run_spark_stage(self) -> None:
-        try:
-            n = self.size
-            if self.connect:
-                self.spark.addTag(self.tag)
-                try:
-                    (self.spark.range(0, n, 1, n)
-                     .mapInArrow(partial(_task.arrow_partition, self.spec),
-                                 _task.ARROW_SCHEMA, barrier=self.barrier)
-                     .collect())
-                finally:
-                    self.spark.removeTag(self.tag)
-            else:
-                sc = self.spark.sparkContext
-                sc.setJobGroup(self.tag, f"{self.prog}: {n} {self.what}, run "
-                                         f"{self.server.run_id}", interruptOnCancel=True)
-                sc.setLocalProperty("callSite.short", f"{self.prog}({n} {self.what})")
-                rdd = sc.parallelize(range(n), n)
-                rdd = rdd.barrier() if self.barrier else rdd
-                rdd.mapPartitions(partial(_task.rdd_partition, self.spec)).collect()
-            self.events.put(("spark_done",))
-        except BaseException as e:  # noqa: B036 - handed to the main thread
-            self.events.put(("spark_failed", e))
-
     def _start_ranks(self) -> None:
-        keys = [P.host_key(r) for r in range(self.size)]
-        try:
-            self.store.wait(keys, self.spec.start_timeout_s)
-            hosts = [self.store.get(k, 0).decode("utf-8") for k in keys]
-        except CollectiveTimeoutError:
-            missing = [r for r, k in enumerate(keys) if not self.store.check([k])]
-            self.events.put(("start_timeout", missing))
+        """Step 4: the host list, once every rank has registered."""
+        hosts, missing = self.gate.wait_hosts(self.spec.start_timeout_s)
+        if hosts is None:
+            if missing:
+                self.events.put(("start_timeout", missing))
             return
-        except SparkHvdError:  # the store closed: the job is over
-            return
-        with self._lock:
-            if self._aborting:
-                return
-            self.store.set(P.START_KEY, json.dumps(hosts).encode("utf-8"))
-        if self.verbose >= 2:
-            self._say(f"{self.size} ranks registered on {', '.join(sorted(set(hosts)))}")
-
-    def _read_log(self, stream: P.Stream, label: int,
-                  superseded: Optional[Callable[[], bool]] = None) -> None:
-        """Prints ``stream``'s output as ``label``'s until its report, which goes to the
-        main thread as ``("report", label, report)``. With ``superseded``, a stream that
-        stays silent is given up when that says so (Spark started its task again)."""
-        seq = 0
-        tail = self.tails.setdefault(label, deque(maxlen=TAIL_LINES))
-        while True:
-            key = P.log_key(stream, seq)
-            try:
-                message = self.store.get(key, MAX_TIMEOUT_S if superseded is None
-                                         else _SUPERSEDED_CHECK_S)
-            except CollectiveTimeoutError:
-                if superseded is not None and superseded():
-                    self.events.put(("report", label, {
-                        "task_error": "its Spark task was lost (Spark started it again)",
-                        "time": time.time()}))
-                    return
-                continue
-            except SparkHvdError:  # the store closed: the job is over
-                return
-            self.store.delete(key)
-            seq += 1
-            if message[:1] != P.KIND_LINES:
-                self.events.put(("report", label, pickle.loads(message[1:])))
-                return
-            lines = list(P.parse_lines(message[1:]))
-            tail.extend(text for _, text in lines)
-            with self._print_lock:
-                self.output.write(self.line_label.format(label), lines)
-
-    def _say(self, text: str) -> None:
-        with self._print_lock:
-            sys.stderr.write(f"{self.prog}: {text}\n")
-            sys.stderr.flush()
-
-    # -- the outcome ----------------------------------------------------------------
+        if self.gate.open(hosts) and self.verbose >= 2:
+            self.logs.say(f"{self.size} ranks registered on {', '.join(sorted(set(hosts)))}")
 
     def run(self) -> List[Any]:
         if self.verbose >= 2:
-            self._say(f"launching {self.size} ranks as a barrier stage "
-                      f"({'mapInArrow, Spark Connect' if self.connect else 'RDD'}); rendezvous "
-                      f"at {self.spec.addr}:{self.spec.port}, run {self.server.run_id}")
+            self.logs.say(f"launching {self.size} ranks as a barrier stage "
+                          f"({'mapInArrow, Spark Connect' if self.stage.connect else 'RDD'}); "
+                          f"rendezvous at {self.spec.addr}:{self.spec.port}, run "
+                          f"{self.stage.run_id}")
         for r in range(self.size):
-            self._thread(self._read_log, r, r, name=f"spark_hvd-rank-{r}-output")
-        self._thread(self._start_ranks, name="spark_hvd-start")
-        spark_thread = self._spark_thread()
+            self.logs.start(r, r)
+        _driver.thread(self._start_ranks, name="spark_hvd-start")
+        self.stage.start()
         results: Dict[int, Any] = {}
         reports: Dict[int, dict] = {}
         try:
             failure = self._wait(results, reports)
         except BaseException:  # e.g. KeyboardInterrupt: stop everything, then re-raise
-            self._abort()
-            self._cancel(spark_thread)
+            self.gate.abort()
+            self.stage.cancel()
             raise
         if failure is None:
-            self._wait_spark_end(spark_thread)
+            self.stage.wait_end()
             return [results[r] for r in range(self.size)]
-        self._abort()
+        self.gate.abort()
         self._collect(reports)
-        self._cancel(spark_thread)
-        raise _failures.job_error(failure, reports, self.size, self.tails, self._attempts,
+        self.stage.cancel()
+        raise _failures.job_error(failure, reports, self.size, self.logs.tails,
+                                  partial(_driver.attempts, self.store),
                                   self.spec.start_timeout_s)
-
-    def _spark_thread(self) -> threading.Thread:
-        try:
-            from pyspark.util import InheritableThread  # keeps the caller's job properties
-
-            thread = InheritableThread(self._run_spark_stage, session=self.spark, daemon=True,
-                                       name="spark_hvd-spark-stage")
-        except ImportError:
-            thread = threading.Thread(target=self._run_spark_stage, daemon=True,
-                                      name="spark_hvd-spark-stage")
-        thread.start()
-        return thread
 
     def _wait(self, results: Dict[int, Any], reports: Dict[int, dict]) -> Optional[tuple]:
         """Until every rank succeeded (None) or something failed (the failure)."""
@@ -505,7 +361,7 @@ class _Job:
                 if not _failures.ok(report):
                     return ("rank", rank)
                 try:
-                    results[rank] = self._load_result(rank, report, f"rank {rank}")
+                    results[rank] = _driver.read_result(self.store, rank, report, f"rank {rank}")
                 except SparkHvdError as e:
                     report["task_error"] = str(e)
                     return ("rank", rank)
@@ -519,45 +375,21 @@ class _Job:
                          if r not in reports and r not in self._reported()]
                 if never:
                     return ("lost", never)
-                deadline = time.monotonic() + _LATE_REPORT_S
+                deadline = time.monotonic() + _driver.LATE_REPORT_S
             elif kind == "spark_failed":
                 self._spark_ended = True
                 return ("spark", event[1])
             elif kind == "start_timeout":
                 return ("start_timeout", event[1])
 
-    def _load_result(self, stream: P.Stream, report: dict, who: str) -> Any:
-        parts = []
-        for i in range(report.get("chunks", 0)):
-            key = P.result_key(stream, i)
-            parts.append(self.store.get(key, _REPORT_WAIT_S))
-            self.store.delete(key)
-        try:
-            return pickle.loads(b"".join(parts))
-        except Exception as e:
-            raise SparkHvdError(f"the return value of {who} cannot be unpickled on the "
-                                f"driver: {type(e).__name__}: {e}") from None
-
-    def _abort(self) -> None:
-        """Tell every task to stop its child (and tasks not started yet not to start one)."""
-        with self._lock:
-            self._aborting = True
-            try:
-                if not self.store.check([P.START_KEY]):
-                    self.store.set(P.START_KEY, P.ABORT)
-                for r in range(self.size):
-                    self.store.set(P.stop_key(r), P.ABORT)
-            except StoreError:
-                pass
-
     def _reported(self) -> List[int]:
         """Ranks whose task has sent its final report (read or not)."""
-        return [r for r in range(self.size) if self.store.check([P.reported_key(r)])]
+        return _driver.reported(self.store, range(self.size))
 
     def _collect(self, reports: Dict[int, dict]) -> None:
         """The other ranks' reports: all of them, or, once the Spark job has ended (no
-        more will come), those already sent; at most kill_grace_s + _REPORT_WAIT_S."""
-        deadline = time.monotonic() + self.spec.kill_grace_s + _REPORT_WAIT_S
+        more will come), those already sent; at most kill_grace_s + REPORT_WAIT_S."""
+        deadline = time.monotonic() + self.spec.kill_grace_s + _driver.REPORT_WAIT_S
         while len(reports) < self.size:
             if self._spark_ended and set(self._reported()) <= set(reports):
                 return
@@ -572,29 +404,3 @@ class _Job:
                 reports[event[1]] = event[2]
             elif event[0] in ("spark_done", "spark_failed"):
                 self._spark_ended = True
-
-    def _cancel(self, spark_thread: threading.Thread) -> None:
-        if spark_thread.is_alive():
-            try:
-                if self.connect:
-                    self.spark.interruptTag(self.tag)
-                else:
-                    self.spark.sparkContext.cancelJobGroup(self.tag)
-            except Exception as e:  # the session may be stopping too
-                logger.warning("%s: cancelling Spark job group %s failed: %s", self.prog,
-                               self.tag, e)
-        spark_thread.join(_SPARK_END_WAIT_S)
-
-    def _attempts(self, rank: int) -> int:
-        """How many times Spark started rank ``rank``'s task."""
-        key = P.attempt_key(rank)
-        try:
-            return int(self.store.get(key, 0)) if self.store.check([key]) else 0
-        except (SparkHvdError, ValueError):
-            return 0
-
-    def _wait_spark_end(self, spark_thread: threading.Thread) -> None:
-        spark_thread.join(_SPARK_END_WAIT_S)
-        if spark_thread.is_alive():
-            logger.warning("%s: every rank returned but the Spark job has not ended after "
-                           "%g s", self.prog, _SPARK_END_WAIT_S)

@@ -1,9 +1,10 @@
 """spark_hvd on PyTorch: ``import spark_hvd.torch as hvd`` in place of ``horovod.torch``.
 
-Collectives on CPU torch tensors (async, in-place and differentiable forms),
+Collectives on CPU and CUDA torch tensors (async, in-place and differentiable forms),
 DistributedOptimizer, broadcast_parameters / broadcast_optimizer_state,
 Compression, SyncBatchNorm, join, and ``elastic`` (TorchState, ElasticSampler, run).
-GPU tensors need an NCCL build (not yet available) and are refused with a clear error.
+CUDA tensors run on NCCL, or staged through pinned host memory on the CPU backend where
+NCCL does not load (``cuda_built()`` says whether the CUDA runtime does).
 """
 
 from spark_hvd._basics import (ccl_built, ddl_built, mpi_threads_supported,  # noqa: F401

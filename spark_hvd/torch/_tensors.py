@@ -8,7 +8,7 @@ error for anything else) and turning the core's output back into a tensor.
 from __future__ import annotations
 
 import functools
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -30,9 +30,6 @@ _CODES = {
     torch.float64: DataType.FLOAT64,
     torch.bool: DataType.BOOL,
 }
-
-SUPPORTED_DTYPES = tuple(_CODES)
-
 
 def dtype_code(dtype: torch.dtype) -> DataType:
     try:
@@ -119,17 +116,4 @@ def int_list(values, what: str) -> List[int]:
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"{what} must be a sequence of integers, got {values!r}") \
             from None
-    return out
-
-
-def even_splits(rows: int, n: int) -> List[int]:
-    base, rem = divmod(rows, n)
-    return [base + (1 if i < rem else 0) for i in range(n)]
-
-
-def row_offsets(sizes: Sequence[int]) -> List[int]:
-    out, acc = [], 0
-    for s in sizes:
-        out.append(acc)
-        acc += int(s)
     return out

@@ -1,4 +1,4 @@
-"""Collectives on torch tensors (CPU), as in ``horovod.torch.mpi_ops``.
+"""Collectives on torch tensors (CPU and CUDA), as in ``horovod.torch.mpi_ops``.
 
 Three shapes per op, as in Horovod:
 
@@ -12,11 +12,12 @@ The async and in-place forms live in ``_reduce_ops`` and ``_gather_ops``, the
 gradients in ``_autograd``; this module puts the differentiable forms on top and
 re-exports the rest.
 
-Tensors reach the core as (dtype code, shape, data pointer); the handle keeps
-every tensor whose pointer went to the core alive until the op completes.
-Non-contiguous inputs are reduced through a contiguous copy (written back for
-the in-place forms). Ops that return core-allocated outputs (allgather,
-alltoall, reducescatter) give tensors sharing that buffer, no copy.
+Tensors reach the core as (dtype code, shape, data pointer, device, stream) with an
+owner: the core itself holds every tensor whose pointer it got until it is done with
+the op, whatever happens to the handle (dropping one is safe). Non-contiguous inputs
+are reduced through a contiguous copy (written back for the in-place forms). Ops that
+return core-allocated outputs (allgather, alltoall, reducescatter) give tensors sharing
+that buffer, no copy (CUDA ones through DLPack).
 """
 
 from __future__ import annotations

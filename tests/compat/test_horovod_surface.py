@@ -1,7 +1,7 @@
 """Horovod's public names, module by module, as Horovod's API documentation lists them
 (docs/api.rst's automodule/autoclass entries: each module's exported names), against
 spark_hvd's module at the same path. A name is either there or listed, with the reason, in
-README's "Horovod names spark_hvd does not have" table."""
+the "Horovod names spark_hvd does not have" table of docs/migrate-horovod.md."""
 
 import importlib
 import importlib.util
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+MIGRATION = Path(__file__).resolve().parents[2] / "docs" / "migrate-horovod.md"
 
 # Horovod module -> (spark_hvd module, Horovod's public names there, what its classes need)
 SURFACE = {
@@ -44,9 +44,9 @@ SURFACE = {
 }
 
 def _listed_missing() -> set:
-    """The backticked Horovod names of README's table of what spark_hvd does not have."""
-    text = README.read_text(encoding="utf-8")
-    section = text.split("### Horovod names spark_hvd does not have", 1)[1]
+    """The backticked Horovod names of docs/migrate-horovod.md's table of what spark_hvd does not have."""
+    text = MIGRATION.read_text(encoding="utf-8")
+    section = text.split("## Horovod names spark_hvd does not have", 1)[1]
     section = section.split("\n#", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `horovod")]
     return {name for row in rows for name in re.findall(r"`(horovod\.[\w.]+)`",
@@ -66,9 +66,9 @@ def test_horovod_names_are_here_or_listed_with_the_reason(horovod_module):
                not hasattr(module, n)]
     unexplained = [n for n in missing if f"{horovod_module}.{n}" not in listed]
     assert not unexplained, (f"{ours} lacks Horovod's {horovod_module} names {unexplained}: "
-                             f"add them, or list them in README's table with the reason")
+                             f"add them, or list them in docs/migrate-horovod.md's table with the reason")
     stale = [n for n in names if n not in missing and f"{horovod_module}.{n}" in listed]
-    assert not stale, f"README lists {stale} of {horovod_module} as missing, but {ours} has them"
+    assert not stale, f"docs/migrate-horovod.md lists {stale} of {horovod_module} as missing, but {ours} has them"
 
 
 def test_an_unknown_name_is_an_attribute_error():

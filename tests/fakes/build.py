@@ -42,7 +42,7 @@ LEGACY_STREAM_ENV_VAR = "SHVD_FAKE_CUDA_LEGACY_STREAM"
 BUILD_DIR_ENV_VAR = "SHVD_FAKES_BUILD_DIR"
 DEFAULT_BUILD_DIR = os.path.join(ROOT, "build", "test-fakes")
 
-_API_H = os.path.join(CSRC, "backends", "nccl", "api.h")
+_API_H = os.path.join(CSRC, "backends", "cuda", "api.h")
 
 
 def _src(name: str) -> List[str]:

@@ -1,4 +1,4 @@
-// libshvd_fake_cudart.so: the CUDA runtime subset of csrc/backends/nccl/api.h over host
+// libshvd_fake_cudart.so: the CUDA runtime subset of csrc/backends/cuda/api.h over host
 // memory, for testing the NCCL backend where there is no GPU. It is strict where a real
 // GPU would fail or give wrong results, so such code fails here too.
 //

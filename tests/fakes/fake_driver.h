@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "backends/nccl/api.h"
+#include "backends/cuda/api.h"
 
 namespace driver {
 

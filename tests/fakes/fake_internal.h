@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "backends/nccl/api.h"
+#include "backends/cuda/api.h"
 
 extern "C" {
 

@@ -1,4 +1,4 @@
-// libshvd_fake_nccl.so: the NCCL subset of csrc/backends/nccl/api.h between processes
+// libshvd_fake_nccl.so: the NCCL subset of csrc/backends/cuda/api.h between processes
 // of one machine, over the fake CUDA runtime's host-memory "devices" and streams
 // (fake_internal.h). It enforces NCCL's contract where a backend could break it, so
 // wrong logic fails here, not first on a cluster. This file: the C API, handles and

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/nccl/api.h"
+#include "backends/cuda/api.h"
 
 namespace shvd_fake {
 

@@ -1,4 +1,4 @@
-// Compile-time check of csrc/backends/nccl/api.h (our own declarations of the CUDA
+// Compile-time check of csrc/backends/cuda/api.h (our own declarations of the CUDA
 // runtime and NCCL subset the backend loads with dlopen) against the libraries' real
 // headers, as the nvidia-cuda-runtime / nvidia-nccl wheels ship them. Compiled (only)
 // by tests/fakes/test_real_nvidia_libraries.py with -fsyntax-only; every mismatch is
@@ -32,7 +32,7 @@ constexpr unsigned int kRealEventDisableTiming = cudaEventDisableTiming;
 #undef cudaEventDisableTiming
 
 namespace ours {
-#include "backends/nccl/api.h"
+#include "backends/cuda/api.h"
 }  // namespace ours
 
 namespace {

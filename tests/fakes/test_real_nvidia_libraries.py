@@ -1,5 +1,5 @@
 """The NCCL backend against the real CUDA runtime and NCCL, as the nvidia-* wheels ship
-them (no GPU needed). The fakes of this folder implement csrc/backends/nccl/api.h, so
+them (no GPU needed). The fakes of this folder implement csrc/backends/cuda/api.h, so
 they cannot tell whether api.h itself matches the libraries; this file can:
 
 * api.h's declarations and constants against the real headers of CUDA 12 and CUDA 13
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.nccl
 
 LIBS = os.environ.get("SHVD_NVIDIA_LIBS", os.path.join(ROOT, ".venv", "nvidia-libs"))
 CHECK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "real_abi_check.cc")
-API_H = os.path.join(CSRC, "backends", "nccl", "api.h")
+API_H = os.path.join(CSRC, "backends", "cuda", "api.h")
 DEADLINE_S = 10.0
 
 # Per CUDA major version: where the wheels put the runtime's headers (crt/ and nv/ come
@@ -77,7 +77,7 @@ def test_the_header_check_catches_a_mismatch(libs, tmp_path):
     wrong = text.replace("ncclBfloat16 = 9;", "ncclBfloat16 = 10;").replace(
         "const void* src, size_t bytes,", "const void* src, int bytes,")
     assert wrong.count("ncclBfloat16 = 10;") == 1 and "int bytes," in wrong
-    target = tmp_path / "backends" / "nccl"
+    target = tmp_path / "backends" / "cuda"
     target.mkdir(parents=True)
     (target / "api.h").write_text(wrong)
     cuda = _syntax_check("cu13", "CUDA", str(tmp_path))

@@ -31,6 +31,49 @@ def _concat(parts, tail_shape, dt) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros((0,) + tuple(tail_shape), dt)
 
 
+# -- response cache ---------------------------------------------------------------
+
+@CASES.case("cache/repeated_steps_then_changes")
+def _(ctx):
+    """Repeated steps are answered by the response cache (this rank's hits and misses
+    counted by the core), a changed request is not, and the results stay right. First
+    in the module: the op matrix's names fill the cache (SPARK_HVD_CACHE_CAPACITY, 1024),
+    and a full cache takes no new name."""
+    from spark_hvd import _core
+
+    n, me = ctx.size, ctx.rank
+    shapes = [(4,), (1,), (3, 3), (0,)]
+    before = _core.cache_stats()
+
+    def step(s, j, shape, op="Sum", dt=np.float32):
+        got = hvd.allreduce(values(dt, me, shape, salt=s), op=OP[op], name=f"cache.w{j}")
+        want = reduce([values(dt, r, shape, salt=s) for r in range(n)], op, dt)
+        assert_same(got, want, f"step {s} tensor {j} {shape} {op}")
+
+    for s in range(12):  # the same names every step: served by the response cache
+        for j, shape in enumerate(shapes):
+            step(s, j, shape)
+    for s in range(3):   # same name, new shape: the cached entry must not be reused
+        step(100 + s, 0, (6,))
+    step(200, 0, (6,), op="Max")      # same name, new op
+    step(201, 0, (6,), dt=np.int64)   # same name, new dtype
+    for s in range(3):
+        step(300 + s, 0, (4,))        # and back
+    # the same tensors as async steps, several in flight at once
+    for s in range(4):
+        hs = [hvd.allreduce_async(values(np.float32, me, shape, salt=s), op=hvd.Sum,
+                                  name=f"cache.w{j}") for j, shape in enumerate(shapes)]
+        for j, h in enumerate(hs):
+            want = reduce([values(np.float32, r, shapes[j], salt=s) for r in range(n)], "Sum",
+                          np.float32)
+            assert_same(hvd.synchronize(h), want, f"async step {s} tensor {j}")
+    after = _core.cache_stats()
+    # Sent in full: the 4 tensors' first step, each new shape, op or dtype of cache.w0 and
+    # its return to (4,); every other step (11 x 4, 2, 2, 4 x 4) went as cache bits.
+    assert after["misses"] - before["misses"] == 4 + 4, (before, after)
+    assert after["hits"] - before["hits"] == 11 * 4 + 2 + 2 + 4 * 4, (before, after)
+
+
 # -- allreduce ----------------------------------------------------------------------
 
 def _allreduce_case(dt, op):
@@ -474,7 +517,7 @@ def _(ctx):
     hvd.remove_process_set(again)
 
 
-# -- fusion, response cache, async -----------------------------------------------------------
+# -- fusion, async ---------------------------------------------------------------------------
 
 @CASES.case("fusion/200_small_tensors_in_flight")
 def _(ctx):
@@ -515,35 +558,6 @@ def _(ctx):
         else:
             want = values(np.float64, i % n, (3,), salt=i)
         assert_same(got, want, f"{kind} {i}")
-
-
-@CASES.case("cache/repeated_steps_then_changes")
-def _(ctx):
-    n, me = ctx.size, ctx.rank
-    shapes = [(4,), (1,), (3, 3), (0,)]
-
-    def step(s, j, shape, op="Sum", dt=np.float32):
-        got = hvd.allreduce(values(dt, me, shape, salt=s), op=OP[op], name=f"cache.w{j}")
-        want = reduce([values(dt, r, shape, salt=s) for r in range(n)], op, dt)
-        assert_same(got, want, f"step {s} tensor {j} {shape} {op}")
-
-    for s in range(12):  # the same names every step: served by the response cache
-        for j, shape in enumerate(shapes):
-            step(s, j, shape)
-    for s in range(3):   # same name, new shape: the cached entry must not be reused
-        step(100 + s, 0, (6,))
-    step(200, 0, (6,), op="Max")      # same name, new op
-    step(201, 0, (6,), dt=np.int64)   # same name, new dtype
-    for s in range(3):
-        step(300 + s, 0, (4,))        # and back
-    # the same tensors as async steps, several in flight at once
-    for s in range(4):
-        hs = [hvd.allreduce_async(values(np.float32, me, shape, salt=s), op=hvd.Sum,
-                                  name=f"cache.w{j}") for j, shape in enumerate(shapes)]
-        for j, h in enumerate(hs):
-            want = reduce([values(np.float32, r, shapes[j], salt=s) for r in range(n)], "Sum",
-                          np.float32)
-            assert_same(hvd.synchronize(h), want, f"async step {s} tensor {j}")
 
 
 @CASES.case("async/poll_and_synchronize")
@@ -590,11 +604,11 @@ def _(ctx):
 @CASES.case("topology/backend_of_cpu_ops")
 def _(ctx):
     """The backend the settings select runs the CPU ops (the timeline names it): the
-    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else tcp; a process set of
-    one rank too."""
+    one SPARK_HVD_CPU_OPERATIONS names, mpi under mpirun, else shm (every rank is on
+    this host); a process set of one rank too."""
     cpu = os.environ.get("SPARK_HVD_CPU_OPERATIONS", "")
     mpi = os.environ.get("SPARK_HVD_CONTROLLER", "gloo") == "mpi"
-    want = (cpu or ("mpi" if mpi else "tcp")).upper()
+    want = (cpu or ("mpi" if mpi else "shm")).upper()
     path = os.path.join(ctx.outdir, f"timeline_backend_rank{ctx.rank}.json")
     alone = hvd.add_process_set([ctx.size - 1])
     hvd.start_timeline(path)
@@ -641,6 +655,39 @@ def _(ctx):
     assert "tl.after_stop" not in named
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@CASES.case("soak/rss_flat_over_repeated_steps", timeout_s=120)
+def _(ctx):
+    """20,000 small allreduces (40 steps of 500 in flight, the same names each step, as
+    gradients) and 1,000 of 1 MiB (50 steps of 20): every result right, and the resident
+    memory after the second half within 5 % of what it was after the first."""
+    if ctx.size != 2:
+        raise Skip("run at 2 ranks only (the soak costs seconds)")
+    n = ctx.size
+    small = [np.full(4, float(i % 7), np.float32) for i in range(500)]
+    big = [np.full(1 << 18, float(i % 5), np.float32) for i in range(20)]
+
+    def step(tensors, tag):
+        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"soak.{tag}.{i}")
+              for i, x in enumerate(tensors)]
+        for x, h in zip(tensors, hs):
+            got = hvd.synchronize(h)
+            assert got[0] == x[0] * n and got[-1] == x[-1] * n, (tag, got[:2], x[:2])
+
+    rss = []
+    for half in range(2):
+        for _ in range(20):
+            step(small, "small")
+        for _ in range(25):
+            step(big, "big")
+        rss.append(_rss_bytes())
+    assert rss[1] <= rss[0] * 1.05, f"resident memory grew {rss[0]} -> {rss[1]} bytes"
+
+
 # -- last: a case whose failure can leave the ranks' generated names out of step -------------
 
 @CASES.case("process_set/barrier_on_overlapping_sets")
@@ -672,16 +719,26 @@ def _(ctx):
 @CASES.case("process_set/same_name_in_two_sets")
 def _(ctx):
     """The same tensor name used at once in two disjoint sets: [0, 1] and [2]. Rank 1
-    is late, so rank 0's and rank 2's requests meet in negotiation first."""
+    is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
+    submits before the global 'pss.first' (so its request is negotiated by the time
+    that completes), rank 2 after it, and rank 1 only after 'pss.second', which rank 2
+    submits after its own request."""
     n, me = ctx.size, ctx.rank
     if n < 3:
         raise Skip("needs 3 ranks (sets [0, 1] and [2])")
     a = hvd.add_process_set([0, 1])
     b = hvd.add_process_set([2])
     mine = a if me < 2 else b
-    if me == 1:
-        time.sleep(0.5)
-    h = hvd.allreduce_async(np.full(2, me + 1.0), op=hvd.Sum, name="pss.grad", process_set=mine)
+
+    def submit():
+        return hvd.allreduce_async(np.full(2, me + 1.0), op=hvd.Sum, name="pss.grad",
+                                   process_set=mine)
+
+    h = submit() if me == 0 else None
+    hvd.allreduce(np.ones(1), name="pss.first")
+    h = submit() if me == 2 else h
+    hvd.allreduce(np.ones(1), name="pss.second")
+    h = submit() if me == 1 else h
     try:
         got = wait_for(h, 5, f"allreduce 'pss.grad' in {mine} on rank {me}", ctx)
     finally:  # every rank reaches this point, whatever happened above

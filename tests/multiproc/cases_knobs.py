@@ -55,6 +55,27 @@ def _(ctx):
     chk.done()
 
 
+@CASES.case("knobs/cache_capacity_bounds_the_hits")
+def _(ctx):
+    """SPARK_HVD_CACHE_CAPACITY=0 turns the response cache off (no hits); a capacity of
+    at least the 3 names of a repeated step serves every step after the first from it."""
+    from spark_hvd import _core
+
+    capacity = int(os.environ["SPARK_HVD_CACHE_CAPACITY"])
+    before = _core.cache_stats()
+    for s in range(5):
+        for j in range(3):
+            hvd.allreduce(np.ones(j + 1, np.float32), name=f"kcap.{j}")
+    after = _core.cache_stats()
+    hits, misses = (after[k] - before[k] for k in ("hits", "misses"))
+    if capacity == 0:
+        assert (hits, misses) == (0, 15), (capacity, before, after)
+    elif capacity >= 3 + 6:  # cache_churn's 6 names may hold slots
+        assert (hits, misses) == (12, 3), (capacity, before, after)
+    else:
+        assert hits + misses == 15, (capacity, before, after)
+
+
 @CASES.case("knobs/timeline_tensors")
 def _(ctx):
     """Ops the test then looks for in the SPARK_HVD_TIMELINE file."""

@@ -55,9 +55,26 @@ def kill() -> None:
     save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
 
 
-def kill_mid_transfer() -> None:
-    """The last rank SIGKILLs itself while 64 MiB allreduces, broadcasts and allgathers
-    are on the wire (the data plane, not the control plane)."""
+def segments() -> dict:
+    """This process's open descriptors of memory files and its mappings of shm segments."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(("/memfd:", "/dev/shm")):
+            fds.append(target)
+    with open("/proc/self/maps") as f:
+        maps = [line.split(None, 5)[-1].strip() for line in f if "spark_hvd-shm" in line]
+    return {"fds": fds, "maps": maps}
+
+
+def mid_transfer(stop_signal: int) -> None:
+    """The last rank SIGKILLs (SIGSTOPs) itself while 64 MiB allreduces, broadcasts and
+    16 MiB allgathers are in flight (the data path: the tcp ring, shm's rounds; not the
+    control plane). The others report what they saw, and which segments they held then
+    and after shutdown()."""
     import threading
 
     n, me = hvd.size(), hvd.rank()
@@ -74,10 +91,21 @@ def kill_mid_transfer() -> None:
 
     if me == n - 1:
         def die():
-            save("killed_at", at=time.time())
-            os.kill(os.getpid(), signal.SIGKILL)
+            save("killed_at" if stop_signal == signal.SIGKILL else "frozen_at", at=time.time())
+            os.kill(os.getpid(), stop_signal)
         threading.Timer(0.3, die).start()
-    save(f"result{me}", **attempt(loop))
+    held = segments()
+    result = attempt(loop)
+    hvd.shutdown()
+    save(f"result{me}", held=held, after=segments(), **result)
+
+
+def kill_mid_transfer() -> None:
+    mid_transfer(signal.SIGKILL)
+
+
+def freeze_mid_transfer() -> None:
+    mid_transfer(signal.SIGSTOP)
 
 
 def freeze() -> None:
@@ -197,14 +225,40 @@ def kill_in_init(stage: str) -> None:
 KILL_IN_INIT_VICTIM = {"before_connect": 2, "after_publish": 1}
 
 
+def hold_shm_setup() -> None:
+    """The last rank stops inside init right before publishing its shm address (the
+    lower ranks' listeners are open, waiting for it) until the test has tried its
+    connections (file attack_done); then every rank checks an allreduce."""
+    from spark_hvd._job.client import RendezvousClient
+
+    me, n = int(os.environ["SPARK_HVD_RANK"]), int(os.environ["SPARK_HVD_SIZE"])
+    save(f"pid{me}", pid=os.getpid())
+    if me == n - 1:
+        set_key = RendezvousClient.set
+
+        def held_set(self, key, value):
+            if "/shm/set0/addr/" in key:
+                save("holding", at=time.time())
+                wait_file("attack_done", 60)
+            set_key(self, key, value)
+        RendezvousClient.set = held_set
+    hvd.init()
+    save(f"result{me}", **attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum, name="after"))
+    wait_file("checked", 60)  # the test looks at this process's sockets meanwhile
+
+
 if __name__ == "__main__":
     if sys.argv[1].startswith("kill_in_init:"):
         kill_in_init(sys.argv[1].split(":", 1)[1])
+        sys.exit(0)
+    if sys.argv[1] == "hold_shm_setup":
+        hold_shm_setup()
         sys.exit(0)
     if sys.argv[1] == "never_init":
         never_init()
         sys.exit(0)
     hvd.init()
     save(f"pid{hvd.rank()}", pid=os.getpid())
-    {"kill": kill, "kill_mid_transfer": kill_mid_transfer, "freeze": freeze, "shutdown_early": shutdown_early,
+    {"kill": kill, "kill_mid_transfer": kill_mid_transfer, "freeze": freeze,
+     "freeze_mid_transfer": freeze_mid_transfer, "shutdown_early": shutdown_early,
      "stall_warning": stall_warning, "stall_shutdown": stall_shutdown}[sys.argv[1]]()

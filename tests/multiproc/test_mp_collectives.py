@@ -1,7 +1,9 @@
-"""The op matrix (cases_collectives.py) on 1, 2 and 3 ranks, under ``--mpi`` on 2, and on
-Gloo's pairs and algorithms (SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
+"""The op matrix (cases_collectives.py) on 1, 2 and 3 ranks on the default backend (shm:
+every rank is on this host; at 3 ranks with slots of 40000 bytes, so that most ops take
+several rounds), on tcp at 3, under ``--mpi`` on 2, and on Gloo's pairs and algorithms
+(SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
 
-One job per rank count runs every case; each case is its own test item here.
+One job per rank count and backend runs every case; each case is its own test item here.
 """
 
 import pytest
@@ -14,12 +16,22 @@ NAMES = cases_collectives.CASES.names()
 MPI_PATTERN = r"^(allreduce|allgather|broadcast|alltoall|reducescatter|grouped_allreduce|join|" \
               r"barrier|fusion|cache|process_set|topology)"
 MPI_NAMES = cases_collectives.CASES.names(MPI_PATTERN)
+# On tcp: the same and the reduction order (its bits are shm's, checked by both).
+TCP_PATTERN = MPI_PATTERN[:-1] + "|order)"
+TCP_NAMES = cases_collectives.CASES.names(TCP_PATTERN)
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])
 @pytest.mark.parametrize("case", NAMES)
 def test_case(case_runs, case, np):
-    case_runs.get("cases_collectives", np).check(case)
+    env = {"SPARK_HVD_SHM_SLOT_BYTES": "40000"} if np == 3 else None
+    case_runs.get("cases_collectives", np, env=env).check(case)
+
+
+@pytest.mark.parametrize("case", TCP_NAMES)
+def test_case_tcp(case_runs, case):
+    case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "tcp"},
+                  pattern=TCP_PATTERN).check(case)
 
 
 @pytest.mark.skipif(not have_mpirun(), reason="mpirun not on PATH (apt-get install openmpi-bin)")
@@ -32,16 +44,3 @@ def test_case_mpi(case_runs, case):
 def test_case_gloo_data_plane(case_runs, case):
     case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "gloo"},
                   pattern=MPI_PATTERN).check(case)
-
-
-# On shared memory: the op matrix and the reduction order, with slots of 40000 bytes so
-# that most ops take several rounds (none a multiple of the element sizes' blocks).
-SHM_PATTERN = MPI_PATTERN[:-1] + "|order)"
-SHM_NAMES = cases_collectives.CASES.names(SHM_PATTERN)
-
-
-@pytest.mark.parametrize("case", SHM_NAMES)
-def test_case_shm(case_runs, case):
-    case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "shm",
-                                               "SPARK_HVD_SHM_SLOT_BYTES": "40000"},
-                  pattern=SHM_PATTERN).check(case)

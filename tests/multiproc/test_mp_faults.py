@@ -44,6 +44,24 @@ def assert_names_exactly(result, ranks, verb="lost") -> None:
         f"the message should name exactly ranks {ranks} as {verb}, it names {said}: {result}"
 
 
+def survivors(job, outdir, event: str, timeout_s: float, ranks=(0, 1)):
+    """Waits up to timeout_s for `ranks` to end; returns their exit codes (all ranks),
+    every rank's output, and (rank, result, seconds from the `event` file's time to the
+    result) for each of `ranks`, failing with the output when one did not report."""
+    codes = job.wait(timeout_s, ranks=list(ranks))
+    logs = job.outputs()
+    at = load(outdir, event)
+    assert at is not None, logs
+    reports = []
+    for r in ranks:
+        res = load(outdir, f"result{r}")
+        assert res is not None, f"rank {r} did not report in time (exit {codes[r]})\n{logs}"
+        detect = res["at"] - at["at"]
+        print(f"rank {r}: {res['error']} {detect:.2f} s after {event}: {res['message']}")
+        reports.append((r, res, detect))
+    return codes, logs, reports
+
+
 # -- a killed rank ------------------------------------------------------------------
 
 @pytest.mark.parametrize("scenario", ["kill", "kill_mid_transfer"])
@@ -51,20 +69,15 @@ def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
     """Without a launcher that tears the job down: ranks 0 and 1 must see rank 2's
     death as PeerLostError naming it, and only it, on their own, and then exit by
     themselves; whether they wait for it in negotiation (kill) or in the middle of a
-    ring allreduce, a broadcast or an allgather (kill_mid_transfer: the other survivor
-    stops too, and closes its connections, without being lost)."""
-    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)])
+    tcp ring allreduce, a broadcast or an allgather (kill_mid_transfer: the other
+    survivor stops too, and closes its connections, without being lost). test_shm.py
+    has the same on shared memory."""
+    env = {"SPARK_HVD_CPU_OPERATIONS": "tcp"} if scenario == "kill_mid_transfer" else None
+    job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)], env=env)
     try:
-        codes = job.wait(DEADLINE_S + 20)
-        logs = job.outputs()
-        killed = load(tmp_path, "killed_at")
-        assert killed is not None, logs
+        codes, logs, reports = survivors(job, tmp_path, "killed_at", DEADLINE_S + 20)
         assert codes[2] == -signal.SIGKILL, (codes, logs)
-        for r in (0, 1):
-            res = load(tmp_path, f"result{r}")
-            assert res is not None, f"rank {r} did not report (exit {codes[r]})\n{logs}"
-            detect = res["at"] - killed["at"]
-            print(f"rank {r}: {res['error']} {detect:.2f} s after the kill: {res['message']}")
+        for r, res, detect in reports:
             assert res["error"] == "PeerLostError", (res, logs)
             assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s to notice"
             assert_names_exactly(res, [2])  # not the other survivor, which also stopped
@@ -129,15 +142,8 @@ def test_frozen_rank_is_named_by_every_survivor_within_10s(tmp_path, mode):
     env, error = FREEZE_MODES[mode]
     job = DirectJob(3, [PYTHON, WORKER, "freeze", str(tmp_path)], env=env)
     try:
-        codes = job.wait(DEADLINE_S + 20, ranks=[0, 1])
-        logs = job.outputs()
-        frozen = load(tmp_path, "frozen_at")
-        assert frozen is not None, logs
-        for r in (0, 1):
-            res = load(tmp_path, f"result{r}")
-            assert res is not None, f"rank {r} did not report in time (exit {codes[r]})\n{logs}"
-            detect = res["at"] - frozen["at"]
-            print(f"rank {r}: {res['error']} {detect:.2f} s after the freeze: {res['message']}")
+        _, _, reports = survivors(job, tmp_path, "frozen_at", DEADLINE_S + 20)
+        for r, res, detect in reports:
             assert res["error"] == error, res
             assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s"
             assert_names_exactly(res, [2], "lost" if mode == "heartbeats" else "from")

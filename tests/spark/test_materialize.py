@@ -130,6 +130,19 @@ def test_cache_reuse_and_new_key(df, store, writes):
     assert fresh.key.startswith("nocache-") and len(writes) == 3
 
 
+def test_a_changed_plan_is_a_new_key(df, store, writes, spark_local):
+    """The key follows the DataFrame: a filter, or other rows of the same schema, are
+    written anew, never served from the first write."""
+    args = (store, ["features", "id"], ["label"])
+    first = prepare_data(df, *args, num_proc=2)
+    filtered = prepare_data(df.filter("id >= 10"), *args, num_proc=2)
+    other = spark_local.createDataFrame([_row(i) for i in range(N, N + 30)], df.columns)
+    others = prepare_data(other, *args, num_proc=2)
+    assert len({first.key, filtered.key, others.key}) == 3 and len(writes) == 3
+    assert sorted(_ids(filtered, "train", 2)[0]) == list(range(10, N))
+    assert sorted(_ids(others, "train", 2)[0]) == list(range(N, N + 30))
+
+
 def test_parent_cache_dir_conf(df, store, tmp_path, spark_local):
     parent = tmp_path / "petastorm_cache"
     spark_local.conf.set(materialize.PARENT_CACHE_DIR_CONF, "file://" + str(parent))

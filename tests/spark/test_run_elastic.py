@@ -35,11 +35,21 @@ def _no_active_jobs(spark, wait_s=15.0):
     return True
 
 
+def _wait_file(path, what, timeout_s=60.0):
+    """Waits for another worker's marker file (the workers share the driver's disk)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} ({path}) did not happen within {timeout_s} s")
+        time.sleep(0.01)
+
+
 def _train_losing_rank_1_once(marker_dir):
     """An elastic loop that sums allreduces of ones (each adds the job's size); rank 1
     SIGKILLs its own process once, at step KILL_AT."""
     import signal
-    import time
 
     import numpy as np
 
@@ -65,7 +75,6 @@ def _train_losing_rank_1_once(marker_dir):
             state.total += float(hvd.allreduce(np.ones(4), op=hvd.Sum, name="ones")[0])
             state.step += 1
             state.commit()
-            time.sleep(0.02)
 
     train(state)
     return {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "total": state.total,
@@ -103,29 +112,33 @@ def test_a_lost_worker_leaves_the_survivor_to_finish_from_its_last_commit(spark_
 
 
 def _train_until_two_ranks(marker_dir):
-    """Commits every step and goes on until the job has 2 ranks (at most 3000 steps).
-    The second worker to get here waits 2 s first: it arrives while the first trains."""
-    import time
-
+    """Commits every step and goes on until the job has 2 ranks. The second worker to get
+    here asks for a place only once the first has trained 5 steps alone (it arrives while
+    the first trains), and the first waits for it there, then commits until the new
+    worker is announced."""
     import numpy as np
 
     import spark_hvd as hvd
     import spark_hvd.elastic
 
+    trained, second = (os.path.join(marker_dir, name) for name in ("trained", "second"))
     try:
         os.close(os.open(os.path.join(marker_dir, "first"), os.O_CREAT | os.O_EXCL))
     except FileExistsError:
-        time.sleep(2.0)
+        _wait_file(trained, "the first worker training 5 steps alone")
+        open(second, "w").close()
     hvd.init()
     state = spark_hvd.elastic.ObjectState(step=0, total=0.0)
 
     @spark_hvd.elastic.run
     def train(state):
-        while (state.step < 5 or hvd.size() < 2) and state.step < 3000:
+        while state.step < 5 or hvd.size() < 2:
             state.total += float(hvd.allreduce(np.ones(2), op=hvd.Sum, name="ones")[0])
             state.step += 1
+            if state.step == 5 and hvd.size() == 1:
+                open(trained, "w").close()
+                _wait_file(second, "the second worker asking for a place")
             state.commit()
-            time.sleep(0.005)
 
     train(state)
     return {"rank": hvd.rank(), "size": hvd.size(), "step": state.step, "total": state.total}
@@ -142,7 +155,7 @@ def test_a_worker_that_starts_later_joins_up_to_max_num_proc(spark_local, tmp_pa
     err = capsys.readouterr().err
     assert [r["rank"] for r in results] == [0, 1], (results, err)
     assert all(r["size"] == 2 for r in results), results
-    assert results[0]["step"] == results[1]["step"] < 3000, results
+    assert results[0]["step"] == results[1]["step"], results
     assert results[0]["total"] == results[1]["total"], results
     assert re.search(r"run_elastic: epoch 1: 1 ranks", err), err
     assert re.search(r"run_elastic: epoch 2: 2 ranks", err), err

@@ -1,6 +1,7 @@
 """spark_hvd.spark.run from drivers in processes of their own: ``spark-submit`` of the
-digits example on ``local-cluster[2,1,1024]``, and a Spark Connect session (``run``, and
-``run_elastic`` losing a worker)."""
+digits example on ``local-cluster[2,1,1024]``, and a Spark Connect session (``run``,
+``run_elastic`` losing a worker, and TorchDistributor's barrier tasks training a DDP
+program)."""
 
 import json
 import os
@@ -91,6 +92,14 @@ CONNECT_DRIVER = textwrap.dedent("""
                                           args=(marker,), num_proc=2, min_num_proc=1,
                                           start_timeout=60, elastic_timeout=30, verbose=0)
     print("ELASTIC", json.dumps(results))
+
+    # TorchDistributor's barrier tasks under Connect: an unchanged DDP program
+    import cloudpickle, ddp_program
+    cloudpickle.register_pickle_by_value(ddp_program)
+    from spark_hvd.spark import TorchDistributor
+    ddp = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        ddp_program.train, 3)
+    print("TORCH", json.dumps(ddp))
     spark.stop()
 """)
 
@@ -117,6 +126,11 @@ def test_spark_connect_session(tmp_path):
     # the survivor went on alone from its commit at step KILL_AT (as on a classic session)
     from test_run_elastic import KILL_AT, STEPS
     elastic = [json.loads(l[len("ELASTIC "):]) for l in lines if l.startswith("ELASTIC ")]
+    import ddp_program  # TorchDistributor: the weights one process reaches on both batches
+    ddp = [json.loads(l[len("TORCH "):]) for l in lines if l.startswith("TORCH ")]
+    assert ddp and (ddp[0]["rank"], ddp[0]["world"], ddp[0]["sum"]) == (0, 2, 1.0), _tail(proc)
+    assert [pytest.approx(w, rel=1e-5, abs=1e-7) for w in ddp_program.reference(3, 2)] == \
+        ddp[0]["weights"]
     assert elastic == [[{"rank": 0, "size": 1, "step": STEPS,
                          "total": 2.0 * KILL_AT + (STEPS - KILL_AT),
                          "starts": [[0, 2], [KILL_AT, 1]]}]], _tail(proc)

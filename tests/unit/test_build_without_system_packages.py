@@ -1,7 +1,7 @@
-"""`pip install .` with none of the optional system libraries: Gloo and MPI left out.
+"""`pip install .` with none of the optional system libraries: Gloo, MPI and NCCL left out.
 
 spark_hvd is built from a copy of this checkout (so this checkout's build/ folder is neither
-reused nor disturbed) with SPARK_HVD_WITHOUT_GLOO=1 SPARK_HVD_WITHOUT_MPI=1 and installed
+reused nor disturbed) with SPARK_HVD_WITHOUT_GLOO=1 SPARK_HVD_WITHOUT_MPI=1 SPARK_HVD_WITHOUT_NCCL=1 and installed
 into a folder of its own; every check runs in a fresh process with that folder first on
 PYTHONPATH (and a working directory outside the checkout, which would shadow it). That build
 uses this venv's build tools (--no-build-isolation), the CI-time stand-in for a fresh venv;
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WITHOUT_OPTIONAL = {"SPARK_HVD_WITHOUT_GLOO": "1", "SPARK_HVD_WITHOUT_MPI": "1"}
+WITHOUT_OPTIONAL = {"SPARK_HVD_WITHOUT_GLOO": "1", "SPARK_HVD_WITHOUT_MPI": "1",
+                    "SPARK_HVD_WITHOUT_NCCL": "1"}
 BUILD_TIMEOUT_S = 400  # about a minute on 2 idle cores
 RUN_TIMEOUT_S = 120
 
@@ -63,7 +64,7 @@ def run(args, cwd: Path, env_extra=None, pythonpath=None, timeout=RUN_TIMEOUT_S)
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    """A folder holding spark_hvd built without Gloo and MPI (pip install --target)."""
+    """A folder holding spark_hvd built without Gloo, MPI and NCCL (pip install --target)."""
     tmp = tmp_path_factory.mktemp("without_optional")
     src = copy_source(tmp / "src")
     target = tmp / "site"
@@ -90,14 +91,14 @@ def test_backends_left_out_say_so_and_the_default_one_works(site):
     out = run_python("""
         import json, numpy as np, spark_hvd as hvd
         print(json.dumps({"file": hvd.__file__, "gloo": hvd.gloo_built(),
-                          "mpi": hvd.mpi_built()}))
+                          "mpi": hvd.mpi_built(), "nccl": hvd.nccl_built()}))
         hvd.init()
         print(json.dumps(hvd.allreduce(np.arange(4.0), name="x").tolist()))
         hvd.shutdown()
     """, site).stdout.splitlines()
     facts = json.loads(out[0])
     assert facts["file"].startswith(str(site)), facts
-    assert facts["gloo"] is False and facts["mpi"] is False, facts
+    assert facts["gloo"] is False and facts["mpi"] is False and facts["nccl"] is False, facts
     assert json.loads(out[1]) == [0.0, 1.0, 2.0, 3.0]
 
     asks = {"gloo": {"SPARK_HVD_CPU_OPERATIONS": "gloo"},
@@ -117,6 +118,45 @@ def test_backends_left_out_say_so_and_the_default_one_works(site):
             assert "libgloo-dev" in err and "reinstall" in err, err
         else:
             assert "built without MPI" in err and "libopenmpi-dev" in err, err
+
+
+STAGED_CODE = """
+    import ctypes, json, os, numpy as np, spark_hvd as hvd
+    from spark_hvd import _core, _ops
+    from spark_hvd._types import OpType, numpy_code
+    rt = ctypes.CDLL(os.environ["SPARK_HVD_CUDA_LIBRARY"])
+    facts = {"nccl": hvd.nccl_built(), "cuda": hvd.cuda_built(),
+             "why": _core.nccl_unavailable_reason()}
+    hvd.init()
+    x = np.arange(6, dtype=np.float32)
+    dev = ctypes.c_void_p()
+    assert rt.cudaSetDevice(0) == 0 and rt.cudaMalloc(ctypes.byref(dev), ctypes.c_size_t(24)) == 0
+    n = ctypes.c_size_t(x.nbytes)
+    assert rt.cudaMemcpyAsync(dev, ctypes.c_void_p(x.ctypes.data), n, 1, None) == 0  # to GPU
+    h = _ops.submit(OpType.ALLREDUCE, "g", numpy_code(x.dtype), x.shape, dev.value, dev.value,
+                    dev, lambda r: None, reduce_op=hvd.Sum, device=0)
+    hvd.synchronize(h)
+    out = np.zeros_like(x)
+    assert rt.cudaMemcpyAsync(ctypes.c_void_p(out.ctypes.data), dev, n, 2, None) == 0  # back
+    assert rt.cudaStreamSynchronize(None) == 0
+    facts["sum"] = out.tolist()
+    hvd.shutdown()
+    print(json.dumps(facts))
+"""
+
+
+@builds
+def test_gpu_tensors_are_staged_in_a_build_without_nccl(site):
+    """The staged GPU backend and cuda_built() do not need the NCCL backend: in this build
+    (without it) a GPU allreduce runs staged through host memory, here on the fake CUDA
+    runtime of tests/fakes."""
+    from fakes.build import cached_fakes, fake_env
+
+    env = fake_env(cached_fakes())
+    facts = json.loads(run_python(STAGED_CODE, site, env_extra=env).stdout.splitlines()[-1])
+    assert facts["nccl"] is False and facts["cuda"] is True, facts
+    assert "built without its NCCL backend" in facts["why"], facts
+    assert facts["sum"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], facts
 
 
 RANK_CODE = """

@@ -20,7 +20,7 @@ def _stub():
         elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             members = {}
             for item in node.body:
-                if isinstance(item, ast.FunctionDef):
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_"):
                     members[item.name] = None
                 elif isinstance(item, ast.Assign):
                     members[item.targets[0].id] = ast.literal_eval(item.value)

@@ -1,8 +1,8 @@
 """The elastic coordinator, driven through a real rendezvous server by clients acting as
 workers (spark_hvd._job.elastic's protocol, no collectives)."""
 
+import json
 import threading
-import time
 
 import pytest
 
@@ -20,6 +20,7 @@ class Worker:
 
     def __init__(self, server: RendezvousServer, worker: int) -> None:
         self.id = worker
+        self.store = server.store
         self.client = RendezvousClient("127.0.0.1", server.port, server.secret, server.run_id)
         self.client.register_rank(worker, host=f"host{worker}", group=proto.WORKER_GROUP)
         self.requests = 0
@@ -39,6 +40,11 @@ class Worker:
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
         return self
+
+    def asked(self) -> bool:
+        """Whether its last request is in the store (where the coordinator reads it)."""
+        key = f"{proto.JOIN}{self.id}"
+        return self.store.check([key]) and json.loads(self.store.get(key, 0))["n"] == self.requests
 
     def answer(self):
         self._thread.join(WAIT_S + 1)
@@ -95,11 +101,29 @@ def until(predicate, timeout_s=WAIT_S):
     assert poll_until(predicate, timeout_s), f"still not true after {timeout_s} s"
 
 
+def seen(c, *workers):
+    """Returns once the workers' requests are in the store and the coordinator has made
+    a whole pass since: what it does about them, it has done."""
+    until(lambda: all(w.asked() for w in workers))
+    passes = c.steps
+    until(lambda: c.steps >= passes + 2)  # the first may have begun before the requests
+
+
+class Clock:
+    """A clock the test moves: the coordinator's timeouts without waiting them out."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_first_epoch_forms_once_num_proc_workers_ask(job):
     c, log, workers = job(num_proc=3, min_num_proc=2, max_num_proc=4)
     w = workers(2, 0, 1)
     w[0].ask(), w[1].ask()
-    time.sleep(0.3)
+    seen(c, w[0], w[1])
     assert c.epoch == 0 and c.members() == []  # 2 of 3, before the start timeout
     w[2].ask()
     epoch = formed(*w)
@@ -123,7 +147,8 @@ def test_survivors_keep_their_rank_order_and_newcomers_follow(job):
     until(lambda: any("worker 1" in line and "lost" in line for line in log))
     (w3,) = workers(3)
     w3.ask(), w2.ask()  # the newcomer and the higher rank ask first
-    time.sleep(0.2)
+    seen(c, w3, w2)
+    assert c.epoch == 1  # w0, a live member, has not asked yet
     w0.ask()
     epoch = formed(w0, w2, w3)
     assert (epoch.number, epoch.workers) == (2, [0, 2, 3])
@@ -131,7 +156,9 @@ def test_survivors_keep_their_rank_order_and_newcomers_follow(job):
 
 
 def test_a_newcomer_is_announced_to_the_running_epoch(job):
-    c, log, workers = job(num_proc=2, min_num_proc=2, max_num_proc=3, elastic_timeout_s=0.3)
+    clock = Clock()
+    c, log, workers = job(num_proc=2, min_num_proc=2, max_num_proc=3, elastic_timeout_s=0.3,
+                          clock=clock)
     w0, w1 = workers(0, 1)
     epoch = formed(w0.ask(), w1.ask())
     assert proto.pending_updates(w0.client, epoch.updates) is None
@@ -139,7 +166,9 @@ def test_a_newcomer_is_announced_to_the_running_epoch(job):
     w2.ask()
     until(lambda: proto.pending_updates(w0.client, epoch.updates) is not None)
     assert proto.pending_updates(w0.client, epoch.updates) is False  # an addition: sync
-    time.sleep(0.6)  # twice the elastic timeout: a newcomer waiting is not a short job
+    seen(c, w2)
+    clock.now += 0.6  # twice the elastic timeout: a newcomer waiting is not a short job
+    seen(c, w2)
     assert c.error is None and c.epoch == 1
     assert "worker 2 waiting to join epoch 1's 2 ranks" in log
     new = formed(w0.ask(), w1.ask(), w2)

@@ -72,17 +72,22 @@ def test_dependencies_point_down_the_layers():
     assert not upward, "\n".join(upward)
 
 
-def test_the_checker_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
+def test_the_checker_sees_function_level_relative_and_type_only_imports(tmp_path,
+                                                                        monkeypatch):
+    """A function-level import one way and a type-only one back (as launch.py and
+    _elastic_launch.py had) is a cycle too."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "a.py").write_text("def f():\n    from pkg.b import g\n")
-    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nfrom . import c\n"
-                              "if TYPE_CHECKING:\n    from pkg import a\n")
-    (pkg / "c.py").write_text("import pkg.a\n")
+    (pkg / "b.py").write_text("from . import c\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\n"
+                              "if TYPE_CHECKING:\n    from pkg.a import f\n")
+    (pkg / "d.py").write_text("import typing\nif typing.TYPE_CHECKING:\n    import pkg.b\n")
     monkeypatch.setattr(import_graph, "PACKAGES", {"pkg": pkg})
     graph = import_graph.build_graph()
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.c"}
+    assert graph["pkg.c"] == {"pkg.a"} and graph["pkg.d"] == {"pkg.b"}
     assert import_graph.cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
 
 

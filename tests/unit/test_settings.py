@@ -1,5 +1,5 @@
 """The one settings table (spark_hvd/settings.def): the core, spark_hvd._config and the
-README's Settings table agree on it, and no SPARK_HVD_* name is used without being
+docs/settings.md's table agree on it, and no SPARK_HVD_* name is used without being
 declared there (or in the launch contract, spark_hvd/_job/env.py). That the launchers
 read the settings without loading the core is checked in test_imports.py."""
 
@@ -33,9 +33,9 @@ def _files(*dirs):
 
 
 def _readme_rows():
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Settings\n"):]
-    lines = [ln for ln in section.splitlines()[1:] if ln.strip()]
+    text = (ROOT / "docs" / "settings.md").read_text()
+    section = text[text.index("| variable |"):]
+    lines = [ln for ln in section.splitlines() if ln.strip()]
     rows = []
     for line in lines[2:]:  # after the header and the |---| line
         if not line.startswith("|"):
@@ -47,7 +47,7 @@ def _readme_rows():
 def test_readme_settings_table_is_the_declared_table():
     expected = list(_config.readme_rows())
     assert _readme_rows() == expected, (
-        "README.md's Settings table differs from spark_hvd/settings.def; "
+        "docs/settings.md's table differs from spark_hvd/settings.def; "
         "`python -m spark_hvd._config` prints the table to paste")
 
 

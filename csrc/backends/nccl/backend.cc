@@ -18,7 +18,7 @@ class NcclBackend : public Backend {
     const std::string& wanted = env::GpuOperations();
     if (!wanted.empty() && wanted != name()) return false;
     std::string why;
-    const bool loaded = nccl::Nccl(&why) != nullptr;
+    const bool loaded = cuda::Nccl(&why) != nullptr;
     if (!loaded && wanted == name()) {
       throw StatusError(Status::InvalidArgument(
           "SPARK_HVD_GPU_OPERATIONS=nccl, but NCCL is not available: " + why +
@@ -32,8 +32,8 @@ class NcclBackend : public Backend {
     return op != OpType::kBarrier && op != OpType::kJoin;
   }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
-    return std::make_unique<nccl::NcclCommunicator>(o, AllRanks(o.size), 0, nccl::Cuda(),
-                                                    nccl::Nccl());
+    return std::make_unique<nccl::NcclCommunicator>(o, AllRanks(o.size), 0, cuda::Cuda(),
+                                                    cuda::Nccl());
   }
 };
 

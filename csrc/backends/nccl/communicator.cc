@@ -8,7 +8,7 @@
 
 #include "backends/host_reduce.h"
 #include "backends/members.h"
-#include "backends/nccl/cuda_util.h"
+#include "backends/cuda/util.h"
 #include "common/env.h"
 #include "common/half.h"
 #include "common/logging.h"
@@ -64,14 +64,14 @@ std::vector<uint8_t> Scalar(double factor, DataType d) {
 
 class Work : public PendingWork {
  public:
-  Work(const CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device, cudaEvent_t event,
+  Work(const cuda::CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device, cudaEvent_t event,
        std::vector<std::vector<uint8_t>> keep)
       : cuda_(cuda), comm_(std::move(comm)), device_(device), event_(event),
         keep_(std::move(keep)) {}
   ~Work() override { cuda_->EventDestroy(event_); }
 
   bool Poll(Status* status) override {
-    const cudaError_t q = QueryOnDevice(cuda_, device_, event_);
+    const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_);
     if (q == cudaSuccess) {
       *status = Status::OK();
       return true;
@@ -91,10 +91,10 @@ class Work : public PendingWork {
     return true;
   }
   void Abort() override { comm_->Abort(); }
-  bool Quiesced() override { return QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady; }
+  bool Quiesced() override { return cuda::QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady; }
 
  private:
-  const CudaApi* cuda_;
+  const cuda::CudaApi* cuda_;
   std::shared_ptr<CommHandle> comm_;
   int32_t device_;
   cudaEvent_t event_;
@@ -128,7 +128,7 @@ CommHandle::~CommHandle() {
 }
 
 NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<int32_t> members,
-                                   int32_t set_id, const CudaApi* cuda, const NcclApi* nccl)
+                                   int32_t set_id, const cuda::CudaApi* cuda, const cuda::NcclApi* nccl)
     : options_(options),
       members_(std::move(members)),
       set_id_(set_id),
@@ -140,7 +140,7 @@ NcclCommunicator::~NcclCommunicator() {
   // Neither waits here: the stream's resources go once its work is done, and
   // FreeLater's cudaFree waits for the device (work in flight holds the comm).
   if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
-  if (fusion_ != nullptr) FreeLater(cuda_, device_, fusion_);
+  if (fusion_ != nullptr) cuda::FreeLater(cuda_, device_, fusion_);
   comm_.reset();
 }
 
@@ -177,7 +177,7 @@ Status NcclCommunicator::WaitForStream() {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(env::TimeoutS());
   auto next_lost_check = std::chrono::steady_clock::now();
-  Status s = WaitPolling(cuda_, stream_, [&]() -> Status {
+  Status s = cuda::WaitPolling(cuda_, stream_, [&]() -> Status {
     if (comm_->aborted) return Aborted();
     Status failure = comm_->AsyncFailure();
     if (!failure.ok()) return failure;
@@ -205,7 +205,7 @@ Status NcclCommunicator::WaitForStream() {
 }
 
 Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
-  return CudaStatus(cuda_, err, std::string(what) + " on rank " + std::to_string(options_.rank));
+  return cuda::CudaStatus(cuda_, err, std::string(what) + " on rank " + std::to_string(options_.rank));
 }
 
 Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
@@ -331,7 +331,7 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
                                    std::to_string(device) + "; keep each rank on one device");
   }
   Status s = CudaCheck(cuda_->SetDevice(device_), "cudaSetDevice");
-  if (s.ok()) s = WaitForStreams(cuda_, stream_, streams);  // the inputs are ready there
+  if (s.ok()) s = cuda::WaitForStreams(cuda_, stream_, streams);  // the inputs are ready there
   keep_.clear();
   return s;
 }
@@ -339,7 +339,7 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
 std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
   if (!queued_) return nullptr;
   queued_ = false;
-  cudaEvent_t done = EventAfterQueuedWork(cuda_, stream_);
+  cudaEvent_t done = cuda::EventAfterQueuedWork(cuda_, stream_);
   if (done == nullptr) {
     keep_.clear();
     return nullptr;
@@ -348,14 +348,14 @@ std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
 }
 
 Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {
-  return AllocateDevice(cuda_, device_, bytes, out);
+  return cuda::AllocateDevice(cuda_, device_, bytes, out);
 }
 
 Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {
   if (fusion_bytes_ < bytes) {
     if (fusion_ != nullptr) {
       // Work queued earlier may still use it: FreeLater's cudaFree waits for it.
-      FreeLater(cuda_, device_, fusion_);
+      cuda::FreeLater(cuda_, device_, fusion_);
       fusion_ = nullptr;
     }
     Status s = CudaCheck(cuda_->Malloc(&fusion_, bytes), "cudaMalloc (fusion buffer)");

@@ -25,7 +25,7 @@
 
 #include "backends/backend.h"
 #include "backends/communicator.h"
-#include "backends/nccl/loader.h"
+#include "backends/cuda/loader.h"
 
 namespace spark_hvd {
 namespace nccl {
@@ -37,7 +37,7 @@ namespace nccl {
 // aborted; Abort waits for `mu` a few seconds at most, since a call that blocks
 // (waiting for a stuck peer) is what an abort must end.
 struct CommHandle {
-  const NcclApi* nccl = nullptr;
+  const cuda::NcclApi* nccl = nullptr;
   ncclComm_t comm = nullptr;
   std::timed_mutex mu;
   std::atomic<bool> aborted{false};
@@ -51,7 +51,7 @@ struct CommHandle {
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const BackendOptions& options, std::vector<int32_t> members, int32_t set_id,
-                   const CudaApi* cuda, const NcclApi* nccl);
+                   const cuda::CudaApi* cuda, const cuda::NcclApi* nccl);
   ~NcclCommunicator() override;
 
   const char* name() const override { return "nccl"; }
@@ -102,8 +102,8 @@ class NcclCommunicator : public Communicator {
   std::vector<int32_t> members_;  // job ranks
   int32_t set_id_;
   int rank_;
-  const CudaApi* cuda_;
-  const NcclApi* nccl_;
+  const cuda::CudaApi* cuda_;
+  const cuda::NcclApi* nccl_;
   std::shared_ptr<CommHandle> comm_;
   int32_t device_ = -1;
   cudaStream_t stream_ = nullptr;

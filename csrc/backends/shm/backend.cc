@@ -1,6 +1,7 @@
 // Registers backend "shm": shared memory among the ranks of one host, for CPU ops.
-// Enabled with SPARK_HVD_CPU_OPERATIONS=shm in jobs that meet through the rendezvous
-// store; a set whose ranks span hosts leaves its ops to tcp (communicator.h).
+// Enabled by default in jobs that meet through the rendezvous store (and with
+// SPARK_HVD_CPU_OPERATIONS=shm); a set whose ranks span hosts leaves its ops to tcp
+// (communicator.h), and SPARK_HVD_CPU_OPERATIONS=tcp (or gloo) leaves every op to that.
 #include "backends/registry.h"
 #include "backends/shm/communicator.h"
 
@@ -11,6 +12,7 @@ class ShmBackend : public Backend {
  public:
   const char* name() const override { return "shm"; }
   bool Enabled(const BackendOptions& o) const override {
+    if (o.cpu_operations.empty()) return o.controller == "gloo";
     if (o.cpu_operations != name()) return false;
     if (o.controller != "gloo") {
       throw StatusError(Status::InvalidArgument(

@@ -145,7 +145,7 @@ Status Group::Wait(Counter c, uint64_t round, const char* what, int peer) {
          << " waited " << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S) for rank(s) "
          << JoinRanks(missing, ", ") << " to reach round " << round
          << ": they are alive (their connections are open) but silent";
-      return Fail(Status::Timeout(os.str()));
+      return Fail(Status(StatusCode::kTimeout, os.str(), missing));
     }
   }
 }
@@ -159,28 +159,58 @@ Status Group::CheckPeers(const char* what) {
     peers.push_back(r);
   }
   if (pfds.empty() || ::poll(pfds.data(), pfds.size(), 0) <= 0) return Status::OK();
-  std::vector<int32_t> lost;
+  // A closed connection whose owner marked its segment failed is a bystander that
+  // stopped on a failure of its own; the others died (or shut down) without a word.
+  std::vector<int32_t> lost, stopped;
   std::string pids;
   for (size_t i = 0; i < pfds.size(); ++i) {
-    if (pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-      lost.push_back(job_ranks_[static_cast<size_t>(peers[i])]);
-      pids += (pids.empty() ? "" : ", ") +
-              std::to_string(maps_[static_cast<size_t>(peers[i])].header()->pid);
+    if (!(pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+    const Header* h = maps_[static_cast<size_t>(peers[i])].header();
+    const int32_t job_rank = job_ranks_[static_cast<size_t>(peers[i])];
+    if (h->failed.load(std::memory_order_acquire) != 0) {
+      stopped.push_back(job_rank);
+      continue;
     }
+    lost.push_back(job_rank);
+    pids += (pids.empty() ? "" : ", ") + std::to_string(h->pid);
   }
-  if (lost.empty()) return Status::OK();  // readable: nothing is ever sent after set-up
+  if (lost.empty() && stopped.empty()) return Status::OK();  // nothing is sent after set-up
+  std::string me = std::to_string(job_ranks_[static_cast<size_t>(rank_)]);
+  if (lost.empty()) {  // pass on the first bystander's failure: its code and its culprits
+    const Header* h = maps_[static_cast<size_t>(rank_of(stopped[0]))].header();
+    std::vector<int32_t> blamed(h->blamed, h->blamed + std::min(h->blamed_count, 16));
+    const auto code = static_cast<StatusCode>(h->failed_code);
+    return Fail(Status(code,
+                       std::string("shm ") + what + " on rank " + me + ": rank " +
+                           std::to_string(stopped[0]) + " stopped after it " +
+                           (code == StatusCode::kTimeout ? "timed out waiting for"
+                                                         : "lost") +
+                           " rank(s) " + JoinRanks(blamed),
+                       blamed));
+  }
   return Fail(Status::PeerLost(
-      std::string("shm ") + what + " on rank " +
-          std::to_string(job_ranks_[static_cast<size_t>(rank_)]) + " lost rank" +
+      std::string("shm ") + what + " on rank " + me + " lost rank" +
           (lost.size() > 1 ? "s " : " ") + JoinRanks(lost) + " (pid " + pids +
-          "): its connection closed (the process exited or was killed, or stopped after "
-          "losing another rank)",
+          "): the connection closed without a failure of its own (the process exited or was "
+          "killed)",
       lost));
 }
 
 Status Group::Fail(Status s) {
-  if (broken_.ok()) broken_ = s;
+  if (broken_.ok()) {
+    broken_ = s;
+    Header* h = maps_[static_cast<size_t>(rank_)].header();
+    h->failed_code = static_cast<int32_t>(s.code());
+    h->blamed_count = static_cast<int32_t>(std::min<size_t>(s.ranks().size(), 16));
+    std::copy_n(s.ranks().begin(), h->blamed_count, h->blamed);
+    h->failed.store(1, std::memory_order_release);
+  }
   return s;
+}
+
+int Group::rank_of(int32_t job_rank) const {
+  return static_cast<int>(std::lower_bound(job_ranks_.begin(), job_ranks_.end(), job_rank) -
+                          job_ranks_.begin());
 }
 
 }  // namespace shm

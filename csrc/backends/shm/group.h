@@ -17,7 +17,9 @@
 //
 // Failures: a closed peer socket is kPeerLost naming every peer whose socket is closed
 // by then (job ranks); a wait past timeout_s is kTimeout naming the peers not there.
-// After either the group is broken: every later call returns that first error.
+// After either the group is broken: every later call returns that first error, and the
+// rank's header says so (Header::failed, with the code and the ranks blamed), so that a
+// peer seeing its connection close next reports that failure rather than this rank.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +65,7 @@ class Group {
   uint64_t Load(int r, Counter c) const;
   bool Reached(Counter c, uint64_t round, int peer) const;
   Status CheckPeers(const char* what);
+  int rank_of(int32_t job_rank) const;  // its member rank
   Status Fail(Status s);
 
   int rank_;

@@ -35,6 +35,13 @@ struct Header {
   // Rung (incremented, then FUTEX_WAKE) by a member that posts while the owner sleeps.
   alignas(64) std::atomic<uint32_t> bell;
   alignas(64) std::atomic<uint32_t> sleeping;  // 1 while the owner waits on its bell
+  // Set (release) by the owner when its communicator failed, after the failure's code
+  // and the job ranks it blamed: its connections then close because it stops, not
+  // because it died, and a peer that sees them close reports the original failure.
+  std::atomic<uint32_t> failed;
+  int32_t failed_code;
+  int32_t blamed_count;
+  int32_t blamed[16];
 };
 static_assert(sizeof(Header) <= kHeaderBytes, "the header fits its page");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "atomics in shared memory");

@@ -1,8 +1,10 @@
 // Registers backend "staged": GPU tensors through pinned host memory on a CPU
-// backend, where the CUDA runtime loads but NCCL does not, or where
+// backend, where the CUDA runtime loads but backend "nccl" does not (NCCL missing, or
+// a build without it), or where
 // SPARK_HVD_GPU_OPERATIONS names a CPU backend (tcp, gloo or mpi: e.g. when several
 // ranks share one GPU, which NCCL refuses). It connects its own communicator of
 // that CPU backend (under its own store prefix).
+#include "backends/cuda/loader.h"
 #include "backends/registry.h"
 #include "backends/staged/communicator.h"
 #include "common/env.h"
@@ -15,16 +17,21 @@ class StagedBackend : public Backend {
   const char* name() const override { return "staged"; }
   bool Enabled(const BackendOptions&) const override {
     const std::string& wanted = env::GpuOperations();
-    if (wanted == "nccl") return false;
     std::string why;
-    const bool cuda = nccl::Cuda(&why) != nullptr;
-    if (!cuda && !wanted.empty()) {
+    if (wanted == "nccl") {  // backend nccl, when built, says why it cannot run
+      if (!cuda::NcclBackendLoads(&why)) {
+        throw StatusError(Status::InvalidArgument("SPARK_HVD_GPU_OPERATIONS=nccl, but " + why));
+      }
+      return false;
+    }
+    const bool loaded = cuda::Cuda(&why) != nullptr;
+    if (!loaded && !wanted.empty()) {
       throw StatusError(Status::InvalidArgument("SPARK_HVD_GPU_OPERATIONS=" + wanted +
                                                 " stages GPU tensors through host memory, "
                                                 "which needs the CUDA runtime: " + why));
     }
-    if (!cuda) return false;
-    return !wanted.empty() || nccl::Nccl() == nullptr;
+    if (!loaded) return false;
+    return !wanted.empty() || !cuda::NcclBackendLoads();
   }
   bool Accepts(int32_t device, OpType op, DataType) const override {
     return device >= 0 && op != OpType::kBarrier && op != OpType::kJoin;
@@ -35,7 +42,7 @@ class StagedBackend : public Backend {
     if (host.empty()) host = o.controller == "mpi" ? "mpi" : "tcp";
     BackendOptions inner = o;
     inner.store_prefix = o.store_prefix + "/staged";
-    return std::make_unique<StagedCommunicator>(o.connect_backend(host, inner), nccl::Cuda());
+    return std::make_unique<StagedCommunicator>(o.connect_backend(host, inner), cuda::Cuda());
   }
 };
 

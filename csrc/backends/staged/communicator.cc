@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "backends/nccl/cuda_util.h"
+#include "backends/cuda/util.h"
 
 namespace spark_hvd {
 namespace {
@@ -10,12 +10,12 @@ namespace {
 // The copies back to the GPU, seen through an event behind them.
 class CopiesBack : public PendingWork {
  public:
-  CopiesBack(const nccl::CudaApi* cuda, int32_t device, cudaEvent_t event,
+  CopiesBack(const cuda::CudaApi* cuda, int32_t device, cudaEvent_t event,
              std::vector<std::shared_ptr<void>> keep)
       : cuda_(cuda), device_(device), event_(event), keep_(std::move(keep)) {}
   ~CopiesBack() override { cuda_->EventDestroy(event_); }
   bool Poll(Status* status) override {
-    const cudaError_t q = nccl::QueryOnDevice(cuda_, device_, event_);
+    const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_);
     if (q == cudaErrorNotReady) return false;
     *status = q == cudaSuccess ? Status::OK()
                                : Status::Internal(std::string("CUDA error in a staged copy: ") +
@@ -24,11 +24,11 @@ class CopiesBack : public PendingWork {
   }
   void Abort() override {}  // host-side copies finish on their own
   bool Quiesced() override {
-    return nccl::QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady;
+    return cuda::QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady;
   }
 
  private:
-  const nccl::CudaApi* cuda_;
+  const cuda::CudaApi* cuda_;
   int32_t device_;
   cudaEvent_t event_;
   std::vector<std::shared_ptr<void>> keep_;  // pinned buffers the copies read
@@ -37,7 +37,7 @@ class CopiesBack : public PendingWork {
 }  // namespace
 
 StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host,
-                                       const nccl::CudaApi* cuda)
+                                       const cuda::CudaApi* cuda)
     : host_(std::move(host)), cuda_(cuda) {}
 
 StagedCommunicator::~StagedCommunicator() {
@@ -49,7 +49,7 @@ StagedCommunicator::~StagedCommunicator() {
 void StagedCommunicator::Abort() { host_->Abort(); }
 
 Status StagedCommunicator::Check(cudaError_t err, const char* what) const {
-  return nccl::CudaStatus(cuda_, err, std::string(what) + " (staged GPU op)");
+  return cuda::CudaStatus(cuda_, err, std::string(what) + " (staged GPU op)");
 }
 
 Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& streams) {
@@ -69,7 +69,7 @@ Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& str
   if (!s.ok()) return s;
   device_ = device;
   pinned_.clear();
-  return nccl::WaitForStreams(cuda_, stream_, streams);
+  return cuda::WaitForStreams(cuda_, stream_, streams);
 }
 
 Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
@@ -77,9 +77,9 @@ Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
   Status s = Check(cuda_->MallocHost(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
                    "cudaMallocHost");
   if (!s.ok()) return s;
-  const nccl::CudaApi* cuda = cuda_;
+  const cuda::CudaApi* cuda = cuda_;
   const int32_t device = device_;
-  pinned_.emplace_back(p, [cuda, device](void* q) { nccl::FreeLater(cuda, device, q, true); });
+  pinned_.emplace_back(p, [cuda, device](void* q) { cuda::FreeLater(cuda, device, q, true); });
   *out = p;
   return Status::OK();
 }
@@ -112,7 +112,7 @@ Status StagedCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
 }
 
 Status StagedCommunicator::Allocate(int64_t bytes, Buffer* out) {
-  return nccl::AllocateDevice(cuda_, device_, bytes, out);
+  return cuda::AllocateDevice(cuda_, device_, bytes, out);
 }
 
 std::unique_ptr<PendingWork> StagedCommunicator::TakePending() {
@@ -121,7 +121,7 @@ std::unique_ptr<PendingWork> StagedCommunicator::TakePending() {
     return nullptr;
   }
   queued_ = false;
-  cudaEvent_t done = nccl::EventAfterQueuedWork(cuda_, stream_);
+  cudaEvent_t done = cuda::EventAfterQueuedWork(cuda_, stream_);
   if (done == nullptr) {
     pinned_.clear();
     return nullptr;

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "backends/communicator.h"
-#include "backends/nccl/loader.h"
+#include "backends/cuda/loader.h"
 
 namespace spark_hvd {
 
 class StagedCommunicator : public Communicator {
  public:
-  StagedCommunicator(std::unique_ptr<Communicator> host, const nccl::CudaApi* cuda);
+  StagedCommunicator(std::unique_ptr<Communicator> host, const cuda::CudaApi* cuda);
   ~StagedCommunicator() override;
 
   const char* name() const override { return "staged"; }
@@ -48,7 +48,7 @@ class StagedCommunicator : public Communicator {
   Status Wait();  // for the stream: the host copies are complete
 
   std::unique_ptr<Communicator> host_;
-  const nccl::CudaApi* cuda_;
+  const cuda::CudaApi* cuda_;
   int32_t device_ = -1;
   cudaStream_t stream_ = nullptr;
   bool queued_ = false;

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/nccl/api.h"
+#include "backends/cuda/api.h"
 
 namespace spark_hvd {
-namespace nccl {
+namespace cuda {
 
 struct CudaApi {
   cudaGetDeviceCount_t GetDeviceCount;
@@ -66,6 +66,9 @@ void SetLibraryDirs(const std::vector<std::string>& dirs);
 // Loads once; later calls return the same answer.
 const CudaApi* Cuda(std::string* why = nullptr);
 const NcclApi* Nccl(std::string* why = nullptr);
+// Whether this build has backend "nccl" (SPARK_HVD_HAVE_NCCL) and NCCL loads: what
+// spark_hvd.nccl_built() says; *why says why not.
+bool NcclBackendLoads(std::string* why = nullptr);
 
-}  // namespace nccl
+}  // namespace cuda
 }  // namespace spark_hvd

@@ -1,4 +1,4 @@
-#include "backends/nccl/cuda_util.h"
+#include "backends/cuda/util.h"
 
 #include <pthread.h>
 
@@ -10,7 +10,7 @@
 #include <thread>
 
 namespace spark_hvd {
-namespace nccl {
+namespace cuda {
 
 Status CudaStatus(const CudaApi* cuda, cudaError_t err, const std::string& what) {
   if (err == cudaSuccess) return Status::OK();
@@ -141,5 +141,5 @@ Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,
   return s;
 }
 
-}  // namespace nccl
+}  // namespace cuda
 }  // namespace spark_hvd

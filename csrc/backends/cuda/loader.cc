@@ -1,14 +1,15 @@
-#include "backends/nccl/loader.h"
+#include "backends/cuda/loader.h"
 
 #include <dlfcn.h>
 
 #include <mutex>
 
+#include "common/config.h"
 #include "common/env.h"
 #include "common/logging.h"
 
 namespace spark_hvd {
-namespace nccl {
+namespace cuda {
 namespace {
 
 std::mutex g_mu;
@@ -150,5 +151,14 @@ const NcclApi* Nccl(std::string* why) {
 
 #undef SHVD_BIND
 
-}  // namespace nccl
+bool NcclBackendLoads(std::string* why) {
+#if SPARK_HVD_HAVE_NCCL
+  return Nccl(why) != nullptr;
+#else
+  if (why) *why = "spark_hvd was built without its NCCL backend (its CMake option was switched off)";
+  return false;
+#endif
+}
+
+}  // namespace cuda
 }  // namespace spark_hvd

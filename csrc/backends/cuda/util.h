@@ -1,4 +1,5 @@
-// Small CUDA runtime helpers shared by the GPU backends (nccl/, staged/).
+// Small CUDA runtime helpers shared by the GPU backends (nccl/, staged/) and the
+// Python boundary.
 #pragma once
 
 #include <functional>
@@ -6,10 +7,10 @@
 #include <vector>
 
 #include "backends/communicator.h"
-#include "backends/nccl/loader.h"
+#include "backends/cuda/loader.h"
 
 namespace spark_hvd {
-namespace nccl {
+namespace cuda {
 
 // OK, or Internal naming the call and CUDA's text for err.
 Status CudaStatus(const CudaApi* cuda, cudaError_t err, const std::string& what);
@@ -38,5 +39,5 @@ void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned = fal
 Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,
                    const std::function<Status()>& abort);
 
-}  // namespace nccl
+}  // namespace cuda
 }  // namespace spark_hvd
