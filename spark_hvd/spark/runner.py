@@ -295,6 +295,7 @@ class _Job:
     def __init__(self, spark, server: RendezvousServer, spec: _task.TaskSpec,
                  output: _driver.Output, verbose: int) -> None:
         self.spec, self.verbose, self.size = spec, verbose, spec.size
+        self.server = server
         self.store = server.store
         self.events: _driver.Events = queue.Queue()
         self.stage = _driver.SparkStage(spark, spec, server.run_id, self.events, barrier=True,
