@@ -10,12 +10,17 @@ writes it, and a ``label`` long).  Each contender turns every row into torch ten
   mixed through the shuffle buffer) for reference;
 * ``pyarrow``: ``ParquetFile.iter_batches`` over the files, list column flattened to
   numpy and reshaped, ``torch.from_numpy``: the least a hand-written loop does;
-* ``petastorm``: ``make_batch_reader`` on the same files, when petastorm imports.
+* ``petastorm``: ``make_batch_reader`` on the same files (its pool of ``--workers``
+  threads), and spark_hvd's ``reader="petastorm"`` (``PetastormBatchReader``: the same pool,
+  equal steps per rank, rows checked against the footers) + ``TorchBatches``, when
+  petastorm imports: in the compat environment (``make compat``, petastorm 0.13.1 needs
+  pyarrow <= 14).
 
 Each is run ``--reps`` times interleaved after a warm-up pass (the page cache is then warm
 for all); the best rate is reported.  Target: spark_hvd >= 0.8x pyarrow.
 
     .venv/bin/python bench/reader.py [--rows 400000] [--batch-size 256]
+    .venv-compat/bin/python bench/reader.py --workers 2     # both readers, petastorm too
 """
 
 import argparse
@@ -46,12 +51,13 @@ def write_dataset(root: str, rows: int, files: int, row_group_rows: int) -> None
                        row_group_size=row_group_rows)
 
 
-def spark_hvd_rows(root: str, batch_size: int, shuffle: bool) -> int:
+def spark_hvd_rows(root: str, batch_size: int, shuffle: bool, reader_kind: str = "arrow",
+                   **kw) -> int:
     import torch
-    from spark_hvd.data import ParquetShardReader
+    from spark_hvd.data import make_reader
     from spark_hvd.data.torch import TorchBatches
-    reader = ParquetShardReader(root, rank=0, size=1, batch_size=batch_size, shuffle=shuffle,
-                                columns=["features", "label"])
+    reader = make_reader(root, reader=reader_kind, rank=0, size=1, batch_size=batch_size,
+                         shuffle=shuffle, columns=["features", "label"], **kw)
     rows = 0
     for x, y in TorchBatches(reader, ["features"], ["label"], dtype=torch.float32).epoch(0):
         rows += x.shape[0]
@@ -72,11 +78,11 @@ def pyarrow_rows(root: str, batch_size: int) -> int:
     return rows
 
 
-def petastorm_rows(root: str, batch_size: int) -> int:
+def petastorm_rows(root: str, batch_size: int, workers: int) -> int:
     from spark_hvd.data.petastorm_reader import import_make_batch_reader
     make_batch_reader = import_make_batch_reader()
     rows = 0
-    with make_batch_reader("file://" + root, num_epochs=1) as reader:
+    with make_batch_reader("file://" + root, num_epochs=1, workers_count=workers) as reader:
         for batch in reader:
             rows += len(batch.label)
     return rows
@@ -101,6 +107,7 @@ def main(argv=None) -> int:
     parser.add_argument("--row-group-rows", type=int, default=25_000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=2, help="petastorm's pool threads")
     args = parser.parse_args(argv)
 
     import torch
@@ -120,7 +127,9 @@ def main(argv=None) -> int:
             from spark_hvd.data.petastorm_reader import import_make_batch_reader
             import_make_batch_reader()
             contenders["petastorm make_batch_reader"] = lambda: petastorm_rows(
-                root, args.batch_size)
+                root, args.batch_size, args.workers)
+            contenders["spark_hvd reader='petastorm'"] = lambda: spark_hvd_rows(
+                root, args.batch_size, False, "petastorm", workers_count=args.workers)
         except ImportError as exc:
             print(f"petastorm: not measured, it does not import here ({exc})".splitlines()[0])
         for fn in contenders.values():  # warm-up: page cache, imports

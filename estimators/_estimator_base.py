@@ -1,33 +1,47 @@
 """The ``fit`` both estimators run, with the framework's parts as hooks.
 
-``fit(df)``, in order (nothing is written to the Store before step 5):
+``fit(df)``, in order (nothing is written to the Store before step 5; each check runs once,
+and what it found is passed on):
 
 1. Check the params (``_check_params``: model, optimizer, loss, columns, shapes...
    consistent with each other), and that the Store is writable (``Store.check_writable``:
    a file written and deleted under its root; the error names the store and the fix).
-2. Check the DataFrame's schema (``validate_dataframe``: columns exist, types usable) and
-   that the cluster can run ``num_proc`` ranks at once (spark.run's own launch checks).
+   With ``mlflow_log``, mlflow starts importing in the background (``_mlflow.preload``).
+2. Check the DataFrame's schema (``validate_dataframe``: columns exist, once each, types
+   usable) and that the cluster can run ``num_proc`` ranks at once (spark.run's own launch
+   checks).
 3. One small job: ``limit(num_proc)`` rows of the needed columns, which says whether the
    DataFrame is empty or too small and gives each column's per-row shape.
-4. Dry run on the driver (``_dry_run``): the model on two zero rows of those shapes, the
-   loss and metrics on its outputs and zero labels; a failure becomes an error naming the
-   columns, the shapes and the fix.  When ``run_id`` has a checkpoint, it is checked
-   against the model (``_checkpoint_epoch``): a checkpoint of another architecture is an
-   error here, not a crash on the workers.  Temporaries of a checkpoint write that was
-   interrupted (a killed rank 0) are removed first.
-5. ``prepare_data``: the columns as Parquet in the Store (reused when the plan is unchanged);
-   a row that is null or whose array length differs from the first row's fails this step,
-   naming the column and both lengths.
+4. Dry run on the driver (``_dry_run``): ``input_shapes``/``label_shapes`` checked against
+   those shapes (``check_shapes``), the model on two zero rows of them, the loss and metrics
+   on its outputs and zero labels; a failure becomes an error naming the columns, the
+   shapes and the fix.  When ``run_id`` has a checkpoint, it is checked against the model
+   (``_checkpoint_epoch``): a checkpoint of another architecture is an error here, not a
+   crash on the workers.  Temporaries of a checkpoint write that was interrupted (a killed
+   rank 0) are removed first.
+5. ``prepare_data``: the columns as Parquet in the Store (reused when the plan is unchanged),
+   given step 2's column info, step 3's first row and step 1's store check; a row that is
+   null, whose array length differs from the first row's, or (unless ``allow_nonfinite``)
+   that holds NaN or an infinity fails this step, naming the column.  Then the loss runs
+   on the smallest and largest value of each integer label column, from the Parquet
+   statistics (``_check_label_values``): a class index the model has no output for is an
+   error naming the column and its values, before any rank starts.
 6. ``spark_hvd.spark.run(_train_fn, num_proc=...)`` with a :class:`TrainConfig`.  Rank 0
    prints the progress (streamed to the driver as ``[0] ...``) and writes the checkpoints.
    When the run fails because a rank was lost or a collective failed (a RankFailedError
    whose ``cause`` is in :data:`RESTART_CAUSES`), the same run is launched again, up to
    ``max_restarts`` times: the ranks resume from the last epoch checkpoint, on the data
-   already in the Store (``_train``).  An exception of the user's code is not retried.
+   already in the Store (``_train``).  An exception of the user's code is not retried; bad
+   input a rank found (a NaN loss with ``terminate_on_nan``, labels the loss refuses) is
+   raised as an InvalidArgumentError with the rank's message.
 7. The trained model comes back through the Store (``_trained_model``), and the fitted
    Spark Model (``_model_class``) is returned, after the fit is logged to MLflow when
    ``mlflow_log`` is True and mlflow imports (``_mlflow``: params, the history, the model
    through ``_log_mlflow_model``).
+
+Where the time went (:class:`FitClock`: checks, data, launch, training, checkpoints,
+MLflow; rank 0 measures its training and checkpoint writes) is logged, printed as one line
+with ``verbose >= 1``, and kept as the fitted model's ``fit_seconds``.
 
 ``p``, the dict of param values that ``fit`` passes to the hooks, is private to one call;
 a hook may add entries to it (names starting with ``_``) for the hooks after it.
@@ -37,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -48,17 +61,14 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
-from ._data_checks import row_shape
-from ._trainer_common import TrainConfig, apply_transformation, remove_run_temporaries
+from ._dry_run import label_range_error, zero_batch
+from ._trainer_common import TrainConfig, TrainingInputError, remove_run_temporaries
 from ._validate import check_row_count, validate_dataframe
 from .params import ParamsFromTable
+from .progress import FitClock
 from .persistence import TableParamsReader, TableParamsWriter
 
 logger = logging.getLogger(__name__)
-
-_SPARK_NUMPY = {"double": np.float64, "float": np.float32, "decimal": np.float64,
-                "bigint": np.int64, "int": np.int32, "smallint": np.int16, "tinyint": np.int8,
-                "boolean": np.bool_}
 
 # The failures of a training run that a restart from the last checkpoint can get past (see
 # RankFailedError.cause): a rank's process killed or crashed, a collective failed (a lost
@@ -130,11 +140,15 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
     # -- fit -------------------------------------------------------------------------------
     def _fit(self, dataset: Any) -> Any:
         p = self._values()
-        phases = Phases(p["verbose"])
+        clock = FitClock()
+        if p["mlflow_log"]:
+            from ._mlflow import preload
+            preload(self._mlflow_flavor)  # imports for seconds once per process: meanwhile...
         self._check_params(p)
         p["store"].check_writable()
-        validate_dataframe(dataset, p["feature_cols"], p["label_cols"] or [],
-                           p["sample_weight_col"], p["validation"], num_proc=1, check_rows=False)
+        info = validate_dataframe(dataset, p["feature_cols"], p["label_cols"] or [],
+                                  p["sample_weight_col"], p["validation"], num_proc=1,
+                                  check_rows=False)
         wanted = p["num_proc"]
         if wanted is None and p["backend"] is not None:  # Horovod's SparkBackend(num_proc=...)
             wanted = int(p["backend"].num_processes())
@@ -143,13 +157,13 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         first = first_rows(dataset, columns, num_proc)
         zeros = zero_batch(dataset, first, columns)
         output_shapes = self._dry_run(p, zeros)
-        phases.done("checks and dry run")
 
         run_id = p["run_id"] or (f"{self._RUN_PREFIX}_{time.strftime('%Y%m%d_%H%M%S')}_"
                                  f"{uuid.uuid4().hex[:6]}")
         seed = p["random_seed"] if p["random_seed"] is not None else seed_of(run_id)
         remove_run_temporaries(p["store"], run_id)
         done = self._checkpoint_epoch(p, run_id)
+        clock.done("checks")
         epochs = p["epochs"]
         if done is not None and done >= epochs:
             if p["verbose"]:
@@ -161,21 +175,56 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
                               if p["partitions_per_process"] else None)
             meta = prepare_data(dataset, p["store"], p["feature_cols"], p["label_cols"] or [],
                                 p["sample_weight_col"], p["validation"], num_proc=num_proc,
-                                seed=seed, num_partitions=num_partitions, first_row=first)
-            phases.done("training data in the store")
+                                seed=seed, num_partitions=num_partitions,
+                                allow_nonfinite=p["allow_nonfinite"], first_row=first,
+                                column_info=info, store_checked=True)
+            clock.done("data")
+            self._check_label_values(p, zeros, meta)
+            clock.done("checks")
             from spark_hvd import spark as hvd_spark
             config = self._train_config(p, run_id, seed, meta)
-            self._train(p, run_id, lambda: hvd_spark.run(
+            results = self._train(p, run_id, lambda: hvd_spark.run(
                 self._train_fn(), args=(config,), num_proc=num_proc, use_gpu=p["use_gpu"],
                 env={**self._train_env(), **(p["backend_env"] or {})},
                 verbose=1 if p["verbose"] else 0))
-            phases.done(f"training on {num_proc} processes")
+            clock.done("launch")
+            ranks = (results[0] if results and isinstance(results[0], dict) else {})
+            for phase, seconds in (ranks.get("seconds") or {}).items():
+                clock.move("launch", phase, seconds)  # rank 0's own part of the launch
         model, history = self._trained_model(p, run_id)
-        phases.done("model from the store")
         fitted = self._make_model(p, model, history, run_id, zeros, output_shapes)
+        clock.done("checkpoints")
         if self._log_to_mlflow(p, fitted, zeros):
-            phases.done("logged to MLflow")
+            clock.done("MLflow")
+        fitted.fit_seconds = clock.report(type(self).__name__, p["verbose"])
         return fitted
+
+    # The mlflow module of the estimator's flavor (see ``_log_mlflow_model``).
+    _mlflow_flavor = "mlflow.pytorch"
+
+    def _check_label_values(self, p: Dict[str, Any], zeros: Dict[str, np.ndarray],
+                            meta: Any) -> None:
+        """The loss on the smallest and the largest value of each integer label column
+        (from the Parquet footers: every row, no Spark job), so that a class index the
+        model has no output for is an error here, naming the column and its values, not an
+        IndexError on a rank.  Not with ``transformation_fn`` (the ranks' labels are what
+        it returns)."""
+        loss_on = p.get("_loss_on")
+        if loss_on is None or p["transformation_fn"] is not None:
+            return
+        spans = {c: meta.columns[c].value_range for c in p["label_cols"] or []
+                 if c in meta.columns and meta.columns[c].value_range is not None}
+        if not spans:
+            return
+        batch = dict(zeros)
+        for c, (lo, hi) in spans.items():
+            extremes = np.empty_like(zeros[c])
+            extremes[:1], extremes[1:] = lo, hi
+            batch[c] = extremes
+        try:
+            loss_on(batch)
+        except Exception as exc:
+            raise label_range_error(spans, p.get("_output_shapes") or [], exc) from exc
 
     def _log_to_mlflow(self, p: Dict[str, Any], fitted: Any, zeros: Dict[str, np.ndarray]
                        ) -> Optional[str]:
@@ -189,18 +238,22 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
                        fitted.getHistory(), fitted.getFeatureCols(), fitted.getOutputCols(),
                        lambda signature: self._log_mlflow_model(p, model, zeros, signature))
 
-    def _train(self, p: Dict[str, Any], run_id: str, launch: Callable[[], Any]) -> None:
+    def _train(self, p: Dict[str, Any], run_id: str, launch: Callable[[], Any]) -> Any:
         """``launch()`` (one training run), launched again after a failure a restart can get
         past, at most ``max_restarts`` times; each launch resumes from the run's last
         checkpoint.  Prints one line per restart; when restarts are exhausted, raises the
-        last failure saying so."""
+        last failure saying so.  Bad input a rank found while training (a NaN loss, labels
+        the loss refuses: ``TrainingInputError``) is raised as an InvalidArgumentError with
+        the rank's message.  Returns what the successful launch returned."""
         name, max_restarts, epochs = type(self).__name__, p["max_restarts"], p["epochs"]
         attempts = max_restarts + 1
         for attempt in range(1, attempts + 1):
             try:
-                launch()
-                return
+                return launch()
             except RankFailedError as exc:
+                found = training_input_error(name, exc)
+                if found is not None:
+                    raise found from exc
                 if exc.cause not in RESTART_CAUSES:
                     raise
                 done = self._checkpoint_epoch(p, run_id) or 0
@@ -285,13 +338,17 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         overlap = set(p["feature_cols"]) & set(labels)
         if overlap:
             raise InvalidArgumentError(f"columns {sorted(overlap)} are both features and labels")
-        if p["reader"] == "petastorm" and (p["train_steps_per_epoch"] is None or (
-                p["validation"] and p["validation_steps_per_epoch"] is None)):
-            raise InvalidArgumentError(
-                "reader='petastorm' shards by row group, so processes may get different numbers "
-                "of batches: set train_steps_per_epoch (and validation_steps_per_epoch with "
-                "validation) to at most the batches of the smallest shard, or use "
-                "reader='arrow' (equal steps on every process)")
+        if p["reader"] == "petastorm":  # before any work: importable, and a local store
+            from spark_hvd.data.petastorm_reader import import_make_batch_reader
+
+            import_make_batch_reader()
+            import pyarrow.fs as pafs
+
+            if p["store"] is not None and not isinstance(p["store"].filesystem,
+                                                         pafs.LocalFileSystem):
+                raise InvalidArgumentError(
+                    f"reader='petastorm' reads a local store here, and {p['store']} is on "
+                    f"{type(p['store'].filesystem).__name__}: use reader='arrow'")
         comp = p["gradient_compression"]
         if comp is not None and not (hasattr(comp, "compress") and hasattr(comp, "decompress")):
             framework = "torch" if "Torch" in name else "tensorflow"
@@ -305,18 +362,13 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
 
 # -- fit helpers ------------------------------------------------------------------------------
 
-class Phases:
-    """How long each step of fit took: logged, and printed with verbose >= 2."""
-
-    def __init__(self, verbose: int) -> None:
-        self.verbose, self.last = verbose, time.perf_counter()
-
-    def done(self, what: str) -> None:
-        now = time.perf_counter()
-        logger.info("fit: %s in %.1f s", what, now - self.last)
-        if self.verbose >= 2:
-            print(f"fit: {what} in {now - self.last:.1f}s", flush=True)
-        self.last = now
+def training_input_error(name: str, exc: RankFailedError) -> Optional[InvalidArgumentError]:
+    """The InvalidArgumentError for a run that failed because a rank found bad input while
+    training (``TrainingInputError``: a NaN loss, labels the loss refuses), else None."""
+    prefix = f"{TrainingInputError.__name__}: "
+    if exc.cause != "function" or not exc.reason.startswith(prefix):
+        return None
+    return InvalidArgumentError(f"{name}: {exc.reason[len(prefix):]}", ranks=exc.ranks)
 
 
 def restart_line(name: str, exc: RankFailedError, done: int, epochs: int, attempt: int,
@@ -375,83 +427,3 @@ def first_rows(df: Any, columns: Sequence[str], num_proc: int) -> Any:
     return rows[0]
 
 
-def zero_batch(df: Any, first: Any, columns: Sequence[str], rows: int = 2
-               ) -> Dict[str, np.ndarray]:
-    """Zeros shaped like ``rows`` rows of each column as the reader will deliver them."""
-    from pyspark.ml.linalg import Vector
-    from pyspark.sql import types as T
-    fields = {f.name: f.dataType for f in df.schema.fields}
-    out = {}
-    for c in columns:
-        value, dt = first[c], fields[c]
-        shape = row_shape(c, value)  # a null is an error
-        if isinstance(value, Vector):
-            dtype = np.float64
-        else:
-            while isinstance(dt, T.ArrayType):
-                dt = dt.elementType
-            dtype = _SPARK_NUMPY.get(dt.simpleString().split("(")[0], np.float64)
-        out[c] = np.zeros((rows,) + shape, dtype=dtype)
-    return out
-
-
-def describe_arrays(arrays: Dict[str, Any], cols: Sequence[str]) -> str:
-    return ", ".join(f"'{c}' {tuple(arrays[c].shape)} {arrays[c].dtype}" for c in cols)
-
-
-def transformed(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> Dict[str, Any]:
-    """The zero batch through ``transformation_fn`` (an error names the batch it got)."""
-    if p["transformation_fn"] is None:
-        return dict(zeros)
-    try:
-        return apply_transformation(p["transformation_fn"], zeros)
-    except Exception as exc:
-        raise InvalidArgumentError(
-            f"transformation_fn fails on a batch of zeros ({describe_arrays(zeros, list(zeros))}"
-            f"): {type(exc).__name__}: {exc}") from exc
-
-
-def input_shape_error(given: str, exc: Exception) -> InvalidArgumentError:
-    """The dry run's error when the model cannot run on the feature columns."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()  # Keras' terminal bold
-    return InvalidArgumentError(
-        f"the model cannot run on the feature columns: a batch of 2 rows gives {given}, and "
-        f"calling the model on them fails with {type(exc).__name__}: {text}. Fix: make the "
-        f"model's input layer match these shapes, or set input_shapes (e.g. input_shapes="
-        f"[[-1, 1, 8, 8]]) to reshape each feature column")
-
-
-def checkpoint_error(store: Any, run_id: str, exc: Exception) -> InvalidArgumentError:
-    """The error when the checkpoint of ``run_id`` cannot be read."""
-    return InvalidArgumentError(
-        f"cannot read the checkpoint of run_id '{run_id}' in {store}: {exc}. Use another "
-        f"run_id, or delete {store.get_checkpoint_path(run_id)}")
-
-
-def no_checkpoint_error(store: Any, run_id: str) -> InvalidArgumentError:
-    """The error when a finished training left no checkpoint (it always writes one)."""
-    return InvalidArgumentError(f"training finished but no checkpoint was found under "
-                                f"{store.get_checkpoint_path(run_id)}")
-
-
-def loss_error(pairs: str, exc: Exception) -> InvalidArgumentError:
-    """The dry run's error when the loss fails on the outputs and labels."""
-    return InvalidArgumentError(
-        f"the loss fails on the model's outputs and the labels ({pairs}): "
-        f"{type(exc).__name__}: {exc}. Fix: for class indices cast the label column to an "
-        f"integer type (df.withColumn('label', F.col('label').cast('long'))), make the "
-        f"model's output match the label's shape, or set label_shapes")
-
-
-def check_outputs(outputs: Sequence[Any], labels: Sequence[str], rows: int = 2) -> None:
-    """The model returns one output per label, each with the batch as first dimension."""
-    if len(outputs) < len(labels):
-        raise InvalidArgumentError(
-            f"the model returns {len(outputs)} output(s) but label_cols has {len(labels)} "
-            f"columns {labels}: return one output per label column")
-    bad = [i for i, o in enumerate(outputs)
-           if len(getattr(o, "shape", ())) == 0 or o.shape[0] != rows]
-    if bad:
-        raise InvalidArgumentError(
-            f"model output {bad[0]} is not a tensor with the batch as its first dimension "
-            f"(for {rows} rows it is {getattr(outputs[bad[0]], 'shape', type(outputs[bad[0]]))})")

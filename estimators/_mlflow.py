@@ -19,7 +19,16 @@ is done (:func:`log_fit`):
 5. The trained model, named :data:`MODEL_NAME`, in the estimator's flavor
    (``_log_mlflow_model``: ``mlflow.pytorch``, ``mlflow.keras``), with a signature made from
    the dry run's zero batch: the tensor the model takes (one per feature column, floats in
-   the model's dtype, ``input_shapes`` applied, ``transformation_fn`` not) and its outputs.
+   the model's dtype, ``input_shapes`` applied, ``transformation_fn`` not) and its outputs,
+   and pip requirements written from what this process has loaded (:func:`requirements`:
+   the framework's distributions and those the model's classes come from, at their
+   installed versions).  Left to itself MLflow infers them by loading the model in a
+   subprocess, which took 7-12 s of every fit.
+
+Cost: a warm fit pays a few tracking calls and the model's save (~0.1-0.5 s on a local
+store).  The first fit of a process also imports mlflow and the flavor (seconds): ``fit``
+starts that import in a background thread (:func:`preload`) before its checks, so it
+overlaps the fit's own work.
 
 Nothing of this runs on the executors: rank 0 writes the history with each checkpoint, and
 the driver reads the last checkpoint back (``_trained_model``), so only the driver needs
@@ -32,10 +41,16 @@ and the model is in the Store and is returned.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
 import logging
 import numbers
+import sys
+import threading
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +68,84 @@ NAMES_ONLY = ("backend_env",)
 # log_model(signature) logs the model into the active run, its signature being
 # signature(inputs, outputs) (numpy arrays, see :func:`signature`).
 LogModel = Callable[[Callable[[Sequence[Any], Sequence[Any]], Any]], None]
+
+
+# Each flavor's frameworks: their distributions are always in the requirements.
+FLAVOR_FRAMEWORKS = {"mlflow.pytorch": ("torch", "cloudpickle"),
+                     "mlflow.keras": ("keras", "tensorflow")}
+# Distribution names a module is installed under besides its own (the first found is used).
+DISTRIBUTION_ALIASES = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tensorflow-intel",
+                                       "tensorflow-macos")}
+
+_preloaded: Dict[str, threading.Thread] = {}
+_preload_lock = threading.Lock()
+
+
+def preload(flavor: str) -> None:
+    """Import mlflow and the ``flavor`` module (``mlflow.pytorch``...) in a background
+    thread, once per process, when mlflow is installed: fit's logging finds them imported
+    (the import takes seconds, once) instead of waiting for it at the end of the fit."""
+    with _preload_lock:
+        if flavor in _preloaded or flavor in sys.modules:
+            return
+        if importlib.util.find_spec("mlflow") is None:
+            return
+        thread = threading.Thread(target=_import_quietly, args=(flavor,), daemon=True,
+                                  name=f"spark_hvd-preload-{flavor}")
+        _preloaded[flavor] = thread
+    thread.start()
+
+
+def _import_quietly(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # the logging imports it again and says what failed
+        logger.debug("preloading %s failed: %s", module, exc)
+
+
+def requirements(flavor: str, objects: Iterable[Any]) -> List[str]:
+    """The pip requirements of a model logged in ``flavor``: the flavor's frameworks
+    (:data:`FLAVOR_FRAMEWORKS`) and the top-level packages the classes of ``objects`` (the
+    model's modules or layers) and their base classes come from, each as ``name==version`` of the distribution
+    installed here (a local label such as ``+cpu`` dropped); packages that are not
+    installed distributions (``__main__``, a notebook, the standard library) are left out."""
+    modules = list(FLAVOR_FRAMEWORKS.get(flavor, ()))
+    for cls in dict.fromkeys(c for obj in objects for c in type(obj).__mro__):
+        top = cls.__module__.split(".")[0]
+        if top not in modules and top not in ("__main__", "builtins") and \
+                top not in getattr(sys, "stdlib_module_names", ()):
+            modules.append(top)
+    out: List[str] = []
+    for module in modules:
+        found = _distribution(module)
+        if found is not None and f"{found[0]}=={found[1]}" not in out:
+            out.append(f"{found[0]}=={found[1]}")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _distribution(module: str) -> Optional[Tuple[str, str]]:
+    """(distribution name, version without local label) of the installed distribution
+    providing top-level module ``module``, or None."""
+    for name in DISTRIBUTION_ALIASES.get(module, (module,)):
+        try:
+            return name, importlib.metadata.version(name).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    names = _packages_distributions().get(module)
+    if not names:
+        return None
+    try:
+        return names[0], importlib.metadata.version(names[0]).split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _packages_distributions() -> Mapping[str, List[str]]:
+    """importlib's module -> distributions map (reads every installed distribution: about
+    a second, so only when a module is not its own distribution's name, once a process)."""
+    return importlib.metadata.packages_distributions()
 
 
 def import_mlflow() -> Any:

@@ -9,13 +9,19 @@
 * The model runs in a scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1) on the
   feature columns only (Vectors turned into arrays by ``vector_to_array`` in the JVM): the
   other columns never leave the JVM, and Arrow hands the feature arrays to numpy without a
-  per-row Python loop.  Not ``mapInPandas``: it must ship every column to Python and back,
-  and cannot pass a Vector column through at all (pyspark 4.3: the UDT serializer gets dicts
-  back and fails); ``mapInArrow`` passes Vectors but, shipping every column both ways, was
-  measured 3x slower than ``predict_batch_udf`` here, where the Arrow UDF is faster (see
-  bench/transform.py).  Several outputs come back as one struct, split into columns.
-* Each Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) is cut into
-  ``inference_batch_size`` rows per model call.
+  per-row Python loop.  (Handing the Vector column itself to the UDF, as Spark's struct of
+  type, size, indices and values, and making the array in numpy was measured 6x slower in
+  bench/transform.py, pyspark 4.3.)  Not ``mapInPandas``: it must ship every column to
+  Python and back, and cannot pass a Vector column through at all (pyspark 4.3: the UDT
+  serializer gets dicts back and fails); ``mapInArrow`` passes Vectors but, shipping every
+  column both ways, was measured 3x slower than ``predict_batch_udf`` here, where the Arrow
+  UDF is faster (see bench/transform.py).  Several outputs come back as one struct, split
+  into columns.
+* Each Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) becomes the
+  framework's input once (Arrow -> numpy -> tensor without a copy on the CPU), is cut into
+  ``inference_batch_size`` rows per model call, and each call's outputs are written into
+  one float64 array of the batch (the Vector values Spark takes), converted on the way:
+  no per-call conversion, no concatenation.
 * The model travels as bytes with the function (pyspark broadcasts a function over 1 MiB by
   itself) and is loaded once per Python worker and device: :data:`MODEL_CACHE`, keyed by the
   sha256 of the bytes (Spark reuses Python workers, so later tasks and later transforms of
@@ -23,7 +29,8 @@
 
 A framework's model class provides ``_model_bytes`` (the model as bytes), ``_float32``
 (feed Vectors as float32), ``_zero_run`` (output shapes of a zero batch, for a model without
-``output_shapes``) and ``_predictor`` (a picklable ``open() -> run(arrays) -> outputs``).
+``output_shapes``) and ``_predictor`` (a picklable ``open() -> run(arrays, batch_rows) ->
+outputs``: the model on one Arrow batch, ``batch_rows`` rows per call).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from pyspark.ml import Model
@@ -46,8 +53,15 @@ from .persistence import TableParamsReader, TableParamsWriter
 _OUT_TMP = "__spark_hvd_outputs"
 _CACHE_SIZE = 4
 
-# ``run(arrays)``: one chunk of feature arrays in, each output as ``(rows, width)`` float64.
-Run = Callable[[List[np.ndarray]], List[np.ndarray]]
+# ``run(arrays, batch_rows)``: one Arrow batch's feature arrays in, the model called on
+# ``batch_rows`` rows at a time, each output as one ``(rows, width)`` float64 array.
+Run = Callable[[List[np.ndarray], int], List[np.ndarray]]
+
+
+def chunks(rows: int, batch_rows: int) -> Iterator[Tuple[int, int]]:
+    """``(start, stop)`` of each model call on ``rows`` rows."""
+    for start in range(0, rows, batch_rows):
+        yield start, min(rows, start + batch_rows)
 
 
 def default_output_cols(label_cols: Sequence[str], n_outputs: int = 1) -> List[str]:
@@ -59,6 +73,11 @@ def default_output_cols(label_cols: Sequence[str], n_outputs: int = 1) -> List[s
 
 class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
     """A trained model as a Spark ML Model (see the module docstring)."""
+
+    #: Where the ``fit`` that returned this model spent its time: seconds by phase
+    #: (``checks``, ``data``, ``launch``, ``training``, ``checkpoints``, ``MLflow``) and
+    #: ``total``; None for a model not returned by ``fit`` (loaded, or made by hand).
+    fit_seconds: Optional[Dict[str, float]] = None
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -259,7 +278,7 @@ def make_predict_fn(open_model: Callable[[], Run], names: List[str],
     """The Arrow UDF body: Arrow batches of the feature columns in, the outputs out.
 
     ``open_model()`` runs once per task, on the executor, and returns the function that
-    predicts one chunk of at most ``batch_rows`` rows.
+    predicts one Arrow batch, at most ``batch_rows`` rows per model call.
     """
 
     def predict(batches: Iterator[Any]) -> Iterator[Any]:
@@ -270,19 +289,10 @@ def make_predict_fn(open_model: Callable[[], Run], names: List[str],
         for columns in batches:
             if not isinstance(columns, (tuple, list)):
                 columns = (columns,)
-            n = len(columns[0])
             arrays = [array_to_numpy(name, col, where) for col, name in zip(columns, names)]
-            results: List[List[np.ndarray]] = [[] for _ in output_shapes]
-            for start in range(0, n, batch_rows):
-                stop = min(n, start + batch_rows)
-                outs = run([a[start:stop] for a in arrays])
-                for k in range(len(output_shapes)):
-                    results[k].append(outs[k])
-            out = []
-            for k, shape in enumerate(output_shapes):
-                values = (np.concatenate(results[k]) if results[k]
-                          else np.zeros((0, max(1, int(np.prod(shape))))))
-                out.append(_to_arrow(values, shape, pa))
+            outs = run(arrays, batch_rows) if len(columns[0]) else [
+                np.zeros((0, max(1, int(np.prod(s))))) for s in output_shapes]
+            out = [_to_arrow(values, shape, pa) for values, shape in zip(outs, output_shapes)]
             yield out[0] if single else pa.StructArray.from_arrays(
                 out, names=[f"o{k}" for k in range(len(out))])
 

@@ -10,11 +10,19 @@ import os
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from spark_hvd.exceptions import InvalidArgumentError
+
 HISTORY_FILE = "history.json"
+
+
+class TrainingInputError(InvalidArgumentError):
+    """Bad input a rank finds while training (a NaN loss, labels the loss refuses): the
+    driver's ``fit`` raises it as an InvalidArgumentError with the rank's message (see
+    ``_estimator_base.DistributedEstimator._train``)."""
 
 
 @dataclass
@@ -114,6 +122,94 @@ def next_batch(batches: Iterator[Any], step: int, steps: int, split: str) -> Any
         raise ValueError(f"the {split} reader ended after {step} of {steps} batches on this "
                          f"process; lower train_steps_per_epoch/validation_steps_per_epoch") \
             from None
+
+
+def nonfinite_loss_error(value: float, epoch: int, epochs: int, step: int, steps: int,
+                         rank: int) -> TrainingInputError:
+    """The error when the training loss is NaN or infinite at ``step`` (1-based) of epoch
+    ``epoch`` (0-based)."""
+    return TrainingInputError(
+        f"the training loss is {value} at epoch {epoch + 1}/{epochs}, step {step}/{steps} "
+        f"(rank {rank}); training stopped there (terminate_on_nan=True). Fix: lower the "
+        f"learning rate, check the data for NaN or infinite values (the training data holds "
+        f"none unless allow_nonfinite=True), or pass terminate_on_nan=False to train on")
+
+
+def label_error(exc: BaseException, label_cols: Sequence[str], labels: Sequence[np.ndarray],
+                output_shapes: Sequence[Tuple[int, ...]], epoch: int, step: int, split: str,
+                rank: int) -> TrainingInputError:
+    """The error when the loss refuses a batch's labels on a rank (a class index out of
+    range: ``exc``), naming the label columns and, when given, the values the batch holds
+    and the model's output shapes."""
+    held = []
+    for y in labels:
+        y = np.asarray(y)
+        held.append(f"from {y.min()} to {y.max()}" if y.size and y.dtype.kind in "iu"
+                    else f"{y.dtype} {tuple(y.shape)}")
+    evidence = "; ".join(
+        [f"'{c}' {h}" for c, h in zip(label_cols, held)]
+        + [f"the model's output(s) {', '.join(str(s) for s in output_shapes)}"] * bool(
+            output_shapes))
+    return TrainingInputError(
+        f"the loss fails on the labels of {', '.join(repr(c) for c in label_cols)} in a "
+        f"{split} batch at epoch {epoch + 1}, step {step + 1} (rank {rank})"
+        + (f" ({evidence})" if evidence else "") + f": {type(exc).__name__}: {exc}. Fix: the "
+        f"label column must hold what the loss takes (class indices from 0 to the model's "
+        f"number of outputs - 1 for a cross-entropy): re-index it (e.g. "
+        f"pyspark.ml.feature.StringIndexer) or filter out the other rows")
+
+
+class LossWatch:
+    """``terminate_on_nan``: a non-finite training loss stops this rank with an error naming
+    the epoch and step, without a device sync per step.
+
+    On the CPU each step's loss is looked at as it comes.  On a GPU the losses go into a
+    device buffer of :data:`CHECK_EVERY` slots (an in-place copy: no allocation, no sync),
+    which is looked at once it is full and at the end of the epoch (``flush``); the first
+    bad slot gives the step.
+    """
+
+    CHECK_EVERY = 64
+
+    def __init__(self, enabled: bool, rank: int, epochs: int, steps: int,
+                 buffered: Optional[bool] = None) -> None:
+        self.enabled, self.rank, self.epochs, self.steps = enabled, rank, epochs, steps
+        self.buffered = buffered  # None: buffer on any device but the CPU
+        self.buffer: Any = None
+        self.slots: List[Tuple[int, int]] = []  # (epoch, step) of each filled slot
+
+    def step(self, loss: Any, epoch: int, step: int) -> None:
+        """The loss (a scalar tensor) of ``step`` (0-based) of ``epoch``."""
+        if not self.enabled:
+            return
+        if not (self.buffered if self.buffered is not None else loss.device.type != "cpu"):
+            value = float(loss.detach())
+            if not np.isfinite(value):
+                raise nonfinite_loss_error(value, epoch, self.epochs, step + 1, self.steps,
+                                           self.rank)
+            return
+        import torch
+        if self.buffer is None:
+            self.buffer = torch.zeros(self.CHECK_EVERY, dtype=torch.float32,
+                                      device=loss.device)
+        self.buffer[len(self.slots)].copy_(loss.detach().reshape(()))
+        self.slots.append((epoch, step))
+        if len(self.slots) == self.CHECK_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Look at the losses not looked at yet (one device sync)."""
+        if not self.slots:
+            return
+        import torch
+        slots, self.slots = self.slots, []
+        seen = self.buffer[:len(slots)]
+        bad = (~torch.isfinite(seen)).nonzero()
+        if len(bad):
+            slot = int(bad[0, 0])
+            epoch, step = slots[slot]
+            raise nonfinite_loss_error(float(seen[slot]), epoch, self.epochs, step + 1,
+                                       self.steps, self.rank)
 
 
 def announce_start(config: TrainConfig, rank: int, start_epoch: int, started: float,
@@ -266,7 +362,7 @@ class Readers:
     def _steps(self, reader: Any, wanted: Optional[int], what: str) -> int:
         try:
             available = len(reader)
-        except TypeError:  # petastorm: no equal-steps guarantee, the user says how many
+        except TypeError:  # a reader without len(): the user says how many steps
             if wanted is None:
                 raise ValueError(f"reader={self.c.reader!r} cannot tell the steps per epoch "
                                  f"(ranks may get different row counts): set {what}") from None

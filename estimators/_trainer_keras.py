@@ -41,7 +41,8 @@ from . import _keras_io as keras_io
 from ._tensorboard import open_events
 from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
                               apply_transformation, as_outputs, checkpoint_file, cpu_share,
-                              load_objects, next_batch, reshape_to, write_history)
+                              label_error, load_objects, next_batch, nonfinite_loss_error,
+                              reshape_to, write_history)
 
 CHECKPOINT_FORMAT = 1
 LAST_CHECKPOINT = "last.keras"
@@ -187,13 +188,14 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     to_keras = batch_converter(config.feature_cols, config.label_cols, config.input_shapes,
                                config.label_shapes, config.sample_weight_col,
                                model_float_dtype(model), objs.get("transformation_fn"))
+    coordinator = _Coordinator(hvd, config, rank, readers.train_steps)
+    recorder = _Recorder(config, record, rank, readers.train_steps,
+                         open_events(config.store, config.run_id, config.verbose)
+                         if rank == 0 else None)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                  hvd.callbacks.MetricAverageCallback(),
-                 *(objs.get("callbacks") or []),
-                 _Coordinator(hvd, config.terminate_on_nan, rank),
-                 _Recorder(config, record, rank, readers.train_steps,
-                           open_events(config.store, config.run_id, config.verbose)
-                           if rank == 0 else None)]
+                 *(objs.get("callbacks") or []), coordinator, recorder]
+    ready = time.perf_counter()
     try:
         model.fit(
             _feed(readers.train, start, readers.train_steps, "train", to_keras),
@@ -202,12 +204,28 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                              if readers.val is not None else None),
             validation_steps=readers.val_steps or None, callbacks=callbacks, shuffle=False,
             verbose=0)
+    except tf.errors.InvalidArgumentError as exc:
+        if "label value" not in str(exc):
+            raise
+        # A class index out of range (TensorFlow names the value): the error names the
+        # label columns; the batch's values are in TensorFlow's message.
+        raise label_error(_first_line(exc), config.label_cols, [], [], coordinator.epoch,
+                          coordinator.step, "training", rank) from exc
     finally:
         readers.close()
     if rank == 0 and config.verbose and record.epoch < config.epochs:
         print(f"a callback stopped training after epoch {record.epoch}", flush=True)
-    return ({"rank": rank, "epochs": record.epoch, "start_epoch": start} if rank == 0
-            else {"rank": rank})
+    if rank != 0:
+        return {"rank": rank}
+    trained = time.perf_counter() - ready
+    return {"rank": rank, "epochs": record.epoch, "start_epoch": start,
+            "seconds": {"training": trained - recorder.saving, "checkpoints": recorder.saving}}
+
+
+def _first_line(exc: BaseException) -> BaseException:
+    """TensorFlow's error without its graph trace: the line that says what failed."""
+    lines = [ln for ln in str(exc).splitlines() if "label value" in ln]
+    return type(exc)(None, None, lines[0].strip() if lines else str(exc))
 
 
 def _feed(reader: Any, start_epoch: int, steps: int, split: str,
@@ -228,12 +246,21 @@ def _feed(reader: Any, start_epoch: int, steps: int, split: str,
 class _Coordinator(keras.callbacks.Callback):
     """Every rank stops together: ``model.stop_training`` set by any callback on any rank
     (mid-epoch too) stops all of them at the end of the epoch.  With ``terminate_on_nan``
-    a non-finite training loss is an error."""
+    a non-finite training loss (Keras' running mean of the epoch: it turns non-finite at
+    the first bad step and stays so) is an error naming the epoch and step."""
 
-    def __init__(self, hvd: Any, terminate_on_nan: bool, rank: int) -> None:
+    def __init__(self, hvd: Any, config: TrainConfig, rank: int, steps: int) -> None:
         super().__init__()
-        self.hvd, self.terminate_on_nan, self.rank = hvd, terminate_on_nan, rank
+        self.hvd, self.terminate_on_nan, self.rank = hvd, config.terminate_on_nan, rank
+        self.epochs, self.steps = config.epochs, steps
         self.pending = False
+        self.epoch = self.step = 0  # where training is, for errors
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.epoch, self.step = epoch, 0
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.step = batch
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.model.stop_training:  # not now: the other ranks are in this epoch's steps
@@ -241,10 +268,8 @@ class _Coordinator(keras.callbacks.Callback):
         if self.terminate_on_nan and logs and "loss" in logs:
             loss = float(logs["loss"])
             if not np.isfinite(loss):
-                raise FloatingPointError(
-                    f"rank {self.rank}: the training loss is {loss} at step {batch + 1} "
-                    f"(terminate_on_nan=True); lower the learning rate or check the data for "
-                    f"NaN/inf")
+                raise nonfinite_loss_error(loss, self.epoch, self.epochs, batch + 1,
+                                           self.steps, self.rank)
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         stop = self.pending or bool(self.model.stop_training)
@@ -263,6 +288,7 @@ class _Recorder(keras.callbacks.Callback):
         self.c, self.record, self.rank, self.steps = config, record, rank, steps
         self.events = events  # rank 0's TensorBoard event file (None: none)
         self.progress: Any = None
+        self.saving = 0.0  # seconds rank 0 spent writing checkpoints, history and events
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         from .progress import EpochProgress
@@ -279,6 +305,11 @@ class _Recorder(keras.callbacks.Callback):
         if self.rank != 0:
             return
         self.progress.finish(logs)
+        begin = time.perf_counter()
+        self._save(epoch, logs, improved)
+        self.saving += time.perf_counter() - begin
+
+    def _save(self, epoch: int, logs: Dict[str, float], improved: bool) -> None:
         c = self.c
         data = keras_io.model_to_bytes(self.model)
         meta = dict(self.record.state(), run_id=c.run_id)

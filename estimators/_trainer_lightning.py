@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import math
 import os
 import shutil
 import tempfile
@@ -31,8 +30,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 
-from ._trainer_common import (Readers, TrainConfig, announce_start, apply_transformation,
-                              checkpoint_file, load_objects, next_batch, write_history)
+from ._trainer_common import (LossWatch, Readers, TrainConfig, announce_start,
+                              apply_transformation, checkpoint_file, load_objects, next_batch,
+                              write_history)
 from ._trainer_torch import model_float_dtype, start_rank, to_tensor
 
 CHECKPOINT_FORMAT = 1
@@ -124,20 +124,22 @@ def _callback_class(pl: Any) -> Any:
         """After every epoch: the Lightning checkpoint and the history into the Store."""
 
         def __init__(self, config: TrainConfig, history: Dict[str, List[float]],
-                     local_dir: str) -> None:
-            self.c, self.history, self.local = config, history, local_dir
+                     local_dir: str, watch: LossWatch) -> None:
+            self.c, self.history, self.local, self.watch = config, history, local_dir, watch
+            self.saving = 0.0  # seconds rank 0 spent putting checkpoints into the Store
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-            if not self.c.terminate_on_nan:
-                return
             loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-            if loss is not None and not math.isfinite(float(loss)):
-                raise FloatingPointError(
-                    f"rank {trainer.global_rank}: the training loss is {float(loss)} at epoch "
-                    f"{trainer.current_epoch + 1} batch {batch_idx + 1} (terminate_on_nan="
-                    f"True); lower the learning rate or check the data for NaN/inf")
+            if loss is not None and hasattr(loss, "device"):
+                self.watch.step(loss, trainer.current_epoch, batch_idx)
 
         def on_train_epoch_end(self, trainer, module) -> None:
+            self.watch.flush()
+            begin = time.perf_counter()
+            self._save(trainer)
+            self.saving += time.perf_counter() - begin
+
+        def _save(self, trainer) -> None:
             epoch = trainer.current_epoch + 1
             logs = _scalars(trainer.callback_metrics)
             for name, value in logs.items():
@@ -200,7 +202,9 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                    if readers.val is not None and readers.val_steps else None)
     announce_start(config, rank, start, started, readers.train_steps)
 
-    store_checkpoint = _callback_class(pl)(config, history, local_dir)
+    store_checkpoint = _callback_class(pl)(
+        config, history, local_dir,
+        LossWatch(config.terminate_on_nan, rank, config.epochs, readers.train_steps))
     kwargs = dict(enable_progress_bar=False, enable_model_summary=False, logger=False,
                   enable_checkpointing=False, num_sanity_val_steps=0)
     kwargs.update(objs.get("trainer_args") or {})
@@ -214,11 +218,15 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     train_batches.trainer = trainer
     if val_batches is not None:
         val_batches.trainer = trainer
+    ready = time.perf_counter()
     try:
         trainer.fit(module, train_dataloaders=train_batches, val_dataloaders=val_batches,
                     ckpt_path=resume_path)
     finally:
         readers.close()
         shutil.rmtree(local_dir, ignore_errors=True)
-    epochs = trainer.current_epoch
-    return {"rank": rank, "epochs": epochs, "start_epoch": start} if rank == 0 else {"rank": rank}
+    if rank != 0:
+        return {"rank": rank}
+    trained, saving = time.perf_counter() - ready, store_checkpoint.saving
+    return {"rank": rank, "epochs": trainer.current_epoch, "start_epoch": start,
+            "seconds": {"training": trained - saving, "checkpoints": saving}}

@@ -33,9 +33,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ._tensorboard import open_events
-from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
+from ._trainer_common import (LossWatch, Readers, RunRecord, TrainConfig, announce_start,
                               apply_transformation, as_outputs, checkpoint_file, cpu_share,
-                              load_objects, next_batch, reshape_to, write_history)
+                              label_error, load_objects, next_batch, reshape_to,
+                              write_history)
 
 CHECKPOINT_FORMAT = 1
 LAST_CHECKPOINT = "last.pt"
@@ -162,11 +163,15 @@ def read_checkpoint(store: Any, run_id: str, which: str = LAST_CHECKPOINT,
     return state
 
 
-def _write_checkpoint(store: Any, run_id: str, which: str, state: Dict[str, Any]) -> None:
+def _write_checkpoint(store: Any, run_id: str, which: Any, state: Dict[str, Any]) -> None:
+    """``state`` serialized once and written atomically as each checkpoint of ``which``
+    (a name, or several: ``last.pt`` and ``best.pt`` hold the same bytes)."""
     import torch
     buf = io.BytesIO()
     torch.save(state, buf)
-    store.write_bytes_atomic(checkpoint_file(store, run_id, which), buf.getvalue())
+    data = buf.getvalue()
+    for name in ([which] if isinstance(which, str) else which):
+        store.write_bytes_atomic(checkpoint_file(store, run_id, name), data)
 
 
 def _pick_device(use_gpu: Optional[bool], hvd: Any) -> Any:
@@ -300,6 +305,8 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     events = open_events(config.store, config.run_id, config.verbose) if rank == 0 else None
     callbacks.call("on_train_begin", {"rank": rank, "size": size, "start_epoch": start})
     epoch = start
+    ready = time.perf_counter()
+    saving = 0.0  # seconds rank 0 spent writing checkpoints, history and events
     try:
         for epoch in range(start, config.epochs):
             logs = runner.run_epoch(epoch)
@@ -307,16 +314,17 @@ def train(config: TrainConfig) -> Dict[str, Any]:
             if scheduler is not None:
                 scheduler.step()
             if rank == 0:
+                begin = time.perf_counter()
                 state = dict(record.state(), format=CHECKPOINT_FORMAT, run_id=config.run_id,
                              model={k: v.detach().cpu() for k, v in model.state_dict().items()},
                              optimizer=optimizer.state_dict(),
                              scheduler=scheduler.state_dict() if scheduler is not None else None)
-                _write_checkpoint(config.store, config.run_id, LAST_CHECKPOINT, state)
-                if improved:
-                    _write_checkpoint(config.store, config.run_id, BEST_CHECKPOINT, state)
+                _write_checkpoint(config.store, config.run_id,
+                                  [LAST_CHECKPOINT] + [BEST_CHECKPOINT] * improved, state)
                 write_history(config.store, config.run_id, epoch + 1, record.history)
                 if events is not None:
                     events.add_epoch(epoch, logs)
+                saving += time.perf_counter() - begin
             cb_logs = dict(logs, rank=rank, stop_training=False)
             callbacks.call("on_epoch_end", epoch, cb_logs)
             stop = hvd.allreduce(torch.tensor([1.0 if cb_logs.get("stop_training") else 0.0]),
@@ -331,7 +339,11 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     finally:
         runner.close()
     callbacks.call("on_train_end", {"rank": rank, "history": record.history})
-    return {"rank": rank, "epochs": epoch, "start_epoch": start} if rank == 0 else {"rank": rank}
+    if rank != 0:
+        return {"rank": rank}
+    trained = time.perf_counter() - ready
+    return {"rank": rank, "epochs": epoch, "start_epoch": start,
+            "seconds": {"training": trained - saving, "checkpoints": saving}}
 
 
 class _EpochRunner:
@@ -349,6 +361,18 @@ class _EpochRunner:
         self.readers = Readers(config, rank, size)
         self.train_reader, self.val_reader = self.readers.train, self.readers.val
         self.train_steps, self.val_steps = self.readers.train_steps, self.readers.val_steps
+        self.watch = LossWatch(config.terminate_on_nan, rank, config.epochs, self.train_steps)
+
+    def _loss(self, outputs: List[Any], labels: List[Any], weight: Any, epoch: int,
+              step: int, split: str) -> Any:
+        """The batch's loss; a loss that refuses the labels (a class index out of range) is
+        an error naming the label columns and the values in the batch."""
+        try:
+            return self.loss_spec(outputs, labels, weight)
+        except (IndexError, ValueError) as exc:
+            raise label_error(exc, self.c.label_cols, [y.detach().cpu().numpy() for y in labels],
+                              [tuple(o.shape) for o in outputs], epoch, step, split,
+                              self.rank) from exc
 
     def _align(self, outputs: List[Any], labels: List[Any]) -> List[Any]:
         return align_labels(outputs, labels, self.c.label_shapes is not None)
@@ -405,12 +429,8 @@ class _EpochRunner:
                 if rows:
                     outputs = as_outputs(model(*inputs))
                     labels = self._align(outputs, labels)
-                    loss = self.loss_spec(outputs, labels, weight)
-                    if c.terminate_on_nan and not torch.isfinite(loss).all():
-                        raise FloatingPointError(
-                            f"rank {self.rank}: the training loss is {loss.item()} at epoch "
-                            f"{epoch + 1} step {step + 1} (terminate_on_nan=True); lower the "
-                            f"learning rate or check the data for NaN/inf")
+                    loss = self._loss(outputs, labels, weight, epoch, step, "training")
+                    self.watch.step(loss, epoch, step)
                     (loss / passes if passes > 1 else loss).backward()
                     self._measure(outputs, labels, loss, rows, sums)
                     rows_seen += rows
@@ -422,6 +442,7 @@ class _EpochRunner:
                                          if rows else float("nan")})
                 progress.update(step + 1, lambda: float(sums["loss"]) / max(rows_seen, 1)
                                 if rows_seen else float("nan"))
+            self.watch.flush()
         finally:
             batches.close()
         val_sums: Dict[str, Any] = {}
@@ -439,8 +460,9 @@ class _EpochRunner:
                             continue
                         outputs = as_outputs(model(*inputs))
                         labels = self._align(outputs, labels)
-                        self._measure(outputs, labels, self.loss_spec(outputs, labels, weight),
-                                      rows, val_sums)
+                        self._measure(outputs, labels,
+                                      self._loss(outputs, labels, weight, epoch, step,
+                                                 "validation"), rows, val_sums)
                         val_rows += rows
             finally:
                 batches.close()

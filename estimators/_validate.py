@@ -143,10 +143,13 @@ def validate_dataframe(df: Any, feature_cols: Union[str, Sequence[str]],
             f"sample_weight_col must be a column name or None, got {sample_weight_col!r}")
     if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise InvalidArgumentError(f"num_proc must be an integer >= 1, got {num_proc!r}")
-    fields = {f.name: f for f in df.schema.fields}
+    schema = df.schema
+    fields = {f.name: f for f in schema.fields}
     roles = [(c, "feature") for c in features] + [(c, "label") for c in labels]
     if sample_weight_col is not None:
         roles.append((sample_weight_col, "sample_weight"))
+    named = roles + ([(validation, "validation")] if isinstance(validation, str) else [])
+    check_unique(schema.fieldNames(), named, _case_sensitive(df))
 
     missing = [f"{role} column '{c}'{_suggest(c, list(fields))}"
                for c, role in roles if c not in fields]
@@ -177,6 +180,38 @@ def validate_dataframe(df: Any, feature_cols: Union[str, Sequence[str]],
     if check_rows:
         check_enough_rows(df, num_proc)
     return info
+
+
+def _case_sensitive(df: Any) -> bool:
+    """Spark's ``spark.sql.caseSensitive`` (false unless set: then ``Label`` and ``label``
+    are one name to Spark)."""
+    try:
+        value = df.sparkSession.conf.get("spark.sql.caseSensitive", "false")
+    except Exception:  # a session without this conf API
+        return False
+    return str(value).strip().lower() == "true"
+
+
+def check_unique(names: Sequence[str], roles: Sequence[Any], case_sensitive: bool) -> None:
+    """Each column in ``roles`` (``(name, role)`` pairs) is one column of the DataFrame, not
+    two of the same name (a join's output), which Spark refuses to pick from
+    (AMBIGUOUS_REFERENCE)."""
+    def key(n: str) -> str:
+        return n if case_sensitive else n.lower()
+    counts: Dict[str, List[str]] = {}
+    for n in names:
+        counts.setdefault(key(n), []).append(n)
+    dups = [(c, role, counts[key(c)]) for c, role in roles if len(counts.get(key(c), [])) > 1]
+    if dups:
+        c, role, same = dups[0]
+        spelt = (f" ({', '.join(repr(s) for s in same)}: Spark compares names without case "
+                 f"unless spark.sql.caseSensitive=true)" if len(set(same)) > 1 else "")
+        raise InvalidArgumentError(
+            f"the DataFrame has {len(same)} columns named '{c}' (the {role} column){spelt}, so "
+            f"Spark cannot tell which one to use; its columns are {list(names)}. Fix: keep "
+            f"one of them, e.g. after a join select the columns you need "
+            f"(df.select(left['{c}'], ...)) or rename one with .alias() or "
+            f"withColumnRenamed before joining")
 
 
 def check_enough_rows(df: Any, num_proc: int) -> None:

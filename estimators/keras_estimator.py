@@ -31,9 +31,10 @@ import numpy as np
 from spark_hvd.exceptions import InvalidArgumentError
 
 from . import _keras_io as keras_io
-from ._estimator_base import (DistributedEstimator, check_outputs, checkpoint_error,
-                              input_shape_error, loss_error, no_checkpoint_error, transformed)
-from ._mlflow import MODEL_NAME
+from ._dry_run import (check_outputs, checkpoint_error, input_shape_error, loss_error,
+                       no_checkpoint_error, transformed)
+from ._estimator_base import DistributedEstimator
+from ._mlflow import MODEL_NAME, requirements
 from .keras_model import KerasModel
 from .params import KERAS_ESTIMATOR_PARAMS, declare_params
 
@@ -58,6 +59,7 @@ class KerasEstimator(keras_io.KerasParamsMixin, DistributedEstimator):
 
     _RUN_PREFIX = "keras"
     _model_class = KerasModel
+    _mlflow_flavor = "mlflow.keras"
 
     # -- fit hooks (see _estimator_base) ---------------------------------------------------
     def _dry_run(self, p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
@@ -120,7 +122,10 @@ class KerasEstimator(keras_io.KerasParamsMixin, DistributedEstimator):
                   for i, c in enumerate(p["feature_cols"])]
         outputs = [np.asarray(o) for o in
                    trainer.as_outputs(model(trainer.as_group(inputs), training=False))]
-        mlflow.keras.log_model(model, name=MODEL_NAME, signature=signature(inputs, outputs))
+        layers = getattr(model, "_flatten_layers", None)
+        mlflow.keras.log_model(model, name=MODEL_NAME, signature=signature(inputs, outputs),
+                               pip_requirements=requirements(
+                                   "mlflow.keras", list(layers()) if layers else [model]))
 
     # -- parameter checks (no Spark) -------------------------------------------------------
     def _check_params(self, p: Dict[str, Any]) -> None:
@@ -186,7 +191,8 @@ def _compile(model: Any, p: Dict[str, Any], metrics: bool = True, **kwargs: Any)
 def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
     """Run the model on zero rows, then the loss and the metrics on a trial copy loaded from
     the model's ``.keras`` bytes; returns each output's per-row shape.  Puts the bytes in
-    ``p['_model_bytes']``."""
+    ``p['_model_bytes']``, and ``_loss_on(batch)`` (the trial's loss and metrics with the
+    labels of ``batch``, for fit's check of the label values) and ``_output_shapes``."""
     from . import _trainer_keras as trainer
     model = p["model"]
     features, labels = p["feature_cols"], p["label_cols"] or []
@@ -227,4 +233,9 @@ def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]
             raise InvalidArgumentError(
                 f"the metrics {p['_metrics']!r} fail on the model's outputs and labels "
                 f"({pairs}): {type(exc).__name__}: {exc}") from exc
-    return [list(o.shape[1:]) for o in outputs]
+
+    def loss_on(labelled: Dict[str, Any]) -> None:
+        trial.test_on_batch(x, convert(labelled)[1], sample_weight=weight)
+    p["_loss_on"] = loss_on
+    p["_output_shapes"] = [list(o.shape[1:]) for o in outputs]
+    return p["_output_shapes"]

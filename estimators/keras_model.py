@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional
 import numpy as np
 
 from . import _keras_io as keras_io
-from ._model_base import MODEL_CACHE, ArrowModel, Run, task_cpus, task_gpu_index
+from ._model_base import MODEL_CACHE, ArrowModel, Run, chunks, task_cpus, task_gpu_index
 from .params import KERAS_MODEL_PARAMS, declare_params
 
 
@@ -94,13 +94,22 @@ def _open_predictor(blob: bytes, key: str, custom_blob: Optional[bytes],
     model = MODEL_CACHE.get(("keras", key, device), load)
     dtype = trainer.model_float_dtype(model)
 
-    def run(arrays: List[np.ndarray]) -> List[np.ndarray]:
+    def run(arrays: List[np.ndarray], batch_rows: int) -> List[np.ndarray]:
         rows = len(arrays[0])
         x = [trainer.to_array(a, dtype, input_shapes[j] if input_shapes else None)
              for j, a in enumerate(arrays)]
+        outs: List[np.ndarray] = []
         with tf.device(device):
-            outs = trainer.as_outputs(model.predict_on_batch(x[0] if len(x) == 1 else x))
-        return [np.asarray(o, dtype=np.float64).reshape(rows, -1) for o in outs]
+            for start, stop in chunks(rows, batch_rows):
+                part = [a[start:stop] for a in x]
+                got = trainer.as_outputs(model.predict_on_batch(part[0] if len(part) == 1
+                                                                else part))
+                if not outs:
+                    outs = [np.empty((rows, int(np.prod(np.shape(o)[1:]))), np.float64)
+                            for o in got]
+                for k, o in enumerate(got):
+                    outs[k][start:stop] = np.asarray(o).reshape(stop - start, -1)
+        return outs
     return run
 
 

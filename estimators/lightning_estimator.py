@@ -27,7 +27,8 @@ from spark_hvd.exceptions import InvalidArgumentError
 
 from . import _trainer_lightning as trainer
 from . import _trainer_torch as torch_trainer
-from ._estimator_base import DistributedEstimator, check_outputs, no_checkpoint_error
+from ._dry_run import check_outputs, no_checkpoint_error
+from ._estimator_base import DistributedEstimator
 from .params import ESTIMATOR_PARAMS, _P, PICKLE, _any, _dict, _list_of_objects, \
     declare_params, derive_table
 from .torch_estimator import compatible_checkpoint, forward_on_zeros, log_torch_model

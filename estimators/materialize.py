@@ -2,8 +2,9 @@
 
 ``prepare_data`` does, in order:
 
-1. Validate (``validate_dataframe``): columns, types, ``validation``, enough rows.  Nothing is
-   written before all of it passed.
+1. Validate (``validate_dataframe``: columns, once each, types, ``validation``; not again
+   when the caller passes its result, as fit does).  Nothing is written before all of it
+   passed.
 2. Key: a hash of the DataFrame's analyzed plan and every option that changes the output.
    If ``<dir>/_spark_hvd_meta.json`` exists for that key, the earlier write is reused as is
    (Petastorm's converter semantics: the cache follows the plan, not the data; if the files
@@ -13,18 +14,20 @@
 3. One ``limit(num_proc)`` job: enough rows for every rank, and the first row's shape of
    each array and Vector column (no job when the caller passes that first row: fit has it
    from its own checks).  Then the target must be writable (``Store.check_writable``:
-   an error naming the store and the fix, not a Java stack trace from the job).
+   an error naming the store and the fix, not a Java stack trace from the job; not again
+   when the caller has just checked the store, as fit has).
 4. One Spark job writes everything: the needed columns only, Vectors turned into arrays by
    ``vector_to_array``, decimals cast to double, and a split column (``rand(seed) <
    validation`` or the validation column), so the train and validation sets are disjoint and
    complete by construction and the input is computed once.  Every row is checked as it is
-   written (``_data_checks.py``): a null, or an array or Vector whose length differs from the
-   first row's, fails the job with an error naming the column and both lengths.  The writer
+   written (``_data_checks.py``): a null, an array or Vector whose length differs from the
+   first row's, or (unless ``allow_nonfinite``) a NaN or infinite value of a floating-point
+   column, fails the job with an error naming the column and what it found.  The writer
    (``writer=``) is Spark's (``partitionBy``, ``parquet.block.size`` for the row groups) for
    local, DBFS and HDFS stores, and the executors' own pyarrow through the Store for object
    stores (``_arrow_writer.py``: no Hadoop connector jar, and no rename-based commit).
-5. Row counts, nulls inside arrays and per-row shapes come from the Parquet footers and the
-   first row.
+5. Row counts, nulls inside arrays, per-row shapes and the value range of integer label
+   columns come from the Parquet footers and the first row.
 6. The marker file is written last (atomically).  If anything fails after the write started,
    the key's directory, and any parent directory this call created, are removed.
 
@@ -40,18 +43,18 @@ import json
 import logging
 import posixpath
 import uuid
-from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pyarrow.parquet as pq
 
-from spark_hvd.data import list_parquet_files, make_reader
+from spark_hvd.data import list_parquet_files
 from spark_hvd.data._arrow import numpy_dtype_of, table_to_numpy
 from spark_hvd.exceptions import InvalidArgumentError
 
 from ._arrow_writer import codec, write_with_arrow
-from ._data_checks import checked_column, data_error, row_shape
+from ._data_checks import checked_column, data_error, is_floating, row_shape
 from ._validate import ColumnInfo, as_column_list, check_row_count, validate_dataframe
+from ._data_meta import FORMAT_VERSION, ColumnMeta, DataMeta
 from .store import Store
 
 logger = logging.getLogger(__name__)
@@ -60,75 +63,9 @@ PARENT_CACHE_DIR_CONF = "petastorm.spark.converter.parentCacheDirUrl"
 META_FILE = "_spark_hvd_meta.json"
 SPLIT_COL = "__spark_hvd_split"
 DEFAULT_ROW_GROUP_SIZE_BYTES = 32 * 1024 * 1024
-FORMAT_VERSION = 1
 WRITERS = ("spark", "arrow")
 
 __all__ = ["ColumnMeta", "DataMeta", "prepare_data", "validate_dataframe", "ColumnInfo"]
-
-
-@dataclass(frozen=True)
-class ColumnMeta:
-    """One column as the reader delivers it: a batch holds ``dtype`` arrays of shape
-    ``(rows,) + shape``; ``kind`` and ``spark_type`` say where it came from."""
-
-    name: str
-    dtype: str
-    shape: Tuple[int, ...]
-    kind: str
-    spark_type: str
-
-
-@dataclass
-class DataMeta:
-    """The materialized training data, as ``prepare_data`` returns it.
-
-    ``train_path`` and ``val_path`` are directories in ``store.filesystem``'s namespace holding
-    Parquet files.  Read them on a rank with
-    ``meta.make_reader("train", rank=r, size=n, batch_size=b)`` (or
-    ``spark_hvd.data.make_reader(meta.train_path, filesystem=meta.store.filesystem, ...)``):
-    a Vector column of size 64 arrives as a ``float64`` array of shape ``(rows, 64)``, see
-    ``columns``.  ``store`` is the Store the data lives in (the parent cache dir's when that
-    Spark conf is set); it is picklable, so the whole DataMeta travels to executors.
-    """
-
-    key: str
-    train_path: str
-    val_path: Optional[str]
-    train_rows: int
-    val_rows: int
-    columns: Dict[str, ColumnMeta]
-    feature_cols: List[str]
-    label_cols: List[str]
-    sample_weight_col: Optional[str]
-    num_proc: int
-    store: Optional[Store] = field(default=None, compare=False)
-
-    def make_reader(self, split: str = "train", *, rank: int, size: int, batch_size: int,
-                    columns: Optional[Sequence[str]] = None, **kwargs: Any) -> Any:
-        """A reader over the ``"train"`` or ``"val"`` data (see spark_hvd.data.make_reader)."""
-        path = {"train": self.train_path, "val": self.val_path}.get(split, "")
-        if not path:
-            raise InvalidArgumentError(
-                f"no {split!r} data: split must be 'train' or 'val' (val only when prepared "
-                f"with validation)")
-        kwargs.setdefault("filesystem", self.store.filesystem if self.store else None)
-        return make_reader(path, rank=rank, size=size, batch_size=batch_size,
-                           columns=list(columns) if columns else list(self.columns), **kwargs)
-
-    def to_json(self) -> str:
-        d = asdict(self)
-        d.pop("store")
-        d["format_version"] = FORMAT_VERSION
-        return json.dumps(d, indent=1, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str, store: Optional[Store] = None) -> "DataMeta":
-        d = json.loads(text)
-        if d.pop("format_version", None) != FORMAT_VERSION:
-            raise ValueError("unknown DataMeta format")
-        d["columns"] = {k: ColumnMeta(**{**v, "shape": tuple(v["shape"])})
-                        for k, v in d["columns"].items()}
-        return cls(store=store, **d)
 
 
 def _plan_fingerprint(df: Any) -> Optional[str]:
@@ -179,7 +116,7 @@ def _col(name: str) -> Any:
 
 def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: int,
                   vector_dtype: str, num_partitions: Optional[int],
-                  shapes: Dict[str, Tuple[int, ...]]) -> Any:
+                  shapes: Dict[str, Tuple[int, ...]], allow_nonfinite: bool = False) -> Any:
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -194,7 +131,8 @@ def _output_frame(df: Any, info: Dict[str, ColumnInfo], validation: Any, seed: i
             c = vector_to_array(c, dtype=vector_dtype)
         elif isinstance(fields[name], T.DecimalType):
             c = c.cast("double")
-        select.append(checked_column(raw, c, name, shapes.get(name, ())).alias(name))
+        finite = not allow_nonfinite and is_floating(fields[name])
+        select.append(checked_column(raw, c, name, shapes.get(name, ()), finite).alias(name))
     if isinstance(validation, str):
         flag = _col(validation)
         is_val = F.coalesce(flag if isinstance(fields[validation], T.BooleanType)
@@ -241,9 +179,11 @@ def _write_parquet(out: Any, target: Store, base: str, writer: str, row_group_si
 
 
 def _describe(target: Store, path: str, info: Dict[str, ColumnInfo]) -> Tuple[int, Dict[str, Any]]:
-    """Rows, null counts of scalar columns and the first row's arrays, from the footers."""
+    """Rows, null counts of scalar columns, the first row's arrays and the value ranges of
+    integer label columns, from the footers."""
     fs, files = list_parquet_files(path, target.filesystem)
     rows, nulls = 0, {}
+    ranges: Dict[str, Any] = {n: [None, None] for n, ci in info.items() if ci.role == "label"}
     first: Optional[Tuple[str, int, Any]] = None
     for f in files:
         md = pq.read_metadata(f, filesystem=fs)
@@ -259,6 +199,8 @@ def _describe(target: Store, path: str, info: Dict[str, ColumnInfo]) -> Tuple[in
                 st = col.statistics
                 if name and st is not None and st.has_null_count and st.null_count:
                     nulls[name] = nulls.get(name, 0) + st.null_count
+                if name in ranges and rg.num_rows:
+                    _widen(ranges, name, col.physical_type, st)
     shapes: Dict[str, Any] = {}
     if first is not None:
         f, g, md = first
@@ -271,7 +213,32 @@ def _describe(target: Store, path: str, info: Dict[str, ColumnInfo]) -> Tuple[in
             if info[n].kind == "scalar":
                 dt = numpy_dtype_of(schema.field(n).type)
                 shapes[n] = (str(dt) if dt is not None else shapes[n][0], ())
-    return rows, {"nulls": nulls, "shapes": shapes}
+    return rows, {"nulls": nulls, "shapes": shapes, "ranges": ranges}
+
+
+def _widen(ranges: Dict[str, Any], name: str, physical_type: str, st: Any) -> None:
+    """Widen ``ranges[name]`` by a column chunk's statistics; a chunk without them (or not
+    of integers) makes the range unknown for good (``False``)."""
+    span = ranges[name]
+    if span[0] is False:
+        return
+    if physical_type not in ("INT32", "INT64") or st is None or not st.has_min_max:
+        ranges[name] = [False, False]
+        return
+    lo, hi = int(st.min), int(st.max)
+    ranges[name] = [lo if span[0] is None else min(span[0], lo),
+                    hi if span[1] is None else max(span[1], hi)]
+
+
+def _value_range(*found: Dict[str, Any], name: str) -> Optional[Tuple[int, int]]:
+    """``name``'s range over the splits' ``_describe`` results (None: unknown)."""
+    spans = [f["ranges"][name] for f in found if name in f["ranges"]]
+    if any(sp[0] is False for sp in spans):
+        return None
+    spans = [sp for sp in spans if sp[0] is not None]  # [None, None]: a split without rows
+    if not spans:
+        return None
+    return (min(sp[0] for sp in spans), max(sp[1] for sp in spans))
 
 
 def _remove_created(target: Store, base: str, parents: List[str], existed: List[bool]) -> None:
@@ -298,7 +265,9 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
                  row_group_size_bytes: int = DEFAULT_ROW_GROUP_SIZE_BYTES,
                  vector_dtype: str = "float64", compression: Optional[str] = None,
                  cache: bool = True, writer: Optional[str] = None,
-                 first_row: Any = None) -> DataMeta:
+                 allow_nonfinite: bool = False, first_row: Any = None,
+                 column_info: Optional[Dict[str, ColumnInfo]] = None,
+                 store_checked: bool = False) -> DataMeta:
     """Write the columns training needs as Parquet into the Store (or reuse an earlier write).
 
     Parameters
@@ -330,10 +299,20 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
         executor through the Store with pyarrow (see ``_arrow_writer.py``).  By default
         ``"arrow"`` for object stores (s3, gs, abfss...: no Hadoop connector needed) and
         ``"spark"`` for the others.  Both give the same files to the reader.
+    allow_nonfinite : bool
+        Let NaN and infinite values of floating-point columns through; by default a row
+        holding one fails the write with an error naming the column, the value and where it
+        is (the check runs with the others of step 4, in the same job).
     first_row : Row, optional
         The first row of a ``limit(num_proc)`` of ``df`` with the feature, label and weight
         columns, when the caller already ran that job and checked its row count (fit does):
         step 3's job is then not run again.
+    column_info : dict, optional
+        What ``validate_dataframe`` returned for these arguments, when the caller already ran
+        it (fit does): step 1 is then not run again.
+    store_checked : bool
+        The caller has just checked ``store.check_writable()`` (fit does): step 3 does not
+        check it again (it still checks a parent cache directory of the Spark conf).
 
     Returns
     -------
@@ -353,15 +332,19 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
     if not isinstance(store, Store):
         raise InvalidArgumentError(
             f"store must be a Store (e.g. Store.create('/path')), got {type(store).__name__}")
-    info = validate_dataframe(df, feature_cols, label_cols, sample_weight_col, validation,
-                              num_proc=num_proc, check_rows=False)
+    if not isinstance(allow_nonfinite, bool):
+        raise InvalidArgumentError(f"allow_nonfinite must be True or False, got "
+                                   f"{allow_nonfinite!r}")
+    info = column_info if column_info is not None else validate_dataframe(
+        df, feature_cols, label_cols, sample_weight_col, validation, num_proc=num_proc,
+        check_rows=False)
     has_val = isinstance(validation, str) or bool(validation)
     options = {"features": feature_cols, "labels": label_cols, "weight": sample_weight_col,
                "validation": validation,
                "seed": seed if has_val and not isinstance(validation, str) else None,
                "num_partitions": num_partitions,
                "row_group_size_bytes": row_group_size_bytes, "vector_dtype": vector_dtype,
-               "compression": compression}
+               "compression": compression, "allow_nonfinite": allow_nonfinite}
     key, cacheable = _cache_key(df, options, cache)
     target, base, parents = _target(df, store, key)
     writer = writer or ("arrow" if target.object_store else "spark")
@@ -382,9 +365,11 @@ def prepare_data(df: Any, store: Store, feature_cols: Sequence[str],
 
     # After the cache lookup: a reuse needs no Spark job.
     shapes = _first_row_shapes(df, info, num_proc, first_row)
-    target.check_writable()
+    if not (store_checked and target is store):
+        target.check_writable()
     existed = [target.exists(p) for p in parents]
-    out = _output_frame(df, info, validation, seed, vector_dtype, num_partitions, shapes)
+    out = _output_frame(df, info, validation, seed, vector_dtype, num_partitions, shapes,
+                        allow_nonfinite)
     try:
         _write_parquet(out, target, base, writer, row_group_size_bytes, compression)
         meta = _inspect(target, base, key, info, feature_cols, label_cols, sample_weight_col,
@@ -420,7 +405,7 @@ def _inspect(target: Store, base: str, key: str, info: Dict[str, ColumnInfo],
             f"left to train on. Use a smaller fraction or a column that is false for most rows.")
     train_rows, found = _describe(target, train_path, info)
     val_rows, val_found = (_describe(target, val_path, info) if target.exists(val_path)
-                           else (0, {"nulls": {}, "shapes": {}}))
+                           else (0, {"nulls": {}, "shapes": {}, "ranges": {}}))
     nulls = {n: found["nulls"].get(n, 0) + val_found["nulls"].get(n, 0)
              for n in set(found["nulls"]) | set(val_found["nulls"])}
     if nulls:  # the rows were checked while written: these are nulls inside arrays
@@ -435,7 +420,8 @@ def _inspect(target: Store, base: str, key: str, info: Dict[str, ColumnInfo],
         if ci.role == "validation":
             continue
         dtype, shape = found["shapes"][name]
-        columns[name] = ColumnMeta(name, dtype, shape, ci.kind, ci.spark_type)
+        span = _value_range(found, val_found, name=name) if ci.role == "label" else None
+        columns[name] = ColumnMeta(name, dtype, shape, ci.kind, ci.spark_type, span)
     return DataMeta(key=key, train_path=train_path, val_path=val_path if has_val else None,
                     train_rows=train_rows, val_rows=val_rows if has_val else 0,
                     columns=columns, feature_cols=feature_cols, label_cols=label_cols,

@@ -351,8 +351,13 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
     _P("output_cols", None, _columns, JSON,
        "prediction column names of the fitted model (default '<label>__output', or "
        "'prediction' without labels)"),
-    _P("terminate_on_nan", False, _bool, JSON,
-       "stop with an error as soon as the training loss is NaN or infinite"),
+    _P("terminate_on_nan", True, _bool, JSON,
+       "stop with an error naming the epoch and step as soon as the training loss is NaN or "
+       "infinite (Horovod's default is False: trains on with NaN weights)"),
+    _P("allow_nonfinite", False, _flag, JSON,
+       "let NaN and infinite values of float feature, label and weight columns into the "
+       "training data; by default the data's write fails naming the column, the value and "
+       "where it is"),
     _P("partitions_per_process", None, _POS, JSON,
        "repartition the data to num_proc * this before materializing (default: keep the "
        "DataFrame's partitioning)"),

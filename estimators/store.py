@@ -229,7 +229,7 @@ class Store:
             for path in created:
                 try:
                     self._filesystem.delete_dir(path)
-                except (OSError, pa.ArrowException):
+                except Exception:  # as below: the probe's own error is the one to raise
                     pass
 
     def _missing_dirs(self, path: str) -> List[str]:
@@ -270,9 +270,12 @@ class Store:
             self._filesystem.delete_file(path)
 
     def _delete_quietly(self, path: str) -> None:
+        """Delete ``path`` if it can be; any failure (OSError, Arrow's, or a cloud SDK's own,
+        such as botocore's NoCredentialsError) is ignored: this runs while another error is
+        being raised, which must not be replaced."""
         try:
             self._filesystem.delete_file(path)
-        except (OSError, pa.ArrowException):
+        except Exception:
             pass
 
     # -- pickling ------------------------------------------------------------------------

@@ -25,9 +25,10 @@ import numpy as np
 from spark_hvd.exceptions import InvalidArgumentError
 
 from . import _trainer_torch as trainer
-from ._estimator_base import (DistributedEstimator, check_outputs, checkpoint_error,
-                              input_shape_error, loss_error, no_checkpoint_error, transformed)
-from ._mlflow import MODEL_NAME
+from ._dry_run import (check_outputs, checkpoint_error, input_shape_error, loss_error,
+                       no_checkpoint_error, transformed)
+from ._estimator_base import DistributedEstimator
+from ._mlflow import MODEL_NAME, requirements
 from .params import ESTIMATOR_PARAMS, declare_params
 from .torch_model import TorchModel
 
@@ -154,17 +155,33 @@ def forward_on_zeros(p: Dict[str, Any], zeros: Dict[str, np.ndarray]
 
 
 def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]:
-    """Run the model, loss and metrics on zero rows; returns each output's per-row shape."""
-    import torch
+    """Run the model, loss and metrics on zero rows; returns each output's per-row shape.
+    Puts into ``p`` ``_loss_on(batch)``, the loss and metrics on the same outputs with the
+    labels of ``batch`` (for fit's check of the label values), and ``_output_shapes``."""
     labels = p["label_cols"] or []
     outputs, batch, float_dtype, device = forward_on_zeros(p, zeros)
     check_outputs(outputs, labels)
+
+    def loss_on(batch: Dict[str, Any]) -> None:
+        _loss_and_metrics(p, outputs, batch, float_dtype, device)
+    loss_on(batch)
+    p["_loss_on"] = loss_on
+    p["_output_shapes"] = [list(o.shape[1:]) for o in outputs]
+    return p["_output_shapes"]
+
+
+def _loss_and_metrics(p: Dict[str, Any], outputs: List[Any], batch: Dict[str, Any],
+                      float_dtype: Any, device: Any) -> None:
+    """The loss and the metrics on ``outputs`` and the labels of ``batch``; a failure is an
+    error naming the outputs and labels and the fix."""
+    import torch
+    labels = p["label_cols"] or []
     lshapes = p["label_shapes"]
     label_t = [trainer.to_tensor(batch[c], c, float_dtype, lshapes[i] if lshapes else None,
                                  device) for i, c in enumerate(labels)]
     label_t = trainer.align_labels(outputs, label_t, lshapes is not None)
-    weight = (trainer.to_tensor(np.ones(2, np.float32), "w", float_dtype, None, device)
-              if p["sample_weight_col"] else None)
+    weight = (trainer.to_tensor(np.ones(len(outputs[0]), np.float32), "w", float_dtype, None,
+                                device) if p["sample_weight_col"] else None)
     loss = p["loss"] if p["loss_constructors"] is None else [c() for c in p["loss_constructors"]]
     spec = trainer.LossSpec.build(loss, len(labels), p["loss_weights"], weight is not None)
     pairs = ", ".join(f"output {tuple(o.shape)} {o.dtype} vs label '{c}' {tuple(y.shape)} "
@@ -186,7 +203,6 @@ def _dry_run(p: Dict[str, Any], zeros: Dict[str, np.ndarray]) -> List[List[int]]
             raise InvalidArgumentError(
                 f"metric '{name}' fails on the model's output and label ({pairs}): "
                 f"{type(exc).__name__}: {exc}") from exc
-    return [list(o.shape[1:]) for o in outputs]
 
 
 def compatible_checkpoint(store: Any, run_id: str, model: Any,
@@ -229,4 +245,5 @@ def log_torch_model(p: Dict[str, Any], model: Any, zeros: Dict[str, np.ndarray],
     # needs an example input and a model that exports.
     mlflow.pytorch.log_model(
         model, name=MODEL_NAME, serialization_format="pickle",
-        signature=signature([t.numpy() for t in inputs], [o.numpy() for o in outputs]))
+        signature=signature([t.numpy() for t in inputs], [o.numpy() for o in outputs]),
+        pip_requirements=requirements("mlflow.pytorch", model.modules()))

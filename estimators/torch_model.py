@@ -18,8 +18,8 @@ from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from ._model_base import (MODEL_CACHE, ArrowModel, Run, default_output_cols, task_cpus,
-                          task_gpu_index)
+from ._model_base import (MODEL_CACHE, ArrowModel, Run, chunks, default_output_cols,
+                          task_cpus, task_gpu_index)
 from .params import MODEL_PARAMS, declare_params
 
 
@@ -101,14 +101,21 @@ def _open_predictor(blob: bytes, key: str, names: List[str],
     model = _cached_model(blob, key, device)
     dtype = trainer.model_float_dtype(model)
 
-    def run(arrays: List[np.ndarray]) -> List[np.ndarray]:
+    def run(arrays: List[np.ndarray], batch_rows: int) -> List[np.ndarray]:
         rows = len(arrays[0])
+        outs: List[np.ndarray] = []
         with torch.inference_mode():
+            # The whole Arrow batch as tensors once (no copy on the CPU, one to a GPU).
             inputs = [trainer.to_tensor(a, nm, dtype, input_shapes[j] if input_shapes else None,
                                         device)
                       for j, (a, nm) in enumerate(zip(arrays, names))]
-            outs = trainer.as_outputs(model(*inputs))
-            return [o.detach().to("cpu", torch.float64).reshape(rows, -1).numpy() for o in outs]
+            for start, stop in chunks(rows, batch_rows):
+                got = trainer.as_outputs(model(*[t[start:stop] for t in inputs]))
+                if not outs:
+                    outs = [np.empty((rows, o[0].numel()), np.float64) for o in got]
+                for k, o in enumerate(got):  # into the batch's float64 array, converted
+                    torch.from_numpy(outs[k][start:stop]).copy_(o.reshape(stop - start, -1))
+        return outs
     return run
 
 

@@ -51,15 +51,16 @@ def have_mpirun() -> bool:
 
 def hvdrun(np: int, argv: Sequence[str], *, mpi: Optional[bool] = None,
            env: Optional[dict] = None, timeout: float = 120,
-           cwd: Optional[str] = None) -> subprocess.CompletedProcess:
-    """Runs ``spark-hvdrun [--gloo|--mpi] -np np argv`` (the launcher's default controller
-    when ``mpi`` is None) and returns its completed process (stdout/stderr as text).
+           cwd: Optional[str] = None,
+           launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """Runs ``spark-hvdrun [--gloo|--mpi] -np np [launcher_args] argv`` (the launcher's
+    default controller when ``mpi`` is None) and returns its completed process (stdout/stderr as text).
 
     A job that outlives ``timeout`` gets SIGTERM (spark-hvdrun then stops its ranks,
     each of which runs in its own session), then SIGKILL after TERM_GRACE_S; it is
     reported with exit code -SIGKILL and a note at the end of stderr."""
     flag = [] if mpi is None else ["--mpi" if mpi else "--gloo"]
-    cmd = [PYTHON, "-m", "spark_hvd.runner", *flag, "-np", str(np), *argv]
+    cmd = [PYTHON, "-m", "spark_hvd.runner", *flag, "-np", str(np), *launcher_args, *argv]
     proc = subprocess.Popen(cmd, env=dict(ENV, **(env or {})), cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, errors="replace",
                             start_new_session=True)
@@ -77,6 +78,16 @@ def hvdrun(np: int, argv: Sequence[str], *, mpi: Optional[bool] = None,
             out, err = proc.communicate()
         err += f"\nharness: the job was killed after {timeout} s (hang)\n"
         return subprocess.CompletedProcess(cmd, -signal.SIGKILL, out, err)
+    except BaseException:  # the test gave up (pytest-timeout, Ctrl-C): the job ends with it
+        proc.send_signal(signal.SIGTERM)  # spark-hvdrun stops its ranks
+        try:
+            proc.wait(TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

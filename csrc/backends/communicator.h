@@ -48,6 +48,17 @@ struct ReduceArgs {
   int64_t ranks = 1;
 };
 
+// What a device op's inputs bring to Prepare.
+struct DeviceInputs {
+  // This rank's device for the op; kCpuDevice when this rank holds no tensor (it joined).
+  int32_t device = kCpuDevice;
+  // Events (cudaEvent_t) recorded on the streams that produced the inputs, at submit.
+  std::vector<void*> ready;
+  // Those streams (null: the legacy default stream, torch's default), where the op was
+  // submitted from: an output the core allocates is read there afterwards.
+  std::vector<void*> streams;
+};
+
 // Memory a communicator allocated (an op's output, or scratch), in its memory: host
 // memory (device kCpuDevice) or a GPU's. Freed when the last copy of `owner` goes.
 struct Buffer {
@@ -100,6 +111,11 @@ class Communicator {
                            const std::vector<int64_t>& recv_bytes) = 0;
 
   virtual Status Barrier() = 0;
+  // Can this communicator carry the engine's per-cycle control exchange (AllgatherFixed,
+  // Allgatherv) in this job? The engine hands the exchange to the first communicator of
+  // the global set that can, when it comes before the control plane's own (shm, when
+  // every rank shares a host). Default: no.
+  virtual bool CarriesControl() const { return false; }
   // Does this communicator run `op`? A backend whose communicators differ by where their
   // ranks are (shm: one host or several) declines what a set's cannot do, and the op goes
   // to the set's next backend that accepts it (ProcessSet::For). Default: yes.
@@ -117,13 +133,12 @@ class Communicator {
     return false;
   }
 
-  // Called before each op. Device backends: `device` is this rank's device for it
-  // (-1 when this rank holds no tensor: it joined), and the op's work is ordered
-  // after whatever is queued on `streams` (where its inputs were produced; a null
-  // entry is the legacy default stream, torch's default). Host backends have nothing
-  // to do.
-  virtual Status Prepare(int32_t device, const std::vector<void*>& streams) {
-    (void)device, (void)streams;
+  // Called before each op. Device backends: order the op's work after `inputs.ready`
+  // (events recorded on the inputs' producer streams when they were submitted) and remember
+  // `inputs.streams` for the outputs Allocate makes during the op. Host backends have
+  // nothing to do.
+  virtual Status Prepare(const DeviceInputs& inputs) {
+    (void)inputs;
     return Status::OK();
   }
   // Copies bytes between two tensors in this communicator's memory.

@@ -124,6 +124,15 @@ void Engine::Connect() {
     global->comms.push_back({b, b == control ? std::move(control_comm) : b->Connect(bo)});
     if (b == control) control_ = global->comms.back().comm.get();
   }
+  // A communicator ahead of the control plane's that can carry the exchange in this job
+  // (shm, when every rank shares a host) takes it over.
+  for (const auto& link : global->comms) {
+    if (link.comm.get() == control_) break;
+    if (link.comm->CarriesControl()) {
+      control_ = link.comm.get();
+      break;
+    }
+  }
   sets_.Add(std::move(global));
 }
 
@@ -374,7 +383,7 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
   for (auto& e : entries) {
     e.req.rank = rank_;
     Validate(e.req);
-    e.state = std::make_shared<OpState>();
+    if (!e.state) e.state = std::make_shared<OpState>();  // the C API brings its own
     e.enqueue_us = now;
     states.push_back(e.state);
   }

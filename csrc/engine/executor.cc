@@ -51,7 +51,9 @@ Status Executor::Execute(const Response& r) {
   }
   ProcessSet* set = sets_->Get(r.process_set);
   if (set == nullptr || !set->Contains(rank_)) return Status::OK();
-  Communicator* comm = set->For(r.device, r.op, r.dtype);
+  // Adasum runs on pairwise exchanges (HostAdasum): on a communicator that runs alltoall.
+  const bool adasum = r.op == OpType::kAllreduce && r.reduce_op == ReduceOp::kAdasum;
+  Communicator* comm = set->For(r.device, adasum ? OpType::kAlltoall : r.op, r.dtype);
   if (comm == nullptr) {
     fail_all(Status::InvalidArgument(
         "no communicator of process set " + std::to_string(r.process_set) +
@@ -65,18 +67,19 @@ Status Executor::Execute(const Response& r) {
                        e->enqueue_us, start);
     }
   }
-  std::vector<void*> streams;
-  int32_t device = -1;
+  DeviceInputs inputs;
   for (const auto& e : es) {
     if (!e) continue;
-    device = e->req.device;
-    // A GPU tensor's producing stream, the null (legacy default) stream included: a
-    // backend's own non-blocking stream does not wait for it by itself.
-    if (device >= 0 && std::find(streams.begin(), streams.end(), e->stream) == streams.end()) {
-      streams.push_back(e->stream);
+    inputs.device = e->req.device;
+    if (inputs.device < 0) continue;
+    // A backend's own stream waits for each input's ready event (recorded on its producer
+    // stream, the null one included, at submit), not for what was queued there since.
+    if (e->ready) inputs.ready.push_back(e->ready.get());
+    if (std::find(inputs.streams.begin(), inputs.streams.end(), e->stream) == inputs.streams.end()) {
+      inputs.streams.push_back(e->stream);
     }
   }
-  Status s = comm->Prepare(device, streams);
+  Status s = comm->Prepare(inputs);
   if (!s.ok()) {
     fail_all(s);
     return s;

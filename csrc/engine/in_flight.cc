@@ -64,12 +64,20 @@ Status InFlight::failure() {
 }
 
 void InFlight::Finish(Item& item, const Status& status) {
+  // Work that finished gives back what it held (pinned staging buffers, events) before
+  // its ops complete, so that the next step finds them in their pools.
+  if (status.ok()) {
+    item.work.reset();
+    std::vector<std::shared_ptr<OpState>> states;
+    for (auto& e : item.entries) {
+      if (e) states.push_back(std::move(e->state));
+    }
+    item.entries.clear();  // the buffers may go now
+    for (auto& state : states) completions_->Complete(std::move(state), status);
+    return;
+  }
   for (auto& e : item.entries) {
     if (e) completions_->Complete(*e->state, status);
-  }
-  if (status.ok()) {
-    item.entries.clear();  // the buffers may go now
-    return;
   }
   KeepUntilQuiesced(std::move(item));
 }

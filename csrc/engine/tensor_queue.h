@@ -28,6 +28,9 @@ struct TensorEntry {
   // engine has finished with this entry, whatever happens to the caller's handle.
   std::shared_ptr<void> owner;
   void* stream = nullptr;  // device tensors: the stream that produced the input
+  // Device tensors: an event recorded on `stream` at submit (a cudaEvent_t of the GPU
+  // backends' pool, opaque here); the op's work waits for it alone.
+  std::shared_ptr<void> ready;
   int64_t enqueue_us = 0;
 };
 

@@ -9,11 +9,13 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/cuda/events.h"
 #include "backends/cuda/loader.h"
 #include "common/config.h"
 #include "common/env.h"
 #include "common/types.h"
 #include "engine/engine.h"
+#include "engine/instance.h"
 #include "engine/message.h"
 #include "python/dlpack.h"
 #include "python/py_store.h"
@@ -22,13 +24,6 @@ namespace py = pybind11;
 using namespace spark_hvd;
 
 namespace {
-
-Engine& TheEngine() {
-  // Deliberately never destroyed: its thread is joined by shutdown() (also
-  // registered with atexit by spark_hvd), not by static destructors.
-  static Engine* engine = new Engine();
-  return *engine;
-}
 
 // The exception carries the status's evidence as fields (exc.ranks, exc.tensor).
 [[noreturn]] void Raise(const Status& s) {
@@ -111,6 +106,16 @@ Op MakeOp(OpType op, const std::string& name, DataType dtype, std::vector<int64_
   e.output = reinterpret_cast<void*>(output);
   e.owner = OwnerOf(std::move(owner));
   e.stream = reinterpret_cast<void*>(stream);
+  // A device op's ready event, recorded on its producer stream now, at submit (events.h).
+  // Without the CUDA runtime no backend takes the op: Enqueue refuses it, saying so.
+  const cuda::CudaApi* api = device >= 0 ? cuda::Cuda() : nullptr;
+  if (api != nullptr) {
+    cuda::PooledEvent ready;
+    Status s = cuda::RecordReady(api, device, e.stream, &ready);
+    if (!s.ok()) Raise(Status(s.code(), std::string(OpTypeName(op)) + " '" + name + "': " +
+                                            s.message()));
+    e.ready = std::move(ready);
+  }
   return o;
 }
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any, Union
 
 from ..exceptions import InvalidArgumentError
+from ._rows import RowsMissingError
 from ._shard import steps_per_epoch
 from .reader import Batch, ParquetShardReader, list_parquet_files
 
-__all__ = ["Batch", "ParquetShardReader", "list_parquet_files", "make_reader", "steps_per_epoch"]
+__all__ = ["Batch", "ParquetShardReader", "RowsMissingError", "list_parquet_files",
+           "make_reader", "steps_per_epoch"]
 
 READERS = ("arrow", "petastorm")
 

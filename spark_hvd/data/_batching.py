@@ -19,6 +19,8 @@ from typing import Dict, Iterable, Iterator, List, Sequence
 
 import numpy as np
 
+from ._rows import RowsMissingError
+
 Columns = Dict[str, np.ndarray]
 
 
@@ -40,9 +42,8 @@ def _next(source: Iterator[Columns]) -> Columns:
     try:
         return next(source)
     except StopIteration:
-        raise RuntimeError(
-            "the Parquet files hold fewer rows than their metadata announced; were they "
-            "changed while being read?") from None
+        raise RowsMissingError(
+            "the rows read ran out before the planned batches were full") from None
 
 
 def sequential_batches(chunks: Iterable[Columns], sizes: Sequence[int]) -> Iterator[Columns]:

@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from ..exceptions import InvalidArgumentError
-from . import _batching, _shard
+from . import _batching, _rows, _shard
 from ._arrow import table_to_numpy
 from ._prefetch import Prefetcher
 
@@ -192,6 +192,7 @@ class ParquetShardReader:
         self._next_epoch = 0
         self._lock = threading.Lock()
         self._active: set = set()
+        self._closes = 0  # close() calls: an epoch cut short by one is not missing rows
 
     def _check_columns(self, columns: Optional[Sequence[str]]) -> List[str]:
         names = list(self.schema.names)
@@ -228,7 +229,17 @@ class ParquetShardReader:
         return self.epoch(epoch)
 
     def epoch(self, epoch: int) -> Iterator[Batch]:
-        """Yield the ``len(self)`` batches of ``epoch`` for this rank."""
+        """Yield the ``len(self)`` batches of ``epoch`` for this rank; raise RowsMissingError
+        (naming the files) if they hold fewer rows than the plan read from the footers."""
+        plan = self.plan(epoch)
+        files = sorted({self.files[s.group.file] for s in plan.slices})
+        closes = self._closes
+        return _rows.checked(self._epoch(epoch), expected_rows=plan.num_rows,
+                             expected_batches=len(plan.batch_sizes), what="ParquetShardReader",
+                             rank=self.rank, epoch=epoch, files=files,
+                             stopped=lambda: self._closes != closes)
+
+    def _epoch(self, epoch: int) -> Iterator[Batch]:
         if self.prefetch == 0:
             yield from self._batches(epoch)
             return
@@ -265,9 +276,13 @@ class ParquetShardReader:
                                         metadata=self._footers[group.file])
                     opened[group.file] = pf
                 table = pf.read_row_group(group.index, columns=self.columns)
+                where = f" in '{self.files[group.file]}' row group {group.index}"
+                if table.num_rows != group.num_rows:
+                    raise _rows.RowsMissingError(
+                        f"{table.num_rows} rows read{where}, whose footer says "
+                        f"{group.num_rows}")
                 if piece.start or piece.stop != group.num_rows:
                     table = table.slice(piece.start, piece.num_rows)
-                where = f" in '{self.files[group.file]}' row group {group.index}"
                 yield table_to_numpy(table, self.columns, where)
         finally:
             for pf in opened.values():
@@ -276,6 +291,7 @@ class ParquetShardReader:
     def close(self) -> None:
         """Stop any prefetch thread still running (iterating to the end needs no close)."""
         with self._lock:
+            self._closes += 1
             active, self._active = list(self._active), set()
         for pre in active:
             pre.close()

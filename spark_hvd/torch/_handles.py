@@ -28,6 +28,11 @@ def _submit(op: int, name: str, tensor: torch.Tensor, out: Optional[torch.Tensor
     """Submits one op on ``tensor`` (into ``out``); ``owner`` holds every tensor
     whose pointer goes to the core."""
     device, stream = device_of(tensor)
-    return _ops.submit(op, name, dtype_code(tensor.dtype), shape_of(tensor), tensor.data_ptr(),
-                       out.data_ptr() if out is not None else 0, owner, finish, device=device,
-                       stream=stream, **kw)
+    args = (op, name, dtype_code(tensor.dtype), shape_of(tensor), tensor.data_ptr(),
+            out.data_ptr() if out is not None else 0, owner, finish)
+    if device >= 0 and torch.cuda.current_device() != device:
+        # The core records the op's ready event on the tensor's stream, with its device
+        # current (torch's guard switches without making a context on another GPU).
+        with torch.cuda.device(device):
+            return _ops.submit(*args, device=device, stream=stream, **kw)
+    return _ops.submit(*args, device=device, stream=stream, **kw)

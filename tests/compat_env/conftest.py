@@ -29,3 +29,22 @@ else:
     @pytest.fixture(scope="session", params=[1, 2, 3], ids=lambda n: f"np{n}")
     def mx_ranks(request):
         return ranks_run(request.param)
+
+    @pytest.fixture(scope="session")
+    def spark():
+        """One local[2] SparkSession for the modules that need one (one JVM start)."""
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        from pyspark.sql import SparkSession
+
+        session = (SparkSession.builder.master("local[2]").appName("spark_hvd-compat")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+                   .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        yield session
+        session.stop()
+
+
+def pytest_configure(config):
+    # petastorm 0.13.1 uses pyarrow's legacy ParquetDataset attributes on every read.
+    config.addinivalue_line("filterwarnings", "ignore::FutureWarning")

@@ -83,7 +83,30 @@ def bad_input(train_df, case):
         return train_df, dict(num_proc=3), "num_proc=3 is more than the 2 tasks"
     if case == "float_label":
         return train_df.withColumn("label", F.col("label").cast("double")), {}, "cast('long')"
+    if case == "duplicate":  # a join's output: two columns named 'label'
+        return (train_df.select("*", F.col("label").alias("label")), {},
+                "the DataFrame has 2 columns named 'label' (the label column)")
+    if case == "input_shapes":
+        return (train_df, dict(input_shapes=[[-1, 7]]),
+                "input_shapes gives column 'features' the shape [-1, 7], which holds 7 "
+                "element(s) per row, but each row of 'features' has 64")
+    if case == "nonfinite":  # element 3 of every row labelled 7 is NaN
+        return (nan_rows(train_df), {}, "column 'features' has the non-finite value NaN at "
+                                        "element 3 in a row of partition")
+    if case == "label_range":  # label 9 written as 10: the model has 10 outputs, 0..9
+        return (train_df.withColumn("label", F.when(F.col("label") == 9, 10)
+                                    .otherwise(F.col("label"))), {},
+                "the label column(s) hold values the loss refuses: 'label' from 0 to 10")
     raise ValueError(case)
+
+
+def nan_rows(train_df):
+    """The digits with NaN as element 3 of the features of every row labelled 7."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+    return train_df.withColumn("features", F.transform(
+        vector_to_array("features"), lambda x, i: F.when((i == 3) & (F.col("label") == 7),
+                                                         F.lit(float("nan"))).otherwise(x)))
 
 
 def listing(root):

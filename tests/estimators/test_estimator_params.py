@@ -2,8 +2,10 @@
 trainer and the model: no Spark session, no Spark job."""
 
 import io
+import sys
 
 import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,7 +20,7 @@ from spark_hvd.estimators import torch_estimator as te
 from spark_hvd.estimators import torch_model as tm
 from spark_hvd.estimators.params import (ESTIMATOR_PARAMS, KERAS_ESTIMATOR_PARAMS,
                                          KERAS_MODEL_PARAMS, MODEL_PARAMS, PICKLE, camel)
-from spark_hvd.estimators.progress import EpochProgress, bar, format_metrics
+from spark_hvd.estimators.progress import EpochProgress, FitClock, bar, format_metrics
 from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
 
@@ -133,6 +135,12 @@ def test_param_checks(change, needle):
     with pytest.raises(InvalidArgumentError) as err:
         est._check_params(p)
     assert needle in str(err.value)
+
+
+def test_petastorm_reader_that_does_not_import_is_refused_before_any_work(monkeypatch):
+    monkeypatch.setitem(sys.modules, "petastorm", None)  # as in the main env: no petastorm
+    with pytest.raises(ImportError, match=r"petastorm 0\.13\.1.*make compat"):
+        TorchEstimator()._check_params(_values(reader="petastorm"))
 
 
 def test_optimizer_of_another_model_is_refused():
@@ -481,3 +489,222 @@ def test_inmemory_cache_all_reads_once_then_reshuffles_from_memory():
     plain = CachedReader(Counting(), shuffle=False, seed=5)
     list(plain.epoch(0))
     assert np.array_equal(np.concatenate([b["x"] for b in plain.epoch(1)]), np.arange(10))
+
+
+# -- bad input found by the dry run, the label check, or a rank while training ----------------
+
+def test_a_wrong_input_shape_is_an_error_naming_the_param_torch_and_keras():
+    """``input_shapes`` that cannot hold a row (the issue's [-1, 7] for 8-wide rows) is an
+    InvalidArgumentError naming the param, the column and both sizes, not torch's or numpy's
+    reshape error from the dry run; a full shape that would change the batch size too."""
+    from spark_hvd.estimators import keras_estimator as ke
+    for shape, holds in (([[-1, 7]], "holds 7"), ([[7]], "holds 7"), ([[-1, 16]], "holds 16"),
+                         ([[3, -1]], "holds a multiple of 3")):
+        with pytest.raises(InvalidArgumentError) as err:
+            te._dry_run(_values(input_shapes=shape), _zeros(width=8))
+        msg = str(err.value)
+        assert msg.startswith(f"input_shapes gives column 'features' the shape {shape[0]}, "
+                              f"which {holds} element(s) per row, but each row of 'features' "
+                              f"has 8 (shape (8,))"), msg
+    te._dry_run(_values(input_shapes=[[64]]), _zeros())  # 64 per row: fits
+    keras = pytest.importorskip("keras")
+    p = KerasEstimator(model=make_keras_net(), optimizer=keras.optimizers.SGD(0.1),
+                       loss="sparse_categorical_crossentropy", feature_cols=["features"],
+                       label_cols=["label"], label_shapes=[[-1, 2]],
+                       store=LocalStore("/tmp/unused-store"))._values()
+    KerasEstimator()._check_params(p)
+    with pytest.raises(InvalidArgumentError, match=r"^label_shapes gives column 'label' the "
+                                                   r"shape \[-1, 2\], which holds 2"):
+        ke._dry_run(p, _zeros())
+
+
+class _Meta:
+    """A DataMeta as far as the label check reads it: each column's value range."""
+
+    def __init__(self, **ranges):
+        from spark_hvd.estimators.materialize import ColumnMeta
+        self.columns = {c: ColumnMeta(c, "int64", (), "scalar", "bigint", r)
+                        for c, r in ranges.items()}
+
+
+def _keras_p(**kw):
+    keras = pytest.importorskip("keras")
+    args = dict(model=make_keras_net(), optimizer=keras.optimizers.SGD(0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=["accuracy"], feature_cols=["features"], label_cols=["label"],
+                store=LocalStore("/tmp/unused-store"))
+    args.update(kw)
+    p = KerasEstimator(**args)._values()
+    KerasEstimator()._check_params(p)
+    return p
+
+
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+def test_labels_outside_the_models_classes_are_found_before_training(framework):
+    """After the write, the loss runs on the smallest and largest label value (from the
+    Parquet footers): a class index the model has no output for is an InvalidArgumentError
+    naming the column and its values; labels in range pass; transformation_fn skips it."""
+    from spark_hvd.estimators import keras_estimator as ke
+    if framework == "torch":
+        est, p, dry_run = TorchEstimator(), _values(metrics=[accuracy]), te._dry_run
+    else:
+        est, p, dry_run = KerasEstimator(), _keras_p(), ke._dry_run
+    dry_run(p, _zeros())
+    est._check_label_values(p, _zeros(), _Meta(label=(0, 9)))
+    est._check_label_values(p, _zeros(), _Meta(label=None))  # no statistics: no check
+    for lo, hi, bad in ((0, 10, 10), (-1, 9, -1)):
+        with pytest.raises(InvalidArgumentError) as err:
+            est._check_label_values(p, _zeros(), _Meta(label=(lo, hi)))
+        msg = str(err.value)
+        assert msg.startswith(f"the label column(s) hold values the loss refuses: 'label' from "
+                              f"{lo} to {hi} (over every row"), msg
+        assert "per-row output shape(s) (10,)" in msg and "StringIndexer" in msg
+        assert ("out of bounds" if framework == "torch" else
+                f"Received a label value of {bad} which is outside the valid range of "
+                f"[0, 10)") in msg, msg
+        assert "function_node" not in msg and "[Op:" not in msg
+    p["transformation_fn"] = lambda df: df
+    est._check_label_values(p, _zeros(), _Meta(label=(0, 10)))
+
+
+def test_a_rank_names_the_label_columns_when_the_loss_refuses_a_batch():
+    """On a rank (labels the driver could not check: transformation_fn, no statistics) a
+    loss refusing the labels is a TrainingInputError naming the columns, the batch's values,
+    the outputs, the epoch and the step."""
+    from spark_hvd.estimators._trainer_common import TrainingInputError
+    runner = trainer._EpochRunner.__new__(trainer._EpochRunner)
+    runner.c = type("C", (), {"label_cols": ["label"]})()
+    runner.loss_spec = trainer.LossSpec.build(F.cross_entropy, 1, None, False)
+    runner.rank = 1
+    out = torch.zeros(3, 10)
+    with pytest.raises(TrainingInputError) as err:
+        runner._loss([out], [torch.tensor([0, 12, 3])], None, 1, 4, "training")
+    assert str(err.value).startswith(
+        "the loss fails on the labels of 'label' in a training batch at epoch 2, step 5 (rank "
+        "1) ('label' from 0 to 12; the model's output(s) (3, 10)): IndexError: Target 12 is out "
+        "of bounds."), str(err.value)
+    assert float(runner._loss([out], [torch.tensor([0, 9, 3])], None, 0, 0, "training")) > 0
+
+
+@pytest.mark.parametrize("buffered", [False, True])
+def test_a_nonfinite_loss_stops_the_rank_naming_epoch_and_step(buffered):
+    """terminate_on_nan (the default): the first NaN or infinite training loss raises,
+    naming the epoch and step; buffered (what a GPU does, here on CPU tensors), the losses
+    are looked at every CHECK_EVERY steps and at the epoch's end, and the error still
+    names the first bad step."""
+    from spark_hvd.estimators._trainer_common import LossWatch, TrainingInputError
+    assert TorchEstimator().getTerminateOnNan() is True
+    watch = LossWatch(True, rank=1, epochs=3, steps=100, buffered=buffered)
+    for step in range(100):
+        watch.step(torch.tensor(0.5, requires_grad=True), 0, step)
+    watch.flush()
+    with pytest.raises(TrainingInputError) as err:
+        for step in range(100):
+            watch.step(torch.tensor(float("nan") if step >= 39 else 0.5), 1, step)
+        watch.flush()
+    assert str(err.value).startswith(
+        "the training loss is nan at epoch 2/3, step 40/100 (rank 1); training stopped there "
+        "(terminate_on_nan=True). Fix: lower the learning rate"), str(err.value)
+    assert step == (LossWatch.CHECK_EVERY - 1 if buffered else 39)  # when it was looked at
+    off = LossWatch(False, rank=0, epochs=1, steps=2, buffered=buffered)
+    off.step(torch.tensor(float("inf")), 0, 0)
+    off.flush()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
+def test_a_nonfinite_loss_on_a_gpu_is_found_without_a_sync_per_step():
+    from spark_hvd.estimators._trainer_common import LossWatch, TrainingInputError
+    watch = LossWatch(True, rank=0, epochs=1, steps=10)
+    losses = torch.tensor([0.5] * 6 + [float("inf")] * 4, device="cuda")
+    for step in range(10):
+        watch.step(losses[step], 0, step)
+    with pytest.raises(TrainingInputError, match="the training loss is inf at epoch 1/1, "
+                                                 "step 7/10"):
+        watch.flush()
+
+
+def test_keras_stops_at_the_first_nonfinite_loss_naming_epoch_and_step():
+    keras = pytest.importorskip("keras")  # noqa: F841
+    from spark_hvd.estimators import _trainer_keras as ktrainer
+    from spark_hvd.estimators._trainer_common import TrainingInputError
+    config = type("C", (), {"terminate_on_nan": True, "epochs": 4})()
+    coordinator = ktrainer._Coordinator(None, config, rank=0, steps=30)
+    model = make_keras_net()
+    model.stop_training = False  # as model.fit sets it
+    coordinator.set_model(model)
+    coordinator.on_epoch_begin(2)
+    coordinator.on_train_batch_end(0, {"loss": 0.7})
+    with pytest.raises(TrainingInputError, match=r"^the training loss is inf at epoch 3/4, "
+                                                 r"step 12/30 \(rank 0\)"):
+        coordinator.on_train_batch_end(11, {"loss": float("inf")})
+
+
+def test_bad_input_a_rank_found_is_raised_as_invalid_argument(restartable):
+    """A rank's TrainingInputError (NaN loss, labels refused) reaches the caller of fit as
+    an InvalidArgumentError with the rank's message, not retried."""
+    est, p = restartable
+    text = "the training loss is nan at epoch 1/5, step 3/9 (rank 1); training stopped there"
+
+    def launch():
+        launch.calls += 1
+        raise RankFailedError(f"spark_hvd.spark.run: rank 1 failed: TrainingInputError: {text}",
+                              {1: "tail"}, ranks=[1], cause="function",
+                              reason=f"TrainingInputError: {text}")
+    launch.calls = 0
+    with pytest.raises(InvalidArgumentError) as err:
+        est._train(p, "r", launch)
+    assert launch.calls == 1 and not isinstance(err.value, RankFailedError)
+    assert str(err.value) == f"{type(est).__name__}: {text}"
+    assert isinstance(err.value.__cause__, RankFailedError)
+
+
+def test_fit_reports_where_its_time_went(capsys):
+    now = [0.0]
+    clock = FitClock(lambda: now[0])
+    for phase, t in (("checks", 0.5), ("data", 2.0), ("launch", 9.0), ("checkpoints", 9.25)):
+        now[0] = t
+        clock.done(phase)
+    clock.move("launch", "training", 5.0)
+    clock.move("launch", "checkpoints", 0.5)
+    now[0] = 10.0
+    seconds = clock.report("TorchEstimator", verbose=1)
+    assert capsys.readouterr().out == (
+        "TorchEstimator.fit: 10.0 s (checks 0.5 s, data 1.5 s, launch 1.5 s, training 5.0 s, "
+        "checkpoints 0.8 s)\n")
+    assert seconds == {"checks": 0.5, "data": 1.5, "launch": 1.5, "training": 5.0,
+                       "checkpoints": 0.75, "total": 10.0}
+    clock.report("TorchEstimator", verbose=0)
+    assert capsys.readouterr().out == ""
+
+
+def test_a_rank_imports_no_pyspark(tmp_path):
+    """What a rank unpickles and runs (a TrainConfig with its DataMeta and Store, the
+    trainers) imports no pyspark: ``pyspark.ml``, which DataMeta's old module imported, took
+    1-3 s of every rank's start."""
+    import subprocess
+
+    import cloudpickle
+
+    from spark_hvd.estimators._trainer_common import TrainConfig
+    from spark_hvd.estimators.materialize import ColumnMeta, DataMeta
+    store = LocalStore(str(tmp_path))
+    meta = DataMeta(key="k", train_path=store.join("t"), val_path=None, train_rows=4,
+                    val_rows=0, columns={"x": ColumnMeta("x", "float32", (3,), "array",
+                                                         "array<float>", None)},
+                    feature_cols=["x"], label_cols=[], sample_weight_col=None, num_proc=2,
+                    store=store)
+    config = TrainConfig(
+        run_id="r", store=store, meta=meta, objects=b"", feature_cols=["x"], label_cols=[],
+        sample_weight_col=None, input_shapes=None, label_shapes=None, loss_weights=None,
+        batch_size=2, val_batch_size=2, epochs=1, train_steps_per_epoch=None,
+        validation_steps_per_epoch=None, shuffle=False, shuffle_buffer_size=None, seed=0,
+        backward_passes_per_step=1, use_gpu=False, verbose=0, terminate_on_nan=True)
+    code = ("import pickle, sys\n"
+            "config = pickle.loads(sys.stdin.buffer.read())\n"
+            "assert config.meta.columns['x'].shape == (3,)\n"
+            "import spark_hvd.estimators._trainer_torch, spark_hvd.estimators._trainer_common\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], input=cloudpickle.dumps(config),
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().strip() == "[]", proc.stdout.decode()

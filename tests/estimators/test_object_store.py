@@ -97,7 +97,11 @@ def test_fit_checkpoints_and_resume_on_s3(s3, digits, capfd, tmp_path):
     assert reread.getEpochs() == 5 and isinstance(reread.getModel(), torch.nn.Module)
 
 
-def test_an_unwritable_store_fails_before_any_spark_job(estimator_spark, digits, s3_endpoint):
+def test_an_unwritable_store_fails_before_any_spark_job(estimator_spark, digits, s3_endpoint,
+                                                        monkeypatch):
+    """A bucket that does not exist, and one that does but without credentials (botocore's
+    NoCredentialsError, raised again by the probe's clean-up, must not replace the
+    message): the error names the store and the fix, before any Spark job."""
     tracker = estimator_spark.sparkContext.statusTracker()
     jobs = len(tracker.getJobIdsForGroup())
     url = "s3://no-such-bucket-for-spark-hvd/store"
@@ -106,6 +110,14 @@ def test_an_unwritable_store_fails_before_any_spark_job(estimator_spark, digits,
     msg = str(err.value)
     assert msg.startswith(f"the store {url} is not writable: ")
     assert "Fix: check that the bucket or container exists" in msg and "Py4J" not in msg
+    url = f"s3://{make_bucket()}/store"
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    with pytest.raises(InvalidArgumentError) as err:
+        _estimator(Store.create(url, skip_instance_cache=True)).fit(digits[0])
+    msg = str(err.value)
+    assert msg.startswith(f"the store {url} is not writable: writing ")
+    assert "failed with NoCredentialsError: Unable to locate credentials. Fix: " in msg, msg
     assert len(tracker.getJobIdsForGroup()) == jobs
 
 

@@ -10,10 +10,10 @@ import torch
 from pyspark.ml.linalg import VectorUDT
 
 from est_helpers import (assert_mlflow_history, assert_tensorboard_history, bad_input,
-                         kill_once, listing, make_net, mlflow_runs)
+                         kill_once, listing, make_net, mlflow_runs, nan_rows)
 from est_helpers import torch_estimator as _estimator
 from spark_hvd.estimators import LocalStore, TorchModel
-from spark_hvd.exceptions import RankFailedError
+from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
 pytestmark = pytest.mark.spark
 
@@ -185,10 +185,27 @@ def test_pipeline_on_uneven_partitions_saves_loads_and_predicts_the_same(
 
 
 @pytest.mark.parametrize("case", ["misspelt", "string_type", "empty", "shape", "num_proc",
-                                  "float_label"])
+                                  "float_label", "duplicate", "input_shapes", "nonfinite",
+                                  "label_range"])
 def test_bad_input_errors_leave_the_store_untouched(estimator_spark, digits, store, case):
     df, kw, needle = bad_input(digits[0], case)
     with pytest.raises(Exception) as err:
         _estimator(store, **kw).fit(df)
     assert needle in str(err.value), str(err.value)
-    assert listing(store.prefix) == []
+    if case == "label_range":  # found from the written data's statistics, before training
+        assert not [p for p in listing(store.prefix) if p.startswith("runs")]
+    else:
+        assert listing(store.prefix) == []
+
+
+def test_nonfinite_data_let_in_stops_training_at_the_first_nan_loss(digits, store, capfd):
+    """allow_nonfinite=True lets the NaN of nan_rows into the data; the first training batch
+    holding one gives a NaN loss, and fit stops there (terminate_on_nan, the default) with
+    an InvalidArgumentError naming the epoch and step, not after all epochs."""
+    with pytest.raises(InvalidArgumentError) as err:
+        _estimator(store, allow_nonfinite=True, epochs=3, validation=None,
+                   mlflow_log=False).fit(nan_rows(digits[0]))
+    msg = str(err.value)
+    assert msg.startswith("TorchEstimator: the training loss is nan at epoch 1/3, step "), msg
+    assert "terminate_on_nan=True" in msg and "allow_nonfinite=True" in msg
+    assert "epoch 2/3" not in capfd.readouterr().out  # stopped within the first epoch

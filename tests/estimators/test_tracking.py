@@ -181,8 +181,21 @@ def test_event_file_one_scalar_per_epoch(tmp_path, url):
     assert names[0].startswith(tb.EVENT_FILE_PREFIX + ".")
 
 
+def test_records_are_framed_as_tensorboards_own_writer_frames_them():
+    """The TFRecord framing, bit for bit TensorBoard's RecordWriter's (which rank 0 does not
+    import: it pulls in tensorboard.summary and boto3)."""
+    import io
+    pytest.importorskip("tensorboard")
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    for data in (b"", b"x", bytes(range(256)) * 3):
+        buf = io.BytesIO()
+        RecordWriter(buf).write(data)
+        assert tb.record(data) == buf.getvalue()
+
+
 def test_without_tensorboard_one_line_and_no_file(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "tensorboard.summary.writer.record_writer", None)
+    for name in ["tensorboard"] + [m for m in sys.modules if m.startswith("tensorboard.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed
     store = LocalStore(str(tmp_path / "store"))
     assert tb.open_events(store, "r1", verbose=1) is None
     out = capsys.readouterr().out

@@ -128,7 +128,9 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
     # 24 batches per rank per epoch: 24 steps, 12 optimizer steps of 2 backward passes.
     assert "[0] epoch 1/5  [====================] 24/24" in out
     assert "a callback stopped training after epoch 2" in out and "epoch 3/5" not in out
-    assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0}" in out
+    # Rank 0 also says how long it trained and wrote checkpoints (fit's time breakdown).
+    assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0, 'seconds': {'training': " \
+        in out
     assert sorted(c for c in os.listdir(calls) if c.startswith("rank")) == \
         ["rank0_epoch0", "rank0_epoch1", "rank1_epoch0", "rank1_epoch1"]
     assert len([c for c in os.listdir(calls) if c.startswith("df_pid")]) == 2  # both ranks
@@ -215,7 +217,9 @@ def test_keras_two_ranks_weights_accumulation_compression_and_checkpoints(tmp_pa
     # 24 batches of 32 per rank per epoch; rank 1's callback stops both after epoch 2.
     assert "[0] epoch 1/5  [====================] 24/24" in out, out[-4000:]
     assert "a callback stopped training after epoch 2" in out and "epoch 3/5" not in out
-    assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0}" in out
+    # Rank 0 also says how long it trained and wrote checkpoints (fit's time breakdown).
+    assert "[0] result {'rank': 0, 'epochs': 2, 'start_epoch': 0, 'seconds': {'training': " \
+        in out
     assert sorted(os.listdir(calls)) == ["rank0_epoch0", "rank0_epoch1", "rank1_epoch0",
                                          "rank1_epoch1"]
     # MetricAverageCallback: every rank's user callback saw the same epoch logs.

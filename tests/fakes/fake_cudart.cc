@@ -8,13 +8,25 @@
 //   one; an empty value hides all: cudaGetDeviceCount -> cudaErrorNoDevice). The current
 //   device is per host thread (default 0); cudaSetDevice out of range ->
 //   cudaErrorInvalidDevice (101).
-// * "Device" memory is host memory. cudaMalloc: 256-byte aligned, filled with 0xFF bytes
-//   (NaN for floating types, -1 for integers) so a result that is never written shows;
-//   0 bytes gives nullptr. It remembers its device. cudaFree of anything but a live
-//   cudaMalloc base pointer -> cudaErrorInvalidValue (1); cudaFree(nullptr) is a no-op.
-//   cudaMallocHost/cudaFreeHost: pinned host memory, tracked apart (freeing one kind
-//   with the other's call -> 1). Like the real ones, cudaFree and cudaFreeHost first wait
-//   for all work queued on every stream (an implicit device synchronization).
+// * "Device" memory is host memory the host cannot touch: cudaMalloc maps a shared
+//   memory object twice, the address it returns without any access (so host code that
+//   reads or writes device memory, or passes a device pointer where a host one belongs,
+//   dies of SIGSEGV, as it would on a GPU) and a second, read-write mapping that only
+//   the fake's streams (and the fake NCCL, through shvd_fake_view) use. 256-byte (in
+//   fact page) aligned, filled with 0xFF bytes (NaN for floating types, -1 for integers)
+//   so a result that is never written shows; 0 bytes gives nullptr. It remembers its
+//   device. cudaFree of anything but a live cudaMalloc base pointer ->
+//   cudaErrorInvalidValue (1); cudaFree(nullptr) is a no-op. cudaMallocHost/cudaFreeHost:
+//   pinned host memory (readable by the host), tracked apart (freeing one kind with the
+//   other's call -> 1). Like the real ones, cudaFree and cudaFreeHost first wait for all
+//   work queued on every stream (an implicit device synchronization).
+// * Device-wide synchronizing calls are counted per process, by call and calling
+//   thread's name: cudaMalloc, cudaFree, cudaMallocHost, cudaFreeHost,
+//   cudaDeviceSynchronize, and cudaStreamSynchronize of the null stream or of a stream
+//   that no spark_hvd thread (named shvd_*) created. shvd_fake_sync_calls/_report/_reset
+//   (fake_internal.h) read and clear the counts, so a test can forbid them in steady state.
+// * shvd_fake_launch_kernel(stream, us) queues a "kernel" that runs for `us`
+//   microseconds: a test's stand-in for compute queued on a stream.
 // * cudaMemcpyAsync checks the kind: a HostToDevice/DeviceToDevice destination and a
 //   DeviceToHost/DeviceToDevice source must lie inside one live cudaMalloc allocation,
 //   and the host side of HostToDevice/DeviceToHost/HostToHost must not be device memory
@@ -24,7 +36,8 @@
 //   runs them, not when called (stricter than pageable-memory copies on a real GPU).
 // * Streams (cudaStreamCreateWithFlags; flags 0 or cudaStreamNonBlocking) each have a
 //   worker thread running their queue strictly in order; each item first sleeps
-//   SHVD_FAKE_CUDA_DELAY_US microseconds (default 200), so reading a result without
+//   SHVD_FAKE_CUDA_DELAY_US microseconds (default 200; shvd_fake_set_delay_us changes it
+//   for every stream of the process from then on), so reading a result without
 //   waiting for the stream sees the old value. The null stream (0) runs its work at
 //   once in the calling thread, like a per-thread default stream: no implicit
 //   synchronization with other streams (code relying on the legacy default stream's
@@ -53,10 +66,13 @@
 //   GPU would quietly make a second context on GPU 0 (or fail the same way).
 // * cudaRuntimeGetVersion -> 12040.
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -119,12 +135,20 @@ std::vector<int> VisibleDevices() {
   return visible;
 }
 
+// Each stream item's wait (SHVD_FAKE_CUDA_DELAY_US; shvd_fake_set_delay_us changes it).
+std::atomic<int>& DelayUs() {
+  static std::atomic<int>* delay =
+      new std::atomic<int>(std::max(0, EnvInt("SHVD_FAKE_CUDA_DELAY_US", 200)));
+  return *delay;
+}
+
 class Stream {
  public:
-  Stream(int device, int delay_us) : device_(device), delay_us_(delay_us) {
+  Stream(int device, bool core) : device_(device), core_(core) {
     worker_ = std::thread([this] { Loop(); });
   }
   int device() const { return device_; }
+  bool core() const { return core_; }  // made by one of spark_hvd's threads (shvd_*)
 
   void Push(std::function<void()> work) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -155,7 +179,8 @@ class Stream {
       queue_.pop_front();
       running_ = true;
       lock.unlock();
-      if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us_));
+      const int delay_us = DelayUs().load();
+      if (delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
       work();
       lock.lock();
       running_ = false;
@@ -164,7 +189,7 @@ class Stream {
   }
 
   const int device_;
-  const int delay_us_;
+  const bool core_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
@@ -208,26 +233,97 @@ class Event {
 struct Allocation {
   size_t bytes;
   int device;
+  char* view;     // where the fake's streams read and write it (pinned memory: itself)
+  size_t mapped;  // device memory: the length of both mappings
 };
+
+// The calling thread's name ("" if it has none).
+std::string ThreadName() {
+  char name[32] = {};
+  pthread_getname_np(pthread_self(), name, sizeof name);
+  return name;
+}
+
+// Calls that synchronize the whole device (or a stream the core does not own), counted
+// per (call, calling thread's name) for tests that forbid them in steady state.
+class SyncCalls {
+ public:
+  void Count(const char* call) {
+    const std::string key = std::string(call) + " on thread '" + ThreadName() + "'";
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counts_[key];
+    ++total_;
+  }
+  unsigned long long Total() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return total_;
+  }
+  std::string Report() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    for (const auto& kv : counts_)
+      out += (out.empty() ? "" : "; ") + kv.first + " x" + std::to_string(kv.second);
+    return out;
+  }
+  void Reset() {
+    std::lock_guard<std::mutex> lock(mu_);
+    counts_.clear();
+    total_ = 0;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, unsigned long long> counts_;
+  unsigned long long total_ = 0;
+};
+
+SyncCalls& Syncs() {
+  static SyncCalls* calls = new SyncCalls;  // leaked, as Runtime
+  return *calls;
+}
 
 // The process's fake CUDA state; leaked on purpose so stream workers never see it
 // destroyed at exit.
 class Runtime {
  public:
   const std::vector<int> visible = VisibleDevices();
-  const int delay_us = std::max(0, EnvInt("SHVD_FAKE_CUDA_DELAY_US", 200));
 
+  // Device memory (device >= 0): one shared memory object mapped twice, without access
+  // at the address handed out and read-write at `view` for the streams. Pinned (-1):
+  // plain host memory.
   cudaError_t Allocate(std::map<uintptr_t, Allocation>* table, void** ptr, size_t bytes,
-                       int device, bool fill) {
+                       int device) {
     if (!ptr) return kErrInvalidValue;
     *ptr = nullptr;
     if (bytes == 0) return cudaSuccess;
     size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    void* p = std::aligned_alloc(kAlignment, rounded);
-    if (!p) return kErrMemoryAllocation;
-    if (fill) std::memset(p, 0xFF, rounded);
+    Allocation a{bytes, device, nullptr, 0};
+    void* p = nullptr;
+    if (device < 0) {
+      p = std::aligned_alloc(kAlignment, rounded);
+      if (!p) return kErrMemoryAllocation;
+      a.view = static_cast<char*>(p);
+    } else {
+      const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+      a.mapped = (rounded + page - 1) / page * page;
+      int fd = ::memfd_create("shvd_fake_device_memory", MFD_CLOEXEC);
+      if (fd < 0 || ::ftruncate(fd, off_t(a.mapped)) != 0) {
+        if (fd >= 0) ::close(fd);
+        return kErrMemoryAllocation;
+      }
+      p = ::mmap(nullptr, a.mapped, PROT_NONE, MAP_SHARED, fd, 0);
+      void* view = ::mmap(nullptr, a.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+      if (p == MAP_FAILED || view == MAP_FAILED) {
+        if (p != MAP_FAILED) ::munmap(p, a.mapped);
+        if (view != MAP_FAILED) ::munmap(view, a.mapped);
+        return kErrMemoryAllocation;
+      }
+      a.view = static_cast<char*>(view);
+      std::memset(a.view, 0xFF, a.mapped);
+    }
     std::lock_guard<std::mutex> lock(mu_);
-    (*table)[uintptr_t(p)] = Allocation{bytes, device};
+    (*table)[uintptr_t(p)] = a;
     *ptr = p;
     return cudaSuccess;
   }
@@ -238,9 +334,27 @@ class Runtime {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = table->find(uintptr_t(ptr));
     if (it == table->end()) return kErrInvalidValue;
+    const Allocation a = it->second;
     table->erase(it);
-    std::free(ptr);
+    if (a.mapped) {
+      ::munmap(ptr, a.mapped);
+      ::munmap(a.view, a.mapped);
+    } else {
+      std::free(ptr);
+    }
     return cudaSuccess;
+  }
+
+  // Where the streams touch [ptr, ptr + bytes): device memory's second mapping, anything
+  // else itself.
+  void* View(const void* ptr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = device_mem.upper_bound(uintptr_t(ptr));
+    if (it == device_mem.begin()) return const_cast<void*>(ptr);
+    --it;
+    const uintptr_t base = it->first;
+    if (uintptr_t(ptr) >= base + it->second.mapped) return const_cast<void*>(ptr);
+    return it->second.view + (uintptr_t(ptr) - base);
   }
 
   int Kind(const void* ptr, size_t bytes, int* device) {
@@ -266,8 +380,9 @@ class Runtime {
   }
   cudaStream_t AddStream(int device) {
     auto handle = reinterpret_cast<cudaStream_t>(new char);  // never freed: never reused
+    const bool core = ThreadName().rfind("shvd_", 0) == 0;
     std::lock_guard<std::mutex> lock(mu_);
-    streams_[handle] = std::make_shared<Stream>(device, delay_us);
+    streams_[handle] = std::make_shared<Stream>(device, core);
     return handle;
   }
   std::shared_ptr<Stream> RemoveStream(cudaStream_t s) {
@@ -293,7 +408,7 @@ class Runtime {
     if (!legacy_stream) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     auto& s = legacy_[device];
-    if (!s) s = std::make_shared<Stream>(device, delay_us);
+    if (!s) s = std::make_shared<Stream>(device, false);
     return s;
   }
   const bool legacy_stream = EnvInt("SHVD_FAKE_CUDA_LEGACY_STREAM", 0) != 0;
@@ -433,22 +548,33 @@ cudaError_t cudaSetDevice(int device) {
 cudaError_t cudaMalloc(void** ptr, size_t bytes) {
   if (Rt().visible.empty()) return kErrNoDevice;
   SHVD_FAKE_CONTEXT();
-  return Rt().Allocate(&Rt().device_mem, ptr, bytes, t_device, true);
+  Syncs().Count("cudaMalloc");
+  return Rt().Allocate(&Rt().device_mem, ptr, bytes, t_device);
 }
 
 cudaError_t cudaFree(void* ptr) {
   SHVD_FAKE_CONTEXT();
+  Syncs().Count("cudaFree");
   return Rt().Release(&Rt().device_mem, ptr);
 }
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
   SHVD_FAKE_CONTEXT();
-  return Rt().Allocate(&Rt().pinned_mem, ptr, bytes, -1, false);
+  Syncs().Count("cudaMallocHost");
+  return Rt().Allocate(&Rt().pinned_mem, ptr, bytes, -1);
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
   SHVD_FAKE_CONTEXT();
+  Syncs().Count("cudaFreeHost");
   return Rt().Release(&Rt().pinned_mem, ptr);
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  SHVD_FAKE_CONTEXT();
+  Syncs().Count("cudaDeviceSynchronize");
+  Rt().SynchronizeAll();
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
@@ -468,7 +594,9 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
            Rt().Kind(src, bytes, nullptr) != kShvdFakeOverrun;
   }
   if (!ok || !dst || !src) return kErrInvalidValue;
-  return Submit(stream, [dst, src, bytes] { std::memmove(dst, src, bytes); });
+  void* to = Rt().View(dst);
+  const void* from = Rt().View(src);
+  return Submit(stream, [to, from, bytes] { std::memmove(to, from, bytes); });
 }
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
@@ -476,7 +604,8 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
                                                             : cudaSuccess;
   if (!IsDevice(ptr, bytes)) return kErrInvalidValue;
-  return Submit(stream, [ptr, value, bytes] { std::memset(ptr, value, bytes); });
+  void* to = Rt().View(ptr);
+  return Submit(stream, [to, value, bytes] { std::memset(to, value, bytes); });
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
@@ -498,11 +627,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   SHVD_FAKE_CONTEXT();
   if (!stream) {
+    Syncs().Count("cudaStreamSynchronize(null stream)");
     if (auto legacy = Rt().Legacy(t_device)) legacy->Drain();
     return cudaSuccess;
   }
   auto s = Rt().FindStream(stream);
   if (!s) return kErrInvalidResourceHandle;
+  if (!s->core()) Syncs().Count("cudaStreamSynchronize(a stream spark_hvd does not own)");
   s->Drain();
   return cudaSuccess;
 }
@@ -625,6 +756,31 @@ cudaError_t shvd_fake_enqueue_joined(const cudaStream_t* streams, int n, shvd_fa
 int shvd_fake_memory_kind(const void* ptr, size_t bytes, int* device) {
   return Rt().Kind(ptr, bytes, device);
 }
+
+void* shvd_fake_view(const void* ptr) { return Rt().View(ptr); }
+
+// -- for tests (fake_internal.h) ------------------------------------------------------
+
+cudaError_t shvd_fake_launch_kernel(cudaStream_t stream, unsigned int microseconds) {
+  SHVD_FAKE_CONTEXT();
+  return Submit(stream, [microseconds] {
+    std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
+  });
+}
+
+void shvd_fake_set_delay_us(int microseconds) { DelayUs() = std::max(0, microseconds); }
+
+unsigned long long shvd_fake_sync_calls(void) { return Syncs().Total(); }
+
+int shvd_fake_sync_report(char* buf, int size) {
+  const std::string text = Syncs().Report();
+  if (buf && size > 0) {
+    std::snprintf(buf, size_t(size), "%s", text.c_str());
+  }
+  return int(text.size());
+}
+
+void shvd_fake_sync_reset(void) { Syncs().Reset(); }
 
 cudaError_t shvd_fake_stream_device(cudaStream_t stream, int* device) {
   if (!stream) {

@@ -643,7 +643,9 @@ void HomeLeavesFirst() {
   std::printf("PASS\n");
 }
 
-// The victim rank dies (SIGKILL) while the others' allreduce waits for it.
+// The victim rank dies (SIGKILL) while the others' allreduce waits for it. Its own
+// allreduce is queued behind a minute-long kernel, so it never reaches the coordinator
+// (however late the kill comes): the others' first call can never complete.
 void PeerKilled(int victim) {
   ncclComm_t comm = Join();
   cudaStream_t s = NewStream();
@@ -653,6 +655,7 @@ void PeerKilled(int victim) {
   if (g_rank == victim) {
     for (int r = 0; r < g_size; ++r)
       if (r != victim) CHECK(WaitForFile(g_dir + "/enqueued." + std::to_string(r), 30));
+    CUDA(LaunchKernel(s, 60u * 1000 * 1000));
     NCCL(api.ncclAllReduce(in, out, 3, ncclFloat32, ncclSum, comm, s));
     std::raise(SIGKILL);
   }
@@ -684,6 +687,23 @@ void PeerKilled(int victim) {
   std::printf("PASS\n");  // no Pass(): rank 0 may be the one that died
 }
 
+// Host code that touches device memory dies of SIGSEGV, as on a GPU: reading it, or
+// passing a device pointer as a host-immediate scalar. Neither prints UNREACHABLE.
+void HostReadsDeviceMemory() {
+  UseOwnDevice();
+  volatile char* p = static_cast<char*>(DevAlloc(64));
+  std::printf("UNREACHABLE %d\n", p[0]);
+}
+
+void DevicePointerAsHostScalar() {
+  ncclComm_t comm = JoinAlone();
+  void* two = DevCopy(Encoded(kF32, {2}));
+  ncclRedOp_t op;
+  ncclResult_t rc = api.ncclRedOpCreatePreMulSum(&op, two, ncclFloat32, ncclScalarHostImmediate,
+                                                 comm);
+  std::printf("UNREACHABLE %d\n", rc);
+}
+
 const std::map<std::string, std::function<void()>>& Scenarios() {
   static const std::map<std::string, std::function<void()>> table = {
       {"collectives", Collectives},
@@ -707,6 +727,8 @@ const std::map<std::string, std::function<void()>>& Scenarios() {
       {"home_leaves_first", HomeLeavesFirst},
       {"kill_last", [] { PeerKilled(g_size - 1); }},
       {"kill_home", [] { PeerKilled(0); }},
+      {"host_reads_device_memory", HostReadsDeviceMemory},
+      {"device_pointer_as_host_scalar", DevicePointerAsHostScalar},
   };
   return table;
 }

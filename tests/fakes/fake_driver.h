@@ -193,6 +193,14 @@ cudaStream_t NewStream() {
   return s;
 }
 
+// The fake's stand-in for compute: a "kernel" of `us` microseconds on `s`.
+cudaError_t LaunchKernel(cudaStream_t s, unsigned int us) {
+  using Fn = cudaError_t (*)(cudaStream_t, unsigned int);
+  static Fn fn = reinterpret_cast<Fn>(dlsym(api.cudart, "shvd_fake_launch_kernel"));
+  if (!fn) Die(__FILE__, __LINE__, "missing symbol shvd_fake_launch_kernel");
+  return fn(s, us);
+}
+
 cudaEvent_t NewEvent() {
   cudaEvent_t e = nullptr;
   CUDA(api.cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -33,6 +33,10 @@ enum ShvdFakeMemory {
 };
 int shvd_fake_memory_kind(const void* ptr, size_t bytes, int* device);
 
+// Where the fake's streams read and write `ptr`: for device memory its second, read-write
+// mapping (the address cudaMalloc returned has no host access), else ptr itself.
+void* shvd_fake_view(const void* ptr);
+
 // The device a stream was created on (the calling thread's current one for the null
 // stream); 400 for a stream that is not live.
 cudaError_t shvd_fake_stream_device(cudaStream_t stream, int* device);
@@ -42,5 +46,21 @@ cudaError_t shvd_fake_stream_device(cudaStream_t stream, int* device);
 // range). NCCL's duplicate-GPU check compares these, as the real one compares bus ids.
 int shvd_fake_current_device(void);
 int shvd_fake_physical_device(int device);
+
+// -- for tests (by dlsym or ctypes on libshvd_fake_cudart.so) --------------------------
+
+// Queues a "kernel" on `stream` that runs for `microseconds` (compute, as a test sees it).
+cudaError_t shvd_fake_launch_kernel(cudaStream_t stream, unsigned int microseconds);
+
+// Every stream item's wait from now on, for every stream of the process (initially
+// SHVD_FAKE_CUDA_DELAY_US): a test makes a rank's GPU slow at the moment it chooses.
+void shvd_fake_set_delay_us(int microseconds);
+
+// The device-synchronizing calls this process made since the last reset (see the
+// contract in fake_cudart.cc): their number, and a report "call on thread 'name' xN; ..."
+// written into buf (its full length returned).
+unsigned long long shvd_fake_sync_calls(void);
+int shvd_fake_sync_report(char* buf, int size);
+void shvd_fake_sync_reset(void);
 
 }  // extern "C"

@@ -59,9 +59,24 @@
 //   last call using the op.
 // * ncclGetLastError(comm): that comm's async error text, else the process's last error.
 //   ncclGetVersion -> 22304.
+// * One thread at a time per communicator: a call (collectives, send/recv, op create and
+//   destroy, abort, destroy) made while another thread is inside one on the same comm
+//   fails with ncclInvalidUsage and says so on stderr ("... must not overlap"); an
+//   overlapping abort or destroy still happens (the report is the test's evidence).
+// * For tests: shvd_fake_nccl_calls() counts the collective and send/recv calls this
+//   process made that NCCL accepted (a script waits on it to know its op reached NCCL).
+//   Failures on demand, read from the environment: SHVD_FAKE_NCCL_INIT_ERROR=<code>
+//   fails ncclCommInitRank at once with that code; SHVD_FAKE_NCCL_FAIL_CALL=<n>:<code>
+//   makes the n-th accepted call's communicator fail: its ops block their streams until
+//   abort, and the next call on it finds <code> (its async error from then on);
+//   SHVD_FAKE_NCCL_STUCK_CALL_MS=<ms> makes each
+//   call on a communicator that has an async error block that long before returning it
+//   (as a real call stuck on a broken connection).
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -172,11 +187,52 @@ ncclResult_t Flush() {
   return ncclSuccess;
 }
 
+std::atomic<unsigned long long> g_calls{0};  // accepted calls (shvd_fake_nccl_calls)
+
+// SHVD_FAKE_NCCL_FAIL_CALL=<n>:<code>: the n-th accepted call of this process (from 1)
+// makes its communicator fail with <code> (Comm::Inject).
+struct FailCall {
+  unsigned long long n = 0;
+  ncclResult_t code = ncclSuccess;
+};
+
+const FailCall& Planned() {
+  static const FailCall plan = [] {
+    FailCall p;
+    const char* v = std::getenv("SHVD_FAKE_NCCL_FAIL_CALL");
+    if (v && *v) {
+      char* rest = nullptr;
+      p.n = std::strtoull(v, &rest, 10);
+      if (rest && *rest == ':') p.code = std::atoi(rest + 1);
+    }
+    return p;
+  }();
+  return plan;
+}
+
+// Comm::Enter/Leave around a call (a call that overlaps another fails).
+class InCall {
+ public:
+  InCall(const std::shared_ptr<Comm>& comm, const char* fn) : comm_(comm) {
+    entered_ = comm_ && comm_->Enter(fn);
+  }
+  ~InCall() {
+    if (entered_) comm_->Leave();
+  }
+  bool ok() const { return !comm_ || entered_; }
+
+ private:
+  std::shared_ptr<Comm> comm_;
+  bool entered_ = false;
+};
+
 ncclResult_t Enqueue(ncclComm_t handle, uint8_t kind, const void* send, void* recv, size_t count,
                      int dtype, int op, int peer, cudaStream_t stream) {
   std::shared_ptr<Comm> comm;
   Call call;
   ncclResult_t rc = Comms().Find(handle, OpName(kind), &comm);
+  InCall in_call(comm, OpName(kind));
+  if (!in_call.ok()) rc = ncclInvalidUsage;
   if (rc == ncclSuccess) rc = comm->Ready(OpName(kind));
   if (rc == ncclSuccess)
     rc = comm->Prepare(kind, send, recv, count, dtype, op, peer, stream, &call);
@@ -185,6 +241,7 @@ ncclResult_t Enqueue(ncclComm_t handle, uint8_t kind, const void* send, void* re
     return rc;
   }
   t_calls.emplace_back(comm, call);
+  if (++g_calls == Planned().n && Planned().code != ncclSuccess) comm->Inject(Planned().code);
   return t_depth == 0 ? Flush() : ncclSuccess;
 }
 
@@ -203,6 +260,8 @@ std::string Hostname() {
 using namespace shvd_fake;
 
 extern "C" {
+
+unsigned long long shvd_fake_nccl_calls(void) { return g_calls.load(); }
 
 ncclResult_t ncclGetVersion(int* version) {
   if (!version) return Fail(ncclInvalidArgument, "ncclGetVersion: version is NULL");
@@ -232,6 +291,11 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   if (std::memcmp(layout.magic, kIdMagic, sizeof kIdMagic) != 0) {
     return Fail(ncclInvalidArgument, "ncclCommInitRank: the id was not made by this (fake) "
                 "ncclGetUniqueId");
+  }
+  const char* injected = std::getenv("SHVD_FAKE_NCCL_INIT_ERROR");
+  if (injected && *injected) {
+    return Fail(std::atoi(injected), "ncclCommInitRank (rank " + std::to_string(rank) + "): "
+                "fake NCCL: SHVD_FAKE_NCCL_INIT_ERROR injected this failure");
   }
   const int device = shvd_fake_current_device();
   const int physical = shvd_fake_physical_device(device);
@@ -264,6 +328,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  InCall in_call(Comms().Peek(comm), "ncclCommDestroy");  // an overlap is reported
   ncclResult_t rc;
   auto c = Comms().Retire(comm, "ncclCommDestroy", &rc);
   if (c) c->Destroy();
@@ -271,6 +336,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  InCall in_call(Comms().Peek(comm), "ncclCommAbort");  // an overlap is reported
   ncclResult_t rc;
   auto c = Comms().Retire(comm, "ncclCommAbort", &rc);
   if (c) c->Abort();
@@ -355,6 +421,8 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
   const char* fn = "ncclRedOpCreatePreMulSum";
   std::shared_ptr<Comm> c;
   ncclResult_t rc = Comms().Find(comm, fn, &c);
+  InCall in_call(c, fn);
+  if (!in_call.ok()) return ncclInvalidUsage;
   if (rc == ncclSuccess) rc = c->Ready(fn);
   if (rc != ncclSuccess) return rc;
   const size_t size = DtypeSize(dtype);
@@ -384,6 +452,8 @@ ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {
     return Fail(ncclInvalidArgument, "ncclRedOpDestroy: the op is a builtin or invalid");
   std::shared_ptr<Comm> c;
   ncclResult_t rc = Comms().Find(comm, "ncclRedOpDestroy", &c);
+  InCall in_call(c, "ncclRedOpDestroy");
+  if (!in_call.ok()) return ncclInvalidUsage;
   return rc != ncclSuccess ? rc : c->DestroyOp(op);
 }
 

@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "fake_internal.h"
 
@@ -36,6 +38,53 @@ std::string LastErrorText() {
   std::lock_guard<std::mutex> lock(Last().mu);
   return Last().text;
 }
+
+namespace {
+
+int EnvInt(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : 0;
+}
+
+}  // namespace
+
+ncclResult_t Comm::Ready(const char* fn) {
+  ncclResult_t error;
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (injected_code_ != ncclSuccess && async_error_ == ncclSuccess) {  // see Inject
+      SetError(injected_code_, "fake NCCL: SHVD_FAKE_NCCL_FAIL_CALL injected this failure on "
+                               "rank " + std::to_string(rank) + " (as a system call, a GPU or "
+                               "a peer failing)");
+    }
+    if (async_error_ == ncclSuccess) return ncclSuccess;
+    error = async_error_;
+    text = last_error_;
+  }
+  static const int stuck_ms = EnvInt("SHVD_FAKE_NCCL_STUCK_CALL_MS");
+  if (stuck_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(stuck_ms));
+  return Fail(error, std::string(fn) + ": the communicator has an error: " + text);
+}
+
+void Comm::Inject(ncclResult_t code) {
+  std::lock_guard<std::mutex> lock(mu_);
+  injected_ = true;
+  injected_code_ = code;
+}
+
+bool Comm::Enter(const char* fn) {
+  const char* other = nullptr;
+  if (in_call_.compare_exchange_strong(other, fn)) return true;
+  std::fprintf(stderr, "fake NCCL: rank %d: %s on a communicator while another thread is inside "
+               "%s: NCCL calls on one communicator must not overlap (it is not thread-safe)\n",
+               rank, fn, other);
+  Fail(ncclInvalidUsage, std::string(fn) + " while another thread is inside " + other +
+                             " on the same communicator");
+  return false;
+}
+
+void Comm::Leave() { in_call_ = nullptr; }
 
 void RunUnit(void* arg) {
   std::unique_ptr<Unit> unit(static_cast<Unit*>(arg));
@@ -115,6 +164,10 @@ ncclResult_t Comm::Prepare(uint8_t kind, const void* send, void* recv, size_t co
   ncclResult_t rc = CheckBuffer(fn, "sendbuff", send, call->send_bytes);
   if (rc == ncclSuccess) rc = CheckBuffer(fn, "recvbuff", recv, call->recv_bytes);
   if (rc != ncclSuccess) return rc;
+  // What the stream reads and writes: the device memory's read-write mapping.
+  call->send = shvd_fake_view(send);
+  call->recv = static_cast<void*>(shvd_fake_view(recv));
+  if (call->scalar_ptr) call->scalar_ptr = shvd_fake_view(call->scalar_ptr);
   int stream_device = -1;
   if (shvd_fake_stream_device(stream, &stream_device) != cudaSuccess) {
     return Fail(ncclUnhandledCudaError, std::string(fn) + ": invalid stream (destroyed?)");
@@ -164,7 +217,7 @@ bool Comm::Ship(Part* part) {
                                "while this rank still had calls to make (it must stay alive "
                                "until every rank is done)" : " (its process died?)"));
   }
-  if (async_error_ == ncclRemoteError) {
+  if (async_error_ == ncclRemoteError || injected_) {
     cv_.wait(lock, [this] { return aborted_; });  // a kernel spinning on a dead peer
     return false;
   }

@@ -4,6 +4,7 @@
 // reader thread turns the coordinator's messages into results and async errors.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -49,11 +50,21 @@ class Comm {
   }
   const int rank, nranks, device, home;
 
-  ncclResult_t Ready(const char* fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (async_error_ == ncclSuccess) return ncclSuccess;
-    return Fail(async_error_, std::string(fn) + ": the communicator has an error: " + last_error_);
-  }
+  // ncclSuccess, or the comm's async error (after SHVD_FAKE_NCCL_STUCK_CALL_MS, as a call
+  // stuck on a broken connection returns only after its own timeout).
+  ncclResult_t Ready(const char* fn);
+  // SHVD_FAKE_NCCL_FAIL_CALL: this comm fails as a real one would on this rank (a system
+  // call, a GPU, a peer): its queued and running ops block their streams until
+  // ncclCommAbort, as after a lost peer, and the next call on it finds `code` (then its
+  // async error): the failure is seen once the engine made its next call, whatever the
+  // timing.
+  void Inject(ncclResult_t code);
+
+  // One thread at a time may be inside a call on a comm (NCCL is not thread-safe per
+  // communicator): Enter records `fn` as the call in progress and fails (on stderr too)
+  // when another thread is inside one; Leave ends it.
+  bool Enter(const char* fn);
+  void Leave();
   ncclResult_t AsyncError() {
     std::lock_guard<std::mutex> lock(mu_);
     return async_error_;
@@ -95,6 +106,9 @@ class Comm {
   std::string last_error_;
   bool dead_ = false;     // destroyed or aborted
   bool aborted_ = false;
+  bool injected_ = false;  // Inject: ops block until abort
+  ncclResult_t injected_code_ = ncclSuccess;  // the async error from the next call on
+  std::atomic<const char*> in_call_{nullptr};
   bool closing_ = false;  // ncclCommDestroy sent kBye
   bool coordinator_gone_ = false;
   bool home_departed_ = false;

@@ -134,28 +134,97 @@ print(rt.cudaSetDevice(1), rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(64)),
 
 
 def test_the_legacy_null_stream_runs_its_work_later(fakes):
-    """SHVD_FAKE_CUDA_LEGACY_STREAM=1: work on the null stream is queued (here 100 ms
-    behind), seen only after cudaStreamSynchronize(0) or a wait on an event recorded
+    """SHVD_FAKE_CUDA_LEGACY_STREAM=1: work on the null stream is queued (here behind a
+    0.6 s kernel), seen only after cudaStreamSynchronize(0) or a wait on an event recorded
     there; without it the null stream runs work at once."""
     body = """
-p, ev = ctypes.c_void_p(), ctypes.c_void_p()
+p, ev, side = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+host = ctypes.create_string_buffer(1)
 assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(8)) == 0
 assert rt.cudaEventCreateWithFlags(ctypes.byref(ev), 2) == 0
+assert rt.cudaStreamCreateWithFlags(ctypes.byref(side), 1) == 0
+def first_byte():  # read through a copy on another stream (the host cannot touch p)
+    assert rt.cudaMemcpyAsync(host, p, ctypes.c_size_t(1), 2, side) == 0
+    assert rt.cudaStreamSynchronize(side) == 0
+    return host.raw[0]
+assert rt.shvd_fake_launch_kernel(None, ctypes.c_uint(600000)) == 0  # 0.6 s of compute first
 assert rt.cudaMemsetAsync(p, 0, ctypes.c_size_t(8), None) == 0
 assert rt.cudaEventRecord(ev, None) == 0
-print(ctypes.string_at(p.value, 1)[0], rt.cudaEventQuery(ev))
+print(first_byte(), rt.cudaEventQuery(ev))
 assert rt.cudaStreamSynchronize(None) == 0
-print(ctypes.string_at(p.value, 1)[0], rt.cudaEventQuery(ev))
+print(first_byte(), rt.cudaEventQuery(ev))
 """
     outs = []
     for legacy in ("1", "0"):
-        proc = _cuda_script(fakes, body, {DELAY_US_ENV_VAR: "100000",
+        proc = _cuda_script(fakes, body, {DELAY_US_ENV_VAR: "20000",
                                           "SHVD_FAKE_CUDA_LEGACY_STREAM": legacy})
         out, err = proc.communicate(timeout=30)
         assert proc.returncode == 0, err
         outs.append(out.split())
     assert outs[0] == ["255", "600", "0", "0"], outs  # 0xFF fill, not ready; then done
     assert outs[1] == ["0", "0", "0", "0"], outs
+
+
+@pytest.mark.parametrize("scenario", ["host_reads_device_memory",
+                                      "device_pointer_as_host_scalar"])
+def test_host_code_touching_device_memory_faults(fakes, scenario):
+    """Device memory has no host access: a host read of it, or a device pointer passed
+    as a host-immediate scalar, dies of SIGSEGV in CI as it would on a GPU."""
+    ranks = run_job(fakes, scenario, 1)
+    assert ranks[0].returncode == -signal.SIGSEGV, report(ranks)
+    assert "UNREACHABLE" not in ranks[0].out, report(ranks)
+
+
+def test_device_wide_syncs_are_counted_and_kernels_take_their_time(fakes):
+    """Every device-synchronizing call is counted (with its thread's name), except a
+    cudaStreamSynchronize of a stream a spark_hvd thread (shvd_*) made; a fake kernel
+    holds its stream for the time asked."""
+    proc = _cuda_script(fakes, """
+import threading
+libc = ctypes.CDLL(None)
+report = ctypes.create_string_buffer(4096)
+p, h, s, ev = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+rt.shvd_fake_sync_reset()
+assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(64)) == 0
+assert rt.cudaFree(p) == 0
+assert rt.cudaMallocHost(ctypes.byref(h), ctypes.c_size_t(64)) == 0
+assert rt.cudaFreeHost(h) == 0
+assert rt.cudaDeviceSynchronize() == 0
+assert rt.cudaStreamSynchronize(None) == 0
+assert rt.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
+assert rt.cudaStreamSynchronize(s) == 0
+def core_thread():  # named as spark_hvd's threads are: its own stream is not counted
+    libc.prctl(15, b"shvd_test", 0, 0, 0)  # PR_SET_NAME
+    mine = ctypes.c_void_p()
+    assert rt.cudaStreamCreateWithFlags(ctypes.byref(mine), 1) == 0
+    assert rt.cudaStreamSynchronize(mine) == 0
+    assert rt.cudaStreamDestroy(mine) == 0
+t = threading.Thread(target=core_thread)
+t.start()
+t.join()
+rt.shvd_fake_sync_report(report, 4096)
+print(rt.shvd_fake_sync_calls(), report.value.decode())
+assert rt.cudaEventCreateWithFlags(ctypes.byref(ev), 2) == 0
+start = time.monotonic()
+assert rt.shvd_fake_launch_kernel(s, ctypes.c_uint(300000)) == 0
+assert rt.cudaEventRecord(ev, s) == 0
+print(rt.cudaEventQuery(ev))
+assert rt.cudaEventSynchronize(ev) == 0
+print(round(time.monotonic() - start, 2) >= 0.3)
+rt.shvd_fake_sync_reset()
+print(rt.shvd_fake_sync_calls())
+""", {DELAY_US_ENV_VAR: "0"})
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    count, _, text = lines[0].partition(" ")
+    assert count == "7", out
+    for call in ("cudaMalloc", "cudaFree", "cudaMallocHost", "cudaFreeHost",
+                 "cudaDeviceSynchronize", "cudaStreamSynchronize(null stream)",
+                 "cudaStreamSynchronize(a stream spark_hvd does not own)"):
+        assert f"{call} on thread " in text, text
+    assert "shvd_test" not in text, text
+    assert lines[1:] == ["600", "True", "0"], out
 
 
 # -- collectives ----------------------------------------------------------------------

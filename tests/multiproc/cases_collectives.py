@@ -630,6 +630,42 @@ def _(ctx):
     assert ran == want_ops, f"ran {sorted(ran)}, expected {sorted(want_ops)}"
 
 
+@CASES.case("hierarchy/where_ops_run")
+def _(ctx):
+    """At 2 hosts x 2 ranks with hierarchical allreduce and allgather (test_hosts.py):
+    those run on the shm backend's hierarchical communicator, within and across hosts,
+    in the global set, a set of one rank per host and a set within a host; broadcast, and
+    a set with different numbers of ranks on the hosts, run on tcp."""
+    if os.environ.get("HOROVOD_HIERARCHICAL_ALLREDUCE") != "1" or hvd.cross_size() != 2:
+        raise Skip("needs 2 hosts and HOROVOD_HIERARCHICAL_ALLREDUCE=1 (test_hosts.py)")
+    path = os.path.join(ctx.outdir, f"timeline_hierarchy_rank{ctx.rank}.json")
+    sets = {"one_per_host": hvd.add_process_set([0, 2]), "host_a": hvd.add_process_set([0, 1]),
+            "uneven": hvd.add_process_set([0, 1, 2])}
+    hvd.start_timeline(path)
+    want = {("h.ar", "SHM_ALLREDUCE"), ("h.ag", "SHM_ALLGATHER"), ("h.bc", "TCP_BROADCAST")}
+    got = hvd.allreduce(values(np.float32, ctx.rank, (1031,)), op=hvd.Sum, name="h.ar")
+    assert_same(got, reduce([values(np.float32, r, (1031,)) for r in range(4)], "Sum",
+                            np.float32), "allreduce")
+    got = hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="h.ag")
+    assert_same(got, np.concatenate([values(np.int32, r, (r + 1, 2)) for r in range(4)]),
+                "allgather")
+    hvd.broadcast(np.ones(3), root_rank=3, name="h.bc")
+    for tag, ps in sets.items():
+        if ps.included():
+            got = hvd.allreduce(values(np.int64, ctx.rank, (9,)), name=f"h.{tag}", process_set=ps)
+            assert_same(got, reduce([values(np.int64, r, (9,)) for r in ps.ranks], "Average",
+                                    np.int64), tag)
+            want.add((f"h.{tag}", "TCP_ALLREDUCE" if tag == "uneven" else "SHM_ALLREDUCE"))
+    hvd.stop_timeline()
+    for ps in sets.values():
+        hvd.remove_process_set(ps)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
+    assert ran == want, f"ran {sorted(ran)}, expected {sorted(want)}"
+
+
 @CASES.case("timeline/start_stop_names_tensors")
 def _(ctx):
     path = os.path.join(ctx.outdir, f"timeline_api_rank{ctx.rank}.json")
@@ -718,16 +754,16 @@ def _(ctx):
 
 @CASES.case("process_set/same_name_in_two_sets")
 def _(ctx):
-    """The same tensor name used at once in two disjoint sets: [0, 1] and [2]. Rank 1
-    is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
+    """The same tensor name used at once in two disjoint sets: [0, 1] and [2, ...]. Rank
+    1 is late, so rank 0's and rank 2's requests meet in negotiation first: rank 0
     submits before the global 'pss.first' (so its request is negotiated by the time
-    that completes), rank 2 after it, and rank 1 only after 'pss.second', which rank 2
-    submits after its own request."""
+    that completes), ranks 2, ... after it, and rank 1 only after 'pss.second', which
+    they submit after their own request."""
     n, me = ctx.size, ctx.rank
     if n < 3:
-        raise Skip("needs 3 ranks (sets [0, 1] and [2])")
+        raise Skip("needs 3 ranks (sets [0, 1] and [2, ...])")
     a = hvd.add_process_set([0, 1])
-    b = hvd.add_process_set([2])
+    b = hvd.add_process_set(range(2, n))
     mine = a if me < 2 else b
 
     def submit():
@@ -736,7 +772,7 @@ def _(ctx):
 
     h = submit() if me == 0 else None
     hvd.allreduce(np.ones(1), name="pss.first")
-    h = submit() if me == 2 else h
+    h = submit() if me >= 2 else h
     hvd.allreduce(np.ones(1), name="pss.second")
     h = submit() if me == 1 else h
     try:

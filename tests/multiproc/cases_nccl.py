@@ -6,8 +6,10 @@ SPARK_HVD_GPU_OPERATIONS=tcp the tensors are staged through host memory and ever
 shares GPU 0 (SHVD_TEST_SHARED_GPU=1), which NCCL would refuse; where NCCL does not
 load (SHVD_TEST_NO_NCCL=1) they are staged too, each rank on its own GPU.
 
-"Device" memory comes from the fake cudaMalloc and is host memory, so these cases can
-fill and read it directly (ctypes.memmove); on a real GPU tests/gpu/ does that part.
+"Device" memory comes from the fake cudaMalloc, which the host cannot touch (as on a GPU):
+these cases fill and read it with copies on a stream of their own (``copy``), waited for
+through an event, which is no device-wide synchronization; on a real GPU tests/gpu/ runs
+the same ops through torch.
 """
 
 from __future__ import annotations
@@ -32,13 +34,41 @@ NCCL_DTYPES = [np.dtype(t) for t in (np.uint8, np.int8, np.int32, np.int64, np.f
     + [BF16] + [np.dtype(t) for t in (np.float32, np.float64, np.bool_)]
 SHAPES = [(0,), (1,), (7,), (3, 5), (129,)]
 _cudart = None
+_helpers = {}  # device -> (stream, event) of this process's own copies
 
 
 def _lib():
     global _cudart
     if _cudart is None:
-        _cudart = ctypes.CDLL(os.environ["SPARK_HVD_CUDA_LIBRARY"])
+        _cudart = ctypes.CDLL(os.environ["SPARK_HVD_CUDA_LIBRARY"])  # the core's instance too
+        _cudart.shvd_fake_sync_calls.restype = ctypes.c_ulonglong
     return _cudart
+
+
+def _helper():
+    d = device()
+    if d not in _helpers:
+        lib, s, e = _lib(), ctypes.c_void_p(), ctypes.c_void_p()
+        assert lib.cudaSetDevice(d) == 0
+        assert lib.cudaStreamCreateWithFlags(ctypes.byref(s), 1) == 0
+        assert lib.cudaEventCreateWithFlags(ctypes.byref(e), 2) == 0
+        _helpers[d] = (s, e)
+    return _helpers[d]
+
+
+def _wait_helper(s, e) -> None:
+    assert _lib().cudaEventRecord(e, s) == 0
+    assert _lib().cudaEventSynchronize(e) == 0
+
+
+def copy(dst: int, src: int, nbytes: int, kind: int) -> None:
+    """Copies between host and (fake) GPU memory on this process's own stream and waits
+    for it through an event: no device-wide synchronizing call."""
+    if nbytes:
+        s, e = _helper()
+        assert _lib().cudaMemcpyAsync(ctypes.c_void_p(dst), ctypes.c_void_p(src),
+                                      ctypes.c_size_t(nbytes), kind, s) == 0
+        _wait_helper(s, e)
 
 
 class DeviceArray:
@@ -52,18 +82,41 @@ class DeviceArray:
         rc = _lib().cudaMalloc(ctypes.byref(ptr), ctypes.c_size_t(arr.nbytes))
         assert rc == 0, f"cudaMalloc failed: {rc}"
         self.ptr = ptr.value or 0
-        if arr.nbytes:
-            ctypes.memmove(self.ptr, np.ascontiguousarray(arr).ctypes.data, arr.nbytes)
+        self.write(arr)
+
+    def write(self, arr: np.ndarray) -> None:
+        host = np.ascontiguousarray(arr)
+        copy(self.ptr, host.ctypes.data, self.nbytes, 1)  # host to device
+
+    def fill(self, byte: int) -> None:
+        s, e = _helper()
+        assert _lib().cudaMemsetAsync(ctypes.c_void_p(self.ptr), byte,
+                                      ctypes.c_size_t(self.nbytes), s) == 0
+        _wait_helper(s, e)
 
     def numpy(self) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
-        if self.nbytes:
-            ctypes.memmove(out.ctypes.data, self.ptr, self.nbytes)
+        copy(out.ctypes.data, self.ptr, self.nbytes, 2)  # device to host
         return out
 
     def __del__(self) -> None:
         if self.ptr:
             _lib().cudaFree(ctypes.c_void_p(self.ptr))
+
+
+def sync_calls() -> int:
+    """Device-synchronizing CUDA calls of this process since the last reset_sync_calls()."""
+    return int(_lib().shvd_fake_sync_calls())
+
+
+def sync_report() -> str:
+    buf = ctypes.create_string_buffer(8192)
+    _lib().shvd_fake_sync_report(buf, len(buf))
+    return buf.value.decode()
+
+
+def reset_sync_calls() -> None:
+    _lib().shvd_fake_sync_reset()
 
 
 # Staged through host memory on a CPU backend: asked for, or NCCL does not load (the
@@ -101,8 +154,7 @@ def from_capsule(capsule, dt) -> np.ndarray:
     assert not t.strides, "a compact tensor has no strides"
     shape = tuple(t.shape[i] for i in range(t.ndim))
     out = np.empty(shape, dt)
-    if out.nbytes:
-        ctypes.memmove(out.ctypes.data, t.data, out.nbytes)
+    copy(out.ctypes.data, t.data or 0, out.nbytes, 2)  # device to host
     return out
 
 
@@ -378,6 +430,38 @@ def _(ctx):
         assert lib.cudaStreamDestroy(stream) == 0
 
 
+@CASES.case("nccl_streams/work_queued_after_submit_is_not_waited_for")
+def _(ctx):
+    """The op waits only for what its producer stream had queued when it was submitted
+    (the ready event recorded at submit), not for compute queued there afterwards (here
+    a 0.5 s kernel queued inside the submit block, before the op reaches the engine): it
+    completes while that kernel still runs, so communication overlaps the backward pass."""
+    lib = _lib()
+    stream, chain = ctypes.c_void_p(), ctypes.c_void_p()
+    assert lib.cudaSetDevice(device()) == 0
+    assert lib.cudaStreamCreateWithFlags(ctypes.byref(stream), 1) == 0
+    assert lib.cudaEventCreateWithFlags(ctypes.byref(chain), 2) == 0
+    x = values(np.float32, ctx.rank, (300,))
+    buf = DeviceArray(x)
+    try:
+        with _ops.submit_together():
+            h = _ops.submit(OpType.ALLREDUCE, "g.overlap", numpy_code(x.dtype), x.shape, buf.ptr,
+                            buf.ptr, buf, lambda r: None, reduce_op=hvd.Sum, device=device(),
+                            stream=stream.value)
+            assert lib.shvd_fake_launch_kernel(stream, ctypes.c_uint(500000)) == 0
+            assert lib.cudaEventRecord(chain, stream) == 0
+        wait_for(h, HANG_S, "allreduce submitted before the kernel", ctx)
+        still_running = lib.cudaEventQuery(chain) == 600
+        assert_same(buf.numpy(), reduce([values(np.float32, r, (300,)) for r in range(ctx.size)],
+                                        "Sum", np.float32))
+        assert still_running, ("the allreduce completed only after the kernel queued on its "
+                               "producer stream after its submit: it waited for that work")
+    finally:
+        assert lib.cudaEventSynchronize(chain) == 0
+        assert lib.cudaStreamDestroy(stream) == 0
+        assert lib.cudaEventDestroy(chain) == 0
+
+
 @CASES.case("nccl_mixed/cpu_and_gpu_ops_in_flight")
 def _(ctx):
     n = ctx.size
@@ -443,3 +527,130 @@ def _(ctx):
                  values(np.int32, keeper, (40,), salt=i), f"round {i} broadcast")
     hvd.barrier()
     chk.done()
+
+
+# -- steady state: no device-wide synchronization per op ---------------------------------
+
+STEADY_STEPS = 100  # at 2 ranks; 10 at 1 and 3 (CI time)
+
+
+class _SteadyStep:
+    """Every GPU op a training step may run, on buffers allocated once: allreduce (alone,
+    fused in a group with Average, prescaled, integer Average), broadcast, allgather (equal
+    and ragged), alltoall and reducescatter (equal and uneven blocks). run() submits them
+    all, waits, reads every output back (core-allocated ones through their DLPack
+    capsules, which are then dropped, as a framework frees a tensor) and, when asked,
+    checks the values."""
+
+    def __init__(self, ctx) -> None:
+        n, me = ctx.size, ctx.rank
+        self.n, self.me = n, me
+        f32 = np.dtype(np.float32)
+        self.reduce = [  # (name, dtype, shape, op, prescale, group)
+            ("s.ar", f32, (1000,), "Sum", 1.0, ""),
+            ("s.grp.0", f32, (64,), "Average", 1.0, "s.grp"),
+            ("s.grp.1", f32, (7, 3), "Average", 1.0, "s.grp"),
+            ("s.half", np.dtype(np.float16), (33,), "Sum", 1.0, ""),
+            ("s.pre", np.dtype(np.float64), (50,), "Sum", 2.0, ""),
+            ("s.iavg", np.dtype(np.int32), (40,), "Average", 1.0, ""),
+        ]
+        self.bufs = {}
+        for name, dt, shape, _, _, _ in self.reduce:
+            self.bufs[name] = (DeviceArray(values(dt, me, shape)), DeviceArray(np.zeros(shape, dt)))
+        self.bc = DeviceArray(values(np.dtype(np.int64), me, (5, 2)))
+        self.splits = [(me + j) % 3 for j in range(n)]
+        self.gather_inputs = {
+            "s.age": values(f32, me, (2, 3)), "s.agr": values(f32, me, (me + 1, 3)),
+            "s.a2a": values(f32, me, (sum(self.splits), 2)),
+            "s.rse": values(f32, me, (3 * n, 2)), "s.rsu": values(f32, me, (2 * n + 1, 2))}
+        self.gather_bufs = {k: DeviceArray(v) for k, v in self.gather_inputs.items()}
+
+    def _on(self, op, name, src, dst, arr, **kw):
+        return _ops.submit(op, name, numpy_code(arr.dtype), arr.shape, src.ptr,
+                           dst.ptr if dst is not None else 0, (src, dst), lambda r: r,
+                           device=device(), **kw)
+
+    def run(self, ctx, check: bool) -> None:
+        n, me = self.n, self.me
+        hs = {}
+        with _ops.submit_together():
+            for name, dt, shape, op, pre, group in self.reduce:
+                src, dst = self.bufs[name]
+                hs[name] = self._on(OpType.ALLREDUCE, name, src, dst, np.empty(shape, dt),
+                                    reduce_op=OP[op], prescale=pre, group=group,
+                                    group_size=2 if group else 0)
+        bc_arr = np.empty((5, 2), np.int64)
+        hs["s.bc"] = self._on(OpType.BROADCAST, "s.bc", self.bc, self.bc, bc_arr, root=n - 1)
+        for name, arr in self.gather_inputs.items():
+            op = {"s.age": OpType.ALLGATHER, "s.agr": OpType.ALLGATHER, "s.a2a": OpType.ALLTOALL,
+                  "s.rse": OpType.REDUCESCATTER, "s.rsu": OpType.REDUCESCATTER}[name]
+            kw = {"splits": self.splits} if op == OpType.ALLTOALL else \
+                {"reduce_op": hvd.Sum} if op == OpType.REDUCESCATTER else {}
+            hs[name] = self._on(op, name, self.gather_bufs[name], None, arr, **kw)
+        got = {}
+        for name, h in hs.items():
+            r = wait_for(h, HANG_S, name, ctx)
+            if name in self.bufs:
+                got[name] = self.bufs[name][1].numpy()
+            elif name == "s.bc":
+                got[name] = self.bc.numpy()
+            else:
+                got[name] = from_capsule(r[0], self.gather_inputs[name].dtype)
+            del r  # the capsule: its memory goes back to the core
+        if not check:
+            return
+        chk = Checks()
+        for name, dt, shape, op, pre, _ in self.reduce:
+            chk.same(got[name], reduce([values(dt, r, shape) for r in range(n)], op, dt,
+                                       prescale=pre), name)
+        chk.same(got["s.bc"], values(np.dtype(np.int64), n - 1, (5, 2)), "s.bc")
+        f32 = np.dtype(np.float32)
+        chk.same(got["s.age"], np.concatenate([values(f32, r, (2, 3)) for r in range(n)]),
+                 "s.age")
+        chk.same(got["s.agr"], np.concatenate([values(f32, r, (r + 1, 3)) for r in range(n)]),
+                 "s.agr")
+        parts = []
+        for r in range(n):
+            theirs = [(r + j) % 3 for j in range(n)]
+            start = sum(theirs[:me])
+            parts.append(values(f32, r, (sum(theirs), 2))[start:start + theirs[me]])
+        chk.same(got["s.a2a"], np.concatenate(parts), "s.a2a")
+        full = reduce([values(f32, r, (3 * n, 2)) for r in range(n)], "Sum", f32)
+        chk.same(got["s.rse"], full[3 * me:3 * me + 3], "s.rse")
+        rows = 2 * n + 1
+        base, rem = divmod(rows, n)
+        first = me * base + min(me, rem)
+        full = reduce([values(f32, r, (rows, 2)) for r in range(n)], "Sum", f32)
+        chk.same(got["s.rsu"], full[first:first + base + (1 if me < rem else 0)], "s.rsu")
+        chk.done()
+
+
+@CASES.case("nccl_steady/no_device_wide_sync_in_steady_steps_of_every_op", timeout_s=90.0)
+def _(ctx):
+    """After a warm-up, 100 steps (at 2 ranks; 10 at 1 and 3) of every GPU op make no
+    device-synchronizing CUDA call in this process (cudaMalloc/cudaFree, cudaMallocHost/cudaFreeHost, cudaDeviceSynchronize,
+    a cudaStreamSynchronize of a stream the core does not own): the core reuses its device
+    and pinned memory across steps, and a dropped output goes back to it, not to cudaFree.
+    The fake's streams run each item 20 us late here (200 elsewhere), to keep 100 steps
+    short."""
+    lib = _lib()
+    lib.shvd_fake_set_delay_us(20)
+    try:
+        step = _SteadyStep(ctx)
+        for i in range(3):  # warm-up: communicators, pools, caches
+            step.run(ctx, check=i == 0)
+        hvd.barrier()
+        gc.collect()  # earlier cases' garbage (its buffers' cudaFree) is not this test's
+        gc.disable()
+        steps = STEADY_STEPS if ctx.size == 2 else 10
+        reset_sync_calls()
+        try:
+            for i in range(steps):
+                step.run(ctx, check=i == steps - 1)
+            calls, report = sync_calls(), sync_report()
+        finally:
+            gc.enable()
+        hvd.barrier()
+        assert calls == 0, f"{calls} device-synchronizing CUDA calls in {steps} steady steps: {report}"
+    finally:
+        lib.shvd_fake_set_delay_us(200)

@@ -70,23 +70,34 @@ def segments() -> dict:
     return {"fds": fds, "maps": maps}
 
 
-def mid_transfer(stop_signal: int) -> None:
-    """The last rank SIGKILLs (SIGSTOPs) itself while 64 MiB allreduces, broadcasts and
-    16 MiB allgathers are in flight (the data path: the tcp ring, shm's rounds; not the
-    control plane). The others report what they saw, and which segments they held then
-    and after shutdown()."""
+def mid_transfer(stop_signal: int, fork_holder: bool = False, mixed: bool = False) -> None:
+    """The last rank SIGKILLs (SIGSTOPs) itself while 64 MiB allreduces (mixed: and
+    broadcasts, and 16 MiB allgathers) are in flight (the data path: the tcp ring, shm's
+    rounds; not the control plane). The others report what they saw, and which segments
+    they held then and after shutdown().
+    fork_holder: the last rank first forks a child that outlives it holding copies of
+    its descriptors, its connections to the peers among them (as a data loader's worker
+    would); the child's pid goes to holder_pid for the test to end it."""
+    import select
     import threading
 
     n, me = hvd.size(), hvd.rank()
+    if fork_holder and me == n - 1:
+        child = os.fork()
+        if child == 0:
+            select.select([], [], [], 60)  # holds the descriptors until the test kills it
+            os._exit(0)
+        save("holder_pid", pid=child)
     x = np.ones(16 << 20, np.float32)
     part = x[:4 << 20]
     hvd.allreduce(x, name="big", op=hvd.Sum)
 
     def loop():
-        for _ in range(100):
+        for _ in range(200):
             hvd.allreduce(x, name="big", op=hvd.Sum)
-            hvd.broadcast(x, 0, name="big.bcast")
-            hvd.allgather(part, name="big.gather")
+            if mixed:
+                hvd.broadcast(x, 0, name="big.bcast")
+                hvd.allgather(part, name="big.gather")
         return 0
 
     if me == n - 1:
@@ -101,7 +112,11 @@ def mid_transfer(stop_signal: int) -> None:
 
 
 def kill_mid_transfer() -> None:
-    mid_transfer(signal.SIGKILL)
+    mid_transfer(signal.SIGKILL, mixed=True)
+
+
+def kill_forked_mid_transfer() -> None:
+    mid_transfer(signal.SIGKILL, fork_holder=True)
 
 
 def freeze_mid_transfer() -> None:
@@ -259,6 +274,7 @@ if __name__ == "__main__":
         sys.exit(0)
     hvd.init()
     save(f"pid{hvd.rank()}", pid=os.getpid())
-    {"kill": kill, "kill_mid_transfer": kill_mid_transfer, "freeze": freeze,
+    {"kill": kill, "kill_mid_transfer": kill_mid_transfer,
+     "kill_forked_mid_transfer": kill_forked_mid_transfer, "freeze": freeze,
      "freeze_mid_transfer": freeze_mid_transfer, "shutdown_early": shutdown_early,
      "stall_warning": stall_warning, "stall_shutdown": stall_shutdown}[sys.argv[1]]()

@@ -218,13 +218,14 @@ class CaseRun:
 
     def __init__(self, module: str, np: int, *, mpi: bool = False,
                  env: Optional[dict] = None, pattern: Optional[str] = None,
-                 timeout: float = 240) -> None:
+                 timeout: float = 240, launcher_args=()) -> None:
         self.module, self.np, self.mpi = module, np, mpi
         self.outdir = tempfile.mkdtemp(prefix=f"shvd-{module}-np{np}{'-mpi' if mpi else ''}-")
         argv = [PYTHON, WORKER, module, self.outdir] + ([pattern] if pattern else [])
         env = {k: v.format(outdir=self.outdir) for k, v in (env or {}).items()}
         t0 = time.monotonic()
-        self.proc = hvdrun(np, argv, mpi=mpi, env=env, timeout=timeout)
+        self.proc = hvdrun(np, argv, mpi=mpi, env=env, timeout=timeout,
+                           launcher_args=launcher_args)
         self.seconds = time.monotonic() - t0
         self.results: Dict[int, Dict[str, dict]] = {}
         for r in range(np):

@@ -21,6 +21,8 @@ import time
 
 import pytest
 
+import cases_collectives
+from harness import CaseRun
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.runner import _hosts, _ssh, launch as launch_mod
 from test_hvdrun import (ENV, SLEEPER_S, TIMEOUT_S, WITH_GRANDCHILD,
@@ -273,3 +275,25 @@ def test_a_host_without_our_python_is_named_before_any_rank_starts(sshd, monkeyp
 def test_no_ssh_client_says_what_to_install(tmp_path):
     with pytest.raises(launch_mod.CommandNotFoundError, match="apt-get install openssh-client"):
         launch_mod.launch(["true"], np=1, hosts=f"{HOST}:1", env={"PATH": str(tmp_path)})
+
+
+# The op matrix's reductions and gathers at 2 hosts x 2 ranks with Horovod's hierarchical
+# switches: allreduce within each host over shm, across hosts over tcp, within again.
+HIERARCHICAL = r"^(allreduce|grouped_allreduce|allgather|reducescatter|fusion|process_set|" \
+               r"hierarchy)"
+
+
+@pytest.fixture(scope="module")
+def hierarchical_run(sshd):
+    run = CaseRun("cases_collectives", 4, pattern=HIERARCHICAL,
+                  env={"PATH": sshd.env()["PATH"], "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                       "HOROVOD_HIERARCHICAL_ALLGATHER": "1"},
+                  launcher_args=["-H", f"localhost:2,{HOST}:2", "--ssh-port", str(sshd.port),
+                                 "-i", sshd.key])
+    yield run
+    shutil.rmtree(run.outdir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("case", cases_collectives.CASES.names(HIERARCHICAL))
+def test_hierarchical_case(hierarchical_run, case):
+    hierarchical_run.check(case)

@@ -4,7 +4,11 @@ per rank, in exclusive-process mode), staged through host memory on the tcp back
 (SPARK_HVD_GPU_OPERATIONS=tcp, every rank on GPU 0, which NCCL refuses) and staged because
 NCCL does not load; a rank SIGKILLed in the middle of a GPU allreduce on NCCL (every
 survivor raises PeerLostError naming it within 10 s), and a rank whose GPU stalls (every
-rank raises CollectiveTimeoutError after SPARK_HVD_TIMEOUT_S)."""
+rank raises CollectiveTimeoutError after SPARK_HVD_TIMEOUT_S).
+
+The fault scripts make a rank's GPU slow at the moment they choose
+(shvd_fake_set_delay_us) and wait on conditions (the fake NCCL's count of calls made,
+cudaDeviceSynchronize), never on a sleep."""
 
 import json
 import os
@@ -48,10 +52,10 @@ def test_case(case_runs, gpu_env, case, np, mode):
     case_runs.get("cases_nccl", np, env=dict(gpu_env, **MODES[mode])).check(case)
 
 
-# What the fault scripts start with: imports, init, `out` (the results folder), `me`,
-# die() and report(handle).
+# What the fault scripts start with: imports, init, `out` (the results folder), `me`, `rt`
+# (the fake CUDA runtime), die(), die_once_issued() and report(handle).
 PRELUDE = r'''
-import json, os, signal, sys, time
+import ctypes, json, os, signal, sys, time
 here = os.environ["SHVD_TESTS_MULTIPROC"]
 sys.path[:0] = [here, os.path.dirname(here)]
 import numpy as np
@@ -63,6 +67,18 @@ import cases_nccl as g
 out = sys.argv[1]
 hvd.init()
 me = hvd.rank()
+rt = g._lib()
+nccl = ctypes.CDLL(os.environ["SPARK_HVD_NCCL_LIBRARY"])
+nccl.shvd_fake_nccl_calls.restype = ctypes.c_ulonglong
+
+
+def die_once_issued(before):
+    """Waits until this rank's engine made an NCCL call after `before` calls (the op was
+    negotiated and queued on its GPU stream), then dies."""
+    deadline = time.time() + 30
+    while nccl.shvd_fake_nccl_calls() <= before and time.time() < deadline:
+        time.sleep(0.001)
+    die()
 
 
 def die():
@@ -87,14 +103,15 @@ def report(h):
 KILL_SCRIPT = PRELUDE + r'''
 for i in range(3):
     g.wait_for(g.allreduce_async(np.ones(1 << 16, np.float32), f"warm.{i}"), 20, "warm-up")
+x = g.DeviceArray(np.ones(1 << 20, np.float32))
 hvd.barrier()
-h = g.allreduce_async(np.ones(1 << 20, np.float32), "big")
+before = nccl.shvd_fake_nccl_calls()
+if me == 2:  # from now on this rank's GPU takes a minute per stream item: its part of
+    rt.shvd_fake_set_delay_us(60 * 1000 * 1000)  # the collective never reaches its peers
+h = _ops.submit(OpType.ALLREDUCE, "big", numpy_code(np.float32), (1 << 20,), x.ptr, x.ptr, x,
+                lambda r: None, reduce_op=hvd.Sum, device=g.device())
 if me == 2:
-    # Negotiated and queued on this rank's NCCL stream, which is still in the fake's
-    # SHVD_FAKE_CUDA_DELAY_US: the peers' collective waits for a contribution that
-    # never comes.
-    time.sleep(0.15)
-    die()
+    die_once_issued(before)  # the peers' collective waits for a contribution that never comes
 report(h)
 '''
 
@@ -102,8 +119,7 @@ report(h)
 def test_rank_killed_mid_gpu_allreduce(gpu_env, tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(KILL_SCRIPT)
-    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)),
-               SHVD_FAKE_CUDA_DELAY_US="400000")
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
     job = DirectJob(3, [PYTHON, str(script), str(tmp_path)], env=env)
     try:
         codes = job.wait(DEADLINE_S + 30)
@@ -141,21 +157,24 @@ class Owner:
 probe = g.allreduce_async(np.ones(8, np.float32), "probe")
 probe_work = probe.work  # kept: its poll() is a cheap binding call
 g.wait_for(probe, 20, "warm-up")
-hvd.barrier()
 n = 1 << 14
-hs, outs = [], []
+arrays = [(g.DeviceArray(np.ones(n, np.float32)), g.DeviceArray(np.zeros(n, np.float32)))
+          for k in range(2)]
+outs = [dst.ptr for _, dst in arrays]
+hvd.barrier()
+before = nccl.shvd_fake_nccl_calls()
+# From now on every stream item waits 400 ms (rank 2's a minute: its part never ships), so
+# the copies out of the fusion buffer run long after the collective failed.
+rt.shvd_fake_set_delay_us(60 * 1000 * 1000 if me == 2 else 400 * 1000)
+hs = []
 with _ops.submit_together():  # fused: the outputs are copied out of the fusion buffer
-    for k in range(2):        # behind the collective, on the NCCL stream
-        src = g.DeviceArray(np.ones(n, np.float32))
-        dst = g.DeviceArray(np.zeros(n, np.float32))
-        outs.append(dst.ptr)
+    for k, (src, dst) in enumerate(arrays):  # behind the collective, on the NCCL stream
         hs.append(_ops.submit(OpType.ALLREDUCE, f"late.{k}", numpy_code(np.float32), (n,),
                               src.ptr, dst.ptr, Owner([src, dst]), lambda r: None,
                               reduce_op=hvd.Sum, device=g.device()))
-        del src, dst
+del arrays, src, dst
 if me == 2:
-    time.sleep(0.15)
-    die()
+    die_once_issued(before)
 errors = []
 for h in hs:
     try:
@@ -166,16 +185,16 @@ failed_at = time.time()
 del hs, h
 gc.collect()
 # Reuse the outputs the moment the core gives them back: a copy of the failed op that
-# runs after that (each fake stream item waits 400 ms) writes into reused memory.
+# runs after that writes into reused memory.
 deadline = time.time() + 30
 while sum(b.ptr in outs for b in pool) < 2 and time.time() < deadline:
     probe_work.poll()  # a binding call: drops the references the core released
     time.sleep(0.005)
 reused = [b for b in pool if b.ptr in outs]
 for b in reused:
-    ctypes.memset(b.ptr, 0x5A, b.nbytes)
+    b.fill(0x5A)
 given_back = time.time() - failed_at
-time.sleep(2.5)
+rt.cudaDeviceSynchronize()  # every queued copy, the failed op's included, has run
 intact = all(bool(np.all(b.numpy().view(np.uint8) == 0x5A)) for b in reused)
 with open(os.path.join(out, f"result{me}"), "w") as f:
     json.dump({"errors": errors, "reused": len(reused), "intact": intact,
@@ -188,8 +207,7 @@ def test_a_failed_ops_buffers_stay_until_its_queued_copies_ran(gpu_env, tmp_path
     once, but the copies out of the fusion buffer queued behind the aborted collective
     still run. The callers' buffers are released only after them, so memory reused the
     moment it is given back (as torch's caching allocator does) is never written."""
-    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)),
-               SHVD_FAKE_CUDA_DELAY_US="400000")
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
     with script_job(3, LATE_COPY_SCRIPT, tmp_path, env, DEADLINE_S + 40) as (codes, logs):
         assert codes[2] == -signal.SIGKILL, (codes, logs)
         for r in (0, 1):
@@ -204,10 +222,13 @@ def test_a_failed_ops_buffers_stay_until_its_queued_copies_ran(gpu_env, tmp_path
 
 INIT_FAIL_SCRIPT = PRELUDE + r'''
 x = g.DeviceArray(np.ones(8, np.float32))
-# Rank 1 names a GPU it does not have: its first GPU op fails before it joins the NCCL
-# communicator, and it exits; rank 0 is already waiting in ncclCommInitRank for it.
+# Rank 1's NCCL init fails at once with a system error (as on a node whose /dev/shm is too
+# small): its first GPU op fails before it joins the NCCL communicator, and it exits; rank 0
+# is already waiting in ncclCommInitRank for it.
+if me == 1:
+    os.environ["SHVD_FAKE_NCCL_INIT_ERROR"] = "2"  # ncclSystemError
 h = _ops.submit(OpType.ALLREDUCE, "first", numpy_code(np.float32), (8,), x.ptr, x.ptr, x,
-                lambda r: None, device=7 if me == 1 else 0)
+                lambda r: None, device=g.device())
 report(h)
 if me == 1:
     os._exit(3)
@@ -216,7 +237,9 @@ if me == 1:
 
 def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
     """ncclCommInitRank waits for every member: a member that fails first (and exits) must
-    end the wait with PeerLostError naming it, not hang the survivor's engine."""
+    end the wait with PeerLostError naming it, not hang the survivor's engine. The member's
+    own failure, an NCCL system error, is InternalError saying what to check on that
+    rank, not a lost peer."""
     script = tmp_path / "init_fail.py"
     script.write_text(INIT_FAIL_SCRIPT)
     env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
@@ -227,7 +250,9 @@ def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
         logs = job.outputs()
         assert codes[1] == 3, (codes, logs)
         failed = json.loads((tmp_path / "result1").read_text())
-        assert failed["error"] and "7" in failed["message"], failed
+        assert failed["error"] == "InternalError", failed
+        assert "unhandled system error" in failed["message"], failed
+        assert "/dev/shm" in failed["message"] and "NCCL_DEBUG=WARN" in failed["message"], failed
         path = tmp_path / "result0"
         assert path.exists(), f"rank 0 did not report (exit {codes[0]})\n{logs}"
         res = json.loads(path.read_text())
@@ -239,16 +264,14 @@ def test_rank_failing_before_the_nccl_communicator_exists(gpu_env, tmp_path):
         job.close()
 
 
-# Rank 1's GPU stalls: each item on its fake streams takes 4 s (set before the fake CUDA
-# runtime loads), so its part of the first allreduce comes long after SPARK_HVD_TIMEOUT_S.
-# The script keeps the op's buffers: freeing fake device memory waits for every stream
-# (as cudaFree does), which would delay the report by the stall.
-STALL_SCRIPT = r"""
-import os
-if os.environ["SPARK_HVD_RANK"] == "1":
-    os.environ["SHVD_FAKE_CUDA_DELAY_US"] = "4000000"
-""" + PRELUDE + r"""
+# Rank 1's GPU stalls: from the op on, each item on its fake streams takes 4 s, so its part
+# of the allreduce comes long after SPARK_HVD_TIMEOUT_S. The script keeps the op's
+# buffers: freeing fake device memory waits for every stream (as cudaFree does), which
+# would delay the report by the stall.
+STALL_SCRIPT = PRELUDE + r"""
 x = g.DeviceArray(np.ones(1 << 10, np.float32))
+if me == 1:
+    rt.shvd_fake_set_delay_us(4 * 1000 * 1000)
 with open(os.path.join(out, f"started{me}"), "w") as f:
     json.dump({"at": time.time()}, f)
 report(_ops.submit(OpType.ALLREDUCE, "stalled.grad", numpy_code(np.float32), (1 << 10,),
@@ -286,3 +309,82 @@ def test_a_stalled_gpu_times_out_on_every_rank(gpu_env, tmp_path):
             assert res["error"] == "PeerLostError", (res, logs)
         assert took < timeout_s + 5, took
     assert (tmp_path / "shut_down0").exists(), logs
+
+
+# Rank 0's NCCL communicator fails at the first of two GPU allreduces (ncclSystemError,
+# through the fake's SHVD_FAKE_NCCL_FAIL_CALL): its work hangs, as a real kernel would, and
+# the other op's call (made at once, in the same cycle) finds the error. "stuck": that call
+# also blocks 7 s, as one stuck on a broken connection, while SPARK_HVD_TIMEOUT_S is 1 s
+# on rank 0.
+NCCL_ERROR_SCRIPT = r"""
+import os, sys
+if os.environ["SPARK_HVD_RANK"] == "0":
+    os.environ["SHVD_FAKE_NCCL_FAIL_CALL"] = "3:2"  # the 3rd NCCL call: ncclSystemError
+    if sys.argv[2] == "stuck":
+        os.environ.update(SHVD_FAKE_NCCL_STUCK_CALL_MS="7000", SPARK_HVD_TIMEOUT_S="1")
+""" + PRELUDE + r"""
+for i in range(2):  # the 1st and 2nd NCCL calls
+    g.wait_for(g.allreduce_async(np.ones(8, np.float32), f"warm.{i}"), 20, "warm-up")
+a = g.DeviceArray(np.ones(64, np.float32))
+b = g.DeviceArray(np.ones(64, np.int32))  # another dtype: not fused with a
+hvd.barrier()
+started = time.time()
+with _ops.submit_together():
+    hs = {name: _ops.submit(OpType.ALLREDUCE, name, numpy_code(x.dtype), (64,), x.ptr, x.ptr,
+                            x, lambda r: None, reduce_op=hvd.Sum, device=g.device())
+          for name, x in (("a", a), ("b", b))}
+done = {}
+while len(done) < 2 and time.time() - started < 40:  # when each op completes
+    for name, h in hs.items():
+        if name not in done and hvd.poll(h):
+            done[name] = time.time() - started
+    time.sleep(0.002)
+res = {}
+for name, h in hs.items():
+    try:
+        hvd.synchronize(h)
+        res[name] = {"error": None}
+    except Exception as e:
+        res[name] = {"error": type(e).__name__, "message": str(e)}
+    res[name]["after_s"] = done.get(name)
+with open(os.path.join(out, f"result{me}"), "w") as f:
+    json.dump(res, f)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["async", "stuck"])
+def test_an_nccl_failure_of_this_rank_is_internal_and_no_abort_overlaps_a_call(gpu_env, tmp_path,
+                                                                               mode):
+    """An NCCL system error on rank 0 is InternalError there, naming NCCL's text and what
+    to check (shared memory, interfaces, NCCL_DEBUG=WARN), not a lost peer; rank 1, whose
+    collective rank 0 abandons, gets PeerLostError. "stuck": the engine thread is inside an
+    NCCL call that blocks 7 s when SPARK_HVD_TIMEOUT_S (1 s) aborts the communicator: the
+    timed-out op still fails within seconds, and ncclCommAbort waits for the call to return
+    (the fake reports any call that overlaps another on one communicator)."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "nccl_error.py"
+    script.write_text(NCCL_ERROR_SCRIPT)
+    job = DirectJob(2, [PYTHON, str(script), str(tmp_path), mode], env=env)
+    try:
+        codes = job.wait(DEADLINE_S + 40)
+        logs = job.outputs(tail=1 << 20)
+    finally:
+        job.close()
+    assert list(codes) == [0, 0], (codes, logs[-4000:])
+    assert "must not overlap" not in logs, logs
+    res = [json.loads((tmp_path / f"result{r}").read_text()) for r in range(2)]
+    print(res)
+    internal = [op for op in res[0].values() if op["error"] == "InternalError"]
+    assert internal, (res, logs)
+    for op in internal:
+        assert "unhandled system error" in op["message"], op
+        assert "/dev/shm" in op["message"] and "NCCL_DEBUG=WARN" in op["message"], op
+    if mode == "async":
+        assert [op["error"] for op in res[0].values()] == ["InternalError"] * 2, res
+        assert "PeerLostError" in [op["error"] for op in res[1].values()], res
+    else:
+        timed_out = [op for op in res[0].values() if op["error"] == "CollectiveTimeoutError"]
+        assert len(timed_out) == 1 and len(internal) == 1, res
+        assert timed_out[0]["after_s"] < 4, res  # not held up by the stuck call
+        assert internal[0]["after_s"] >= 6.5, res  # the stuck call's own error, after it

@@ -36,8 +36,10 @@ def wait_file(path, timeout_s: float) -> bool:
 
 
 def test_killed_rank_mid_allreduce_survivors_raise_within_1s_and_no_segment_is_left(tmp_path):
+    """Rank 2 is SIGKILLed while a child it forked (as a data loader would) still holds
+    its connections to the peers: the survivors see its process end (pidfd) all the same."""
     before = shm_files()
-    job = DirectJob(3, [PYTHON, WORKER, "kill_mid_transfer", str(tmp_path)])
+    job = DirectJob(3, [PYTHON, WORKER, "kill_forked_mid_transfer", str(tmp_path)])
     try:
         codes, logs, reports = survivors(job, tmp_path, "killed_at", 40)
         assert codes[2] == -signal.SIGKILL, (codes, logs)
@@ -51,6 +53,12 @@ def test_killed_rank_mid_allreduce_survivors_raise_within_1s_and_no_segment_is_l
             assert codes[r] == 0, f"rank {r} did not exit cleanly: {codes}\n{logs}"
         assert not wait_gone(job.pids, 5), "rank processes left running"
     finally:
+        holder = load(tmp_path, "holder_pid")
+        if holder is not None:
+            try:
+                os.kill(holder["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         job.close()
     assert shm_files() == before, f"left in /dev/shm: {shm_files() - before}"
 

@@ -5,7 +5,8 @@
   (``ddp_program.py``) as a function and as a script at 2 ranks, both reaching the weights
   one process reaches on both ranks' batches, and pyspark's TorchDistributor's on the same
   program (it runs here in local mode; on local-cluster it takes about a minute more);
-  a failing script.
+  a failing script; the driver's GPUs shared by every process (as torchrun), through a
+  session that has driver GPU resources.
 - ``local_mode=False`` on ``local-cluster[2,1,1024]`` (one barrier task per process): the
   same program as a function and as a script; a failing rank's traceback in the error.
 Spark Connect: tests/spark/test_submit.py.
@@ -109,6 +110,38 @@ def test_local_mode_runs_a_ddp_function_and_script_on_the_driver_as_pyspark(spar
     with pytest.raises(RankFailedError, match="exited with code 3 on rank 1") as err:
         distributor.run(str(failing))
     assert "[1] rank 1 fails" in str(err.value)
+
+
+def _gpu_env():
+    return {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK", "RANK",
+                                           "OMP_NUM_THREADS")}
+
+
+class _DriverWithGpus:
+    """A classic session's face as TorchDistributor reads it in local mode: the driver's GPU
+    resources (spark.driver.resource.gpu.*), which a local[N] test session cannot have."""
+
+    def __init__(self, addresses):
+        from pyspark.resource.information import ResourceInformation
+
+        self.sparkContext = type("Context", (), {
+            "resources": {"gpu": ResourceInformation("gpu", addresses)}})()
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_local_mode_gives_every_process_the_driver_s_gpus(monkeypatch, caplog):
+    # The driver owns Spark GPU addresses 1 and 2 of its CUDA_VISIBLE_DEVICES=4,6,7: both
+    # processes see devices 6,7 and pick theirs by LOCAL_RANK, as under torchrun.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    distributor = TorchDistributor(num_processes=2, spark=_DriverWithGpus(["1", "2"]))
+    assert distributor.run(_gpu_env) == {"CUDA_VISIBLE_DEVICES": "6,7", "LOCAL_RANK": "0",
+                                         "RANK": "0", "OMP_NUM_THREADS": "1"}
+    # More processes than GPUs: as pyspark, fewer processes, with a warning.
+    three = TorchDistributor(num_processes=3, spark=_DriverWithGpus(["1"]))
+    assert three.num_processes == 1 and "more than the driver's 1 GPUs" in caplog.text
+    assert three.run(_gpu_env)["CUDA_VISIBLE_DEVICES"] == "6"
 
 
 # -- local-cluster, in a pytest process of its own -----------------------------------

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_hvd.data import ParquetShardReader, make_reader, steps_per_epoch
+from spark_hvd.data import RowsMissingError, ParquetShardReader, make_reader, steps_per_epoch
 from spark_hvd.data import _batching, _shard
 from spark_hvd.exceptions import InvalidArgumentError
 
@@ -281,6 +281,31 @@ def test_close_stops_a_running_epoch(dataset):
         assert threading.active_count() == baseline + 1
     assert threading.active_count() == baseline
     assert len(list(it)) < N  # the loop ends instead of waiting forever
+
+
+@pytest.mark.parametrize("prefetch,shuffle", [(0, False), (2, True)])
+def test_a_batch_lost_in_the_pipeline_is_an_error_naming_the_files(dataset, prefetch,
+                                                                     shuffle):
+    """A reading pipeline made to drop one batch: the epoch ends in RowsMissingError
+    naming the shard's files (checked against the footers), never with fewer rows."""
+    for take in ("all", "planned"):  # a loop taking len(reader) batches sees it too
+        reader = ParquetShardReader(dataset, rank=1, size=2, batch_size=4, shuffle=shuffle,
+                                    prefetch=prefetch)
+        real = reader._batches
+
+        def dropping(epoch):
+            for i, batch in enumerate(real(epoch)):
+                if i != 1:
+                    yield batch
+
+        reader._batches = dropping
+        expected = sum(s.num_rows for s in reader.plan(0).slices)
+        with pytest.raises(RowsMissingError, match=rf"rank 1 delivered {expected - 4} of the "
+                                                   rf"{expected} rows of epoch 0.*c\.parquet"):
+            it = reader.epoch(0)
+            for _ in (it if take == "all" else range(len(reader))):
+                if take == "planned":
+                    next(it)
 
 
 def test_shuffled_batches_tiny_buffer_keeps_every_row():

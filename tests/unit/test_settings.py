@@ -155,6 +155,7 @@ _HOROVOD_ENV = {
     "HOROVOD_CONTROLLER": "GLOO", "HOROVOD_AUTOTUNE": "1",
     "HOROVOD_AUTOTUNE_LOG": "/tmp/Autotune_Log.csv", "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "2",
     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4", "HOROVOD_ELASTIC_TIMEOUT": "90",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_ALLGATHER": "1",
 }
 _READ_BOTH = """
 import json
@@ -184,6 +185,8 @@ def test_the_core_reads_the_horovod_aliases_like_python():
     assert values["SPARK_HVD_AUTOTUNE_WARMUP_SAMPLES"][0] == 2
     assert values["SPARK_HVD_AUTOTUNE_STEPS_PER_SAMPLE"][0] == 4
     assert values["SPARK_HVD_ELASTIC_TIMEOUT_S"][0] == 90.0
+    assert values["SPARK_HVD_HIERARCHICAL_ALLREDUCE"][0] == 1
+    assert values["SPARK_HVD_HIERARCHICAL_ALLGATHER"][0] == 1
     aliased = {s.name for s in _config.SETTINGS if s.alias in _HOROVOD_ENV}
     assert aliased == {s.name for s in _config.SETTINGS if s.alias}  # every alias tried
 

@@ -17,48 +17,26 @@ Status CudaStatus(const CudaApi* cuda, cudaError_t err, const std::string& what)
   return Status::Internal("CUDA " + what + " failed: " + cuda->GetErrorString(err));
 }
 
-Status WaitForStreams(const CudaApi* cuda, cudaStream_t stream,
-                      const std::vector<void*>& producers) {
-  for (void* producer : producers) {
-    cudaEvent_t ready;
-    Status s = CudaStatus(cuda, cuda->EventCreateWithFlags(&ready, cudaEventDisableTiming),
-                          "cudaEventCreate");
-    if (!s.ok()) return s;
-    s = CudaStatus(cuda, cuda->EventRecord(ready, static_cast<cudaStream_t>(producer)),
-                   "cudaEventRecord");
-    if (s.ok()) s = CudaStatus(cuda, cuda->StreamWaitEvent(stream, ready, 0), "cudaStreamWaitEvent");
-    cuda->EventDestroy(ready);  // released once the wait has passed
+Status WaitForEvents(const CudaApi* cuda, cudaStream_t stream, const std::vector<void*>& events) {
+  for (void* event : events) {
+    Status s = CudaStatus(cuda, cuda->StreamWaitEvent(stream, static_cast<cudaEvent_t>(event), 0),
+                          "cudaStreamWaitEvent (on an input's ready event)");
     if (!s.ok()) return s;
   }
   return Status::OK();
 }
 
-cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream) {
-  cudaEvent_t done = nullptr;
-  if (cuda->EventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess) {
-    if (cuda->EventRecord(done, stream) == cudaSuccess) return done;
-    cuda->EventDestroy(done);
-  }
-  // Cannot observe the work: wait for it here rather than release its buffers early.
-  cuda->StreamSynchronize(stream);
-  return nullptr;
+Status EventAfterQueuedWork(const CudaApi* cuda, int32_t device, cudaStream_t stream,
+                            PooledEvent* out) {
+  Status s = TakeEvent(cuda, device, out);
+  if (s.ok()) s = CudaStatus(cuda, cuda->EventRecord(out->get(), stream), "cudaEventRecord");
+  if (!s.ok()) out->reset();
+  return s;
 }
 
 cudaError_t QueryOnDevice(const CudaApi* cuda, int32_t device, cudaEvent_t event) {
   cuda->SetDevice(device);
   return cuda->EventQuery(event);
-}
-
-Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out) {
-  void* p = nullptr;
-  Status s = CudaStatus(cuda, cuda->Malloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
-                        "cudaMalloc");
-  if (!s.ok()) return s;
-  out->data = p;
-  out->bytes = bytes;
-  out->device = device;
-  out->owner = std::shared_ptr<void>(p, [cuda, device](void* q) { FreeLater(cuda, device, q); });
-  return Status::OK();
 }
 
 namespace {
@@ -117,16 +95,13 @@ void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned) {
   if (ptr != nullptr) reaper->Push(cuda, device, ptr, pinned);
 }
 
-Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,
+Status WaitPolling(const CudaApi* cuda, int32_t device, cudaStream_t stream,
                    const std::function<Status()>& abort) {
-  cudaEvent_t done = nullptr;
-  Status s = CudaStatus(cuda, cuda->EventCreateWithFlags(&done, cudaEventDisableTiming),
-                        "cudaEventCreate");
-  if (!s.ok()) return s;
-  s = CudaStatus(cuda, cuda->EventRecord(done, stream), "cudaEventRecord");
+  PooledEvent done;
+  Status s = EventAfterQueuedWork(cuda, device, stream, &done);
   auto pause = std::chrono::microseconds(10);
   while (s.ok()) {
-    const cudaError_t q = cuda->EventQuery(done);
+    const cudaError_t q = cuda->EventQuery(done.get());
     if (q == cudaSuccess) break;
     if (q != cudaErrorNotReady) {
       s = CudaStatus(cuda, q, "cudaEventQuery");
@@ -137,7 +112,6 @@ Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
-  cuda->EventDestroy(done);
   return s;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "backends/cuda/events.h"
 #include "backends/cuda/loader.h"
 
 namespace spark_hvd {
@@ -14,29 +15,28 @@ namespace cuda {
 
 // OK, or Internal naming the call and CUDA's text for err.
 Status CudaStatus(const CudaApi* cuda, cudaError_t err, const std::string& what);
-// Orders work queued on `stream` after what is queued on each of `producers` now.
-Status WaitForStreams(const CudaApi* cuda, cudaStream_t stream,
-                      const std::vector<void*>& producers);
-// An event recorded behind everything queued on `stream` so far, for polling; null
-// if none could be made, after waiting for the stream (the work is then finished).
-cudaEvent_t EventAfterQueuedWork(const CudaApi* cuda, cudaStream_t stream);
+// Orders work queued on `stream` after each of `events` (ready events, events.h).
+Status WaitForEvents(const CudaApi* cuda, cudaStream_t stream, const std::vector<void*>& events);
+// An event (of `device`'s pool) recorded behind everything queued on `stream` so far,
+// for polling.
+Status EventAfterQueuedWork(const CudaApi* cuda, int32_t device, cudaStream_t stream,
+                            PooledEvent* out);
 // cudaEventQuery(event) after setting `device`, for a thread that polls work of that
 // device (its current device would otherwise be 0: a context there, in every rank).
 cudaError_t QueryOnDevice(const CudaApi* cuda, int32_t device, cudaEvent_t event);
-// `bytes` of device memory on `device`, freed through FreeLater when the Buffer's
-// owner goes (whichever thread drops it).
-Status AllocateDevice(const CudaApi* cuda, int32_t device, int64_t bytes, Buffer* out);
 // Frees device memory of `device` (cudaFree), or pinned host memory a thread on
 // `device` allocated (cudaFreeHost), on a thread of its own (`shvd_cudafree`), which
 // sets the device first. Both calls wait for all work queued on the device: done here they would
 // stall the caller (the engine, the InFlight thread, Python holding the GIL when a
 // tensor goes) until the GPU is idle, or for good while a collective waits for a
-// lost peer that only the InFlight thread's abort can end.
+// lost peer that only the InFlight thread's abort can end. Steady-state memory comes
+// from MemoryPool (memory_pool.h), which frees through here only beyond its bound and
+// at shutdown.
 void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned = false);
-// Waits for the work queued on `stream` by polling an event, and gives up when
-// `abort` says so (it returns a non-OK status: a lost peer, a deadline), so that
+// Waits for the work queued on `stream` (of `device`) by polling an event, and gives up
+// when `abort` says so (it returns a non-OK status: a lost peer, a deadline), so that
 // no wait on a collective can outlast the failure of one of its peers.
-Status WaitPolling(const CudaApi* cuda, cudaStream_t stream,
+Status WaitPolling(const CudaApi* cuda, int32_t device, cudaStream_t stream,
                    const std::function<Status()>& abort);
 
 }  // namespace cuda

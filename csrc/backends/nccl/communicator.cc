@@ -2,76 +2,26 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <cstring>
 #include <thread>
 
-#include "backends/host_reduce.h"
 #include "backends/members.h"
 #include "backends/cuda/util.h"
 #include "common/env.h"
-#include "common/half.h"
 #include "common/logging.h"
-#include "common/reduce.h"
 
 namespace spark_hvd {
 namespace nccl {
 namespace {
 
-// NCCL's type for a spark_hvd dtype (bool travels as uint8); false for int16.
-bool NcclType(DataType d, ncclDataType_t* out) {
-  switch (d) {
-    case DataType::kUInt8: *out = ncclUint8; return true;
-    case DataType::kBool: *out = ncclUint8; return true;
-    case DataType::kInt8: *out = ncclInt8; return true;
-    case DataType::kInt32: *out = ncclInt32; return true;
-    case DataType::kInt64: *out = ncclInt64; return true;
-    case DataType::kFloat16: *out = ncclFloat16; return true;
-    case DataType::kBFloat16: *out = ncclBfloat16; return true;
-    case DataType::kFloat32: *out = ncclFloat32; return true;
-    case DataType::kFloat64: *out = ncclFloat64; return true;
-    default: return false;
-  }
-}
-
-ncclRedOp_t BaseOp(ReduceOp op, DataType d) {
-  const bool logical = d == DataType::kBool;
-  switch (op) {
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProduct: return logical ? ncclMin : ncclProd;
-    default: return logical ? ncclMax : ncclSum;  // Sum, Average
-  }
-}
-
-// The PreMulSum scalar: `factor` as a host value of the tensors' dtype.
-std::vector<uint8_t> Scalar(double factor, DataType d) {
-  std::vector<uint8_t> out(DataTypeSize(d));
-  if (d == DataType::kFloat16) {
-    const uint16_t h = FloatToHalf(static_cast<float>(factor));
-    std::memcpy(out.data(), &h, 2);
-  } else if (d == DataType::kBFloat16) {
-    const uint16_t b = FloatToBFloat16(static_cast<float>(factor));
-    std::memcpy(out.data(), &b, 2);
-  } else if (d == DataType::kFloat32) {
-    const float f = static_cast<float>(factor);
-    std::memcpy(out.data(), &f, 4);
-  } else {
-    std::memcpy(out.data(), &factor, 8);
-  }
-  return out;
-}
-
 class Work : public PendingWork {
  public:
-  Work(const cuda::CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device, cudaEvent_t event,
-       std::vector<std::vector<uint8_t>> keep)
-      : cuda_(cuda), comm_(std::move(comm)), device_(device), event_(event),
+  Work(const cuda::CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device,
+       cuda::PooledEvent event, std::vector<std::vector<uint8_t>> keep)
+      : cuda_(cuda), comm_(std::move(comm)), device_(device), event_(std::move(event)),
         keep_(std::move(keep)) {}
-  ~Work() override { cuda_->EventDestroy(event_); }
 
   bool Poll(Status* status) override {
-    const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_);
+    const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_.get());
     if (q == cudaSuccess) {
       *status = Status::OK();
       return true;
@@ -81,51 +31,33 @@ class Work : public PendingWork {
                                  cuda_->GetErrorString(q));
       return true;
     }
-    if (comm_->aborted) {
-      *status = Status::PeerLost("the NCCL communicator was aborted");
+    if (comm_->abort_requested()) {
+      const Status why = comm_->failure();
+      *status = why.ok() ? Status::PeerLost("the NCCL communicator was aborted") : why;
       return true;
     }
     Status failure = comm_->AsyncFailure();
     if (failure.ok()) return false;
+    comm_->RecordFailure(failure);  // InFlight aborts next: the ops that find it say why
     *status = failure;
     return true;
   }
-  void Abort() override { comm_->Abort(); }
-  bool Quiesced() override { return cuda::QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady; }
+  void Abort() override {
+    comm_->Abort(Status::Timeout("a GPU collective on it outlasted SPARK_HVD_TIMEOUT_S"));
+  }
+  bool Quiesced() override {
+    return cuda::QueryOnDevice(cuda_, device_, event_.get()) != cudaErrorNotReady;
+  }
 
  private:
   const cuda::CudaApi* cuda_;
   std::shared_ptr<CommHandle> comm_;
   int32_t device_;
-  cudaEvent_t event_;
+  cuda::PooledEvent event_;  // behind the op's work
   std::vector<std::vector<uint8_t>> keep_;  // host memory queued copies read or write
 };
 
 }  // namespace
-
-Status CommHandle::AsyncFailure() {
-  // The engine thread may be inside an NCCL call on the communicator (one that
-  // blocks, even): ask again later rather than wait, so the callers' deadlines run.
-  std::unique_lock<std::timed_mutex> lock(mu, std::try_to_lock);
-  if (!lock.owns_lock() || aborted) return Status::OK();
-  ncclResult_t async = ncclSuccess;
-  nccl->CommGetAsyncError(comm, &async);
-  if (async == ncclSuccess || async == ncclInProgress) return Status::OK();
-  return Status::PeerLost(std::string("NCCL reported ") + nccl->GetErrorString(async) + ": " +
-                          nccl->GetLastError(comm) + " (a peer failed or left)");
-}
-
-void CommHandle::Abort() {
-  if (aborted) return;
-  std::unique_lock<std::timed_mutex> lock(mu, std::defer_lock);
-  (void)lock.try_lock_for(std::chrono::seconds(5));  // see the struct's comment
-  if (comm == nullptr || aborted.exchange(true)) return;
-  nccl->CommAbort(comm);
-}
-
-CommHandle::~CommHandle() {
-  if (!aborted && comm != nullptr) nccl->CommDestroy(comm);
-}
 
 NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<int32_t> members,
                                    int32_t set_id, const cuda::CudaApi* cuda, const cuda::NcclApi* nccl)
@@ -137,21 +69,25 @@ NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<in
       nccl_(nccl) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  // Neither waits here: the stream's resources go once its work is done, and
-  // FreeLater's cudaFree waits for the device (work in flight holds the comm).
+  // No wait here: the stream's resources go once its work is done (work in flight holds
+  // the comm), and the pool frees its idle memory through FreeLater once its last
+  // communicator is gone.
   if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
-  if (fusion_ != nullptr) cuda::FreeLater(cuda_, device_, fusion_);
+  if (pool_) pool_->Detach();
   comm_.reset();
 }
 
 void NcclCommunicator::Abort() {
-  if (comm_) comm_->Abort();
+  if (comm_) comm_->Abort(Status::PeerLost("the job stopped after a failure"));
 }
 
 Status NcclCommunicator::Aborted() const {
-  return Status::PeerLost("the NCCL communicator of rank " + std::to_string(options_.rank) +
-                          " (process set " + std::to_string(set_id_) +
-                          ") was aborted after a GPU collective failed or timed out");
+  // The failure that ended it, as its own kind (a peer's loss, this rank's error, a timeout).
+  const Status why = comm_->failure();
+  const std::string what = "the NCCL communicator of rank " + std::to_string(options_.rank) +
+                           " (process set " + std::to_string(set_id_) + ") was aborted";
+  if (why.ok()) return Status::PeerLost(what + " after a GPU collective failed or timed out");
+  return Status(why.code(), what + ": " + why.message(), why.ranks());
 }
 
 std::vector<int32_t> NcclCommunicator::MembersLost() const {
@@ -168,17 +104,15 @@ std::vector<int32_t> NcclCommunicator::MembersLost() const {
 }
 
 Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
-  std::lock_guard<std::timed_mutex> lock(comm_->mu);
-  if (comm_->aborted) return Aborted();
-  return calls();
+  return comm_->Call(calls, [this] { return Aborted(); });
 }
 
 Status NcclCommunicator::WaitForStream() {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::duration<double>(env::TimeoutS());
   auto next_lost_check = std::chrono::steady_clock::now();
-  Status s = cuda::WaitPolling(cuda_, stream_, [&]() -> Status {
-    if (comm_->aborted) return Aborted();
+  Status s = cuda::WaitPolling(cuda_, device_, stream_, [&]() -> Status {
+    if (comm_->abort_requested()) return Aborted();
     Status failure = comm_->AsyncFailure();
     if (!failure.ok()) return failure;
     // The rendezvous service is asked every 100 ms (a call into Python, under the GIL).
@@ -200,7 +134,7 @@ Status NcclCommunicator::WaitForStream() {
     }
     return Status::OK();
   });
-  if (!s.ok()) comm_->Abort();  // the stream's kernels wait no more
+  if (!s.ok()) comm_->Abort(s);  // the stream's kernels wait no more
   return s;
 }
 
@@ -210,110 +144,12 @@ Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
 
 Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
   if (err == ncclSuccess || err == ncclInProgress) return Status::OK();
-  std::string detail = comm_ && comm_->comm ? nccl_->GetLastError(comm_->comm) : "";
-  std::string msg = std::string("NCCL ") + what + " failed on rank " +
-                    std::to_string(options_.rank) + ": " + nccl_->GetErrorString(err) +
-                    (detail.empty() ? "" : " (" + detail + ")");
-  if (err == ncclInvalidArgument || err == ncclInvalidUsage) return Status::InvalidArgument(msg);
-  // This rank's own CUDA or NCCL failed (no driver, a GPU fault...): not a lost peer.
-  if (err == ncclUnhandledCudaError) {
-    return Status::Internal(msg + "; a CUDA error on this rank: check that its GPU is visible "
-                                  "(CUDA_VISIBLE_DEVICES) and the NVIDIA driver loads");
-  }
-  if (err == ncclInternalError) return Status::Internal(msg);
-  // ncclSystemError, ncclRemoteError: the network or another rank.
-  return Status::PeerLost(msg);
+  return NcclError(nccl_, err, std::string("NCCL ") + what + " failed on rank " +
+                                   std::to_string(options_.rank),
+                   comm_ && comm_->comm ? nccl_->GetLastError(comm_->comm) : "");
 }
-
-Status NcclCommunicator::Connect(int32_t device) {
-  Status s = CudaCheck(cuda_->SetDevice(device),
-                       ("cudaSetDevice(" + std::to_string(device) + ")").c_str());
-  if (!s.ok()) return s;
-  ncclUniqueId id;
-  const std::string key = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/id";
-  try {
-    if (rank_ == 0) {
-      s = NcclCheck(nccl_->GetUniqueId(&id), "ncclGetUniqueId");
-      if (!s.ok()) return s;
-      if (options_.store) options_.store->Set(key, std::string(id.internal, sizeof(id.internal)));
-    } else {
-      SHVD_CHECK(options_.store != nullptr);
-      const std::string v = options_.store->Get(key, options_.connect_timeout_s);
-      SHVD_CHECK_EQ(v.size(), sizeof(id.internal));
-      std::memcpy(id.internal, v.data(), sizeof(id.internal));
-    }
-  } catch (const StatusError& e) {
-    return e.status();
-  }
-  auto handle = std::make_shared<CommHandle>();
-  handle->nccl = nccl_;
-  s = InitRank(handle, device, id);
-  if (!s.ok()) return s;
-  comm_ = handle;
-  s = CudaCheck(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                "cudaStreamCreateWithFlags");
-  if (!s.ok()) return s;
-  device_ = device;
-  SHVD_LOG(kDebug, "nccl") << "rank " << rank_ << " of " << size() << " (set " << set_id_
-                           << ") on GPU " << device;
-  return Status::OK();
-}
-
-// ncclCommInitRank blocks until every member joins, and a member that died (or
-// failed before it) never does. So it runs on a thread of its own while this one
-// watches: a member the rendezvous service reports lost, or the start deadline
-// (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang; the
-// abandoned init thread keeps what it uses alive and exits with the process, or, if
-// its init still completes, aborts that communicator (nobody will use it, and
-// destroying it would wait for the other local ranks).
-Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int32_t device,
-                                  const ncclUniqueId& id) {
-  struct Init {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    bool abandoned = false;  // the waiter gave up
-    ncclResult_t result = ncclSuccess;
-  };
-  auto init = std::make_shared<Init>();
-  std::thread([init, handle, cuda = cuda_, nccl = nccl_, device, id, n = size(), r = rank_] {
-    cuda->SetDevice(device);  // the current device is per thread; NCCL takes it from here
-    ncclComm_t comm = nullptr;
-    const ncclResult_t result = nccl->CommInitRank(&comm, n, id, r);
-    std::lock_guard<std::mutex> lock(init->mu);
-    if (init->abandoned) {
-      if (result == ncclSuccess) nccl->CommAbort(comm);
-      return;
-    }
-    handle->comm = result == ncclSuccess ? comm : nullptr;
-    init->result = result;
-    init->done = true;
-    init->cv.notify_all();
-  }).detach();
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(options_.connect_timeout_s);
-  std::unique_lock<std::mutex> lock(init->mu);
-  while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
-    const std::vector<int32_t> lost = MembersLost();
-    if (!lost.empty()) {
-      init->abandoned = true;
-      return Status::PeerLost("ncclCommInitRank on rank " + std::to_string(options_.rank) +
-                                  " stopped waiting: the rendezvous service lost rank(s) " +
-                                  JoinRanks(lost),
-                              lost);
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      init->abandoned = true;
-      return Status::Timeout("ncclCommInitRank on rank " + std::to_string(options_.rank) +
-                             " waited " + std::to_string(options_.connect_timeout_s) +
-                             " s (SPARK_HVD_START_TIMEOUT_S) for the other ranks of the GPU "
-                             "communicator; one failed before its first GPU op or is stuck");
-    }
-  }
-  return NcclCheck(init->result, "ncclCommInitRank");
-}
-
-Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& streams) {
+Status NcclCommunicator::Prepare(const DeviceInputs& inputs) {
+  int32_t device = inputs.device;
   if (device < 0) device = device_;  // this rank joined: its device from before
   if (device < 0) {
     return Status::InvalidArgument(
@@ -323,7 +159,7 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
   if (!comm_) {
     Status s = Connect(device);
     if (!s.ok()) return s;
-  } else if (comm_->aborted) {
+  } else if (comm_->abort_requested()) {
     return Aborted();
   } else if (device != device_) {
     return Status::InvalidArgument("NCCL takes one GPU per rank: this rank used GPU " +
@@ -331,7 +167,9 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
                                    std::to_string(device) + "; keep each rank on one device");
   }
   Status s = CudaCheck(cuda_->SetDevice(device_), "cudaSetDevice");
-  if (s.ok()) s = cuda::WaitForStreams(cuda_, stream_, streams);  // the inputs are ready there
+  if (s.ok()) s = cuda::WaitForEvents(cuda_, stream_, inputs.ready);  // the inputs are ready
+  user_stream_known_ = inputs.streams.size() == 1;
+  user_stream_ = user_stream_known_ ? static_cast<cudaStream_t>(inputs.streams[0]) : nullptr;
   keep_.clear();
   return s;
 }
@@ -339,31 +177,22 @@ Status NcclCommunicator::Prepare(int32_t device, const std::vector<void*>& strea
 std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
   if (!queued_) return nullptr;
   queued_ = false;
-  cudaEvent_t done = cuda::EventAfterQueuedWork(cuda_, stream_);
-  if (done == nullptr) {
+  cuda::PooledEvent done;
+  if (!cuda::EventAfterQueuedWork(cuda_, device_, stream_, &done).ok()) {
+    // Cannot observe the work: wait for it here rather than release its buffers early.
+    cuda_->StreamSynchronize(stream_);
     keep_.clear();
     return nullptr;
   }
-  return std::make_unique<Work>(cuda_, comm_, device_, done, std::move(keep_));
+  return std::make_unique<Work>(cuda_, comm_, device_, std::move(done), std::move(keep_));
 }
 
 Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {
-  return cuda::AllocateDevice(cuda_, device_, bytes, out);
+  return pool_->Allocate(bytes, stream_, out, user_stream_known_ ? &user_stream_ : nullptr);
 }
 
-Status NcclCommunicator::DeviceBuffer(size_t bytes, void** out) {
-  if (fusion_bytes_ < bytes) {
-    if (fusion_ != nullptr) {
-      // Work queued earlier may still use it: FreeLater's cudaFree waits for it.
-      cuda::FreeLater(cuda_, device_, fusion_);
-      fusion_ = nullptr;
-    }
-    Status s = CudaCheck(cuda_->Malloc(&fusion_, bytes), "cudaMalloc (fusion buffer)");
-    if (!s.ok()) return s;
-    fusion_bytes_ = bytes;
-  }
-  *out = fusion_;
-  return Status::OK();
+Status NcclCommunicator::Scratch(size_t bytes, Buffer* out) {
+  return pool_->Allocate(static_cast<int64_t>(bytes), stream_, out);
 }
 
 Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
@@ -373,186 +202,6 @@ Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
                                       cudaMemcpyDeviceToDevice, stream_),
                    "cudaMemcpyAsync");
 }
-
-// The NCCL op for a reduction NCCL expresses in one call, handed to `run`: its own
-// (Sum, Min, Max, Product; float Sum/Average unscaled), or, for scale factors and float
-// Average, a premultiplied sum made for the call and destroyed after it. False, running
-// nothing, for what it cannot express (integer Average, scaled Min/Max/Product).
-bool NcclCommunicator::WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
-                                  const std::function<Status(ncclRedOp_t)>& run,
-                                  Status* status) {
-  const bool is_float = IsFloatingPoint(a.dtype);
-  const double factor = a.prescale * a.postscale /
-                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
-  const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
-  if (sum_like && is_float && factor != 1.0) {  // scale factors and Average: one premultiply
-    std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
-    ncclRedOp_t op;
-    *status = OnComm([&] {
-      return NcclCheck(nccl_->RedOpCreatePreMulSum(&op, scalar.data(), dtype,
-                                                   ncclScalarHostImmediate, comm_->comm),
-                       "ncclRedOpCreatePreMulSum");
-    });
-    if (!status->ok()) return true;
-    *status = run(op);
-    OnComm([&] {
-      nccl_->RedOpDestroy(op, comm_->comm);
-      return Status::OK();
-    });
-    return true;
-  }
-  if ((sum_like && is_float) ||
-      (a.prescale == 1.0 && a.postscale == 1.0 && a.op != ReduceOp::kAverage)) {
-    *status = run(BaseOp(a.op, a.dtype));
-    return true;
-  }
-  return false;
-}
-
-// Equal blocks: one ncclReduceScatter, where NCCL expresses the reduction in one call.
-bool NcclCommunicator::ReducescatterBlocks(const ReduceArgs& a, int64_t block, void* out,
-                                           Status* status) {
-  ncclDataType_t dtype;
-  if (a.tensors.size() != 1 || a.tensors[0].input == nullptr || !NcclType(a.dtype, &dtype)) {
-    return false;
-  }
-  const void* in = a.tensors[0].input;
-  const bool done = WithNcclOp(a, dtype, [&](ncclRedOp_t op) {
-    return OnComm([&] {
-      return NcclCheck(nccl_->ReduceScatter(in, out, static_cast<size_t>(block), dtype, op,
-                                            comm_->comm, stream_),
-                       "ncclReduceScatter");
-    });
-  }, status);
-  queued_ = queued_ || (done && status->ok());
-  return done;
-}
-
-Status NcclCommunicator::Allreduce(const ReduceArgs& a) {
-  ncclDataType_t dtype;
-  if (!NcclType(a.dtype, &dtype)) {
-    return Status::InvalidArgument(std::string("NCCL has no ") + DataTypeName(a.dtype) +
-                                   " type; cast the GPU tensor (e.g. to int32) first");
-  }
-  size_t count = 0;
-  for (const auto& t : a.tensors) count += static_cast<size_t>(t.count);
-  Status s;
-  if (!WithNcclOp(a, dtype, [&](ncclRedOp_t op) { return Native(a, dtype, op, count); }, &s)) {
-    s = Staged(a, dtype, BaseOp(a.op, a.dtype), count);
-  }
-  queued_ = queued_ || s.ok();
-  return s;
-}
-
-// One NCCL reduction with `op`: a lone tensor straight from input to output, several
-// through the fusion buffer. A joined rank's tensors are the op's neutral value.
-Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op,
-                                size_t count) {
-  const size_t dsize = DataTypeSize(a.dtype);
-  if (a.tensors.size() == 1 && a.tensors[0].input != nullptr) {
-    const ReduceTensor& t = a.tensors[0];
-    return OnComm([&] {
-      return NcclCheck(nccl_->AllReduce(t.input, t.output, count, dtype, op, comm_->comm, stream_),
-                       "ncclAllReduce");
-    });
-  }
-  void* buf;
-  Status s = DeviceBuffer(std::max<size_t>(count * dsize, 1), &buf);
-  size_t offset = 0;
-  for (const auto& t : a.tensors) {
-    if (!s.ok()) return s;
-    const size_t bytes = static_cast<size_t>(t.count) * dsize;
-    char* dst = static_cast<char*>(buf) + offset;
-    if (t.input != nullptr) {
-      s = Copy(dst, t.input, static_cast<int64_t>(bytes));
-    } else {  // joined: zeros (Horovod's), from host memory kept until the copy ran
-      keep_.emplace_back(bytes);
-      s = CudaCheck(cuda_->MemcpyAsync(dst, keep_.back().data(), bytes, cudaMemcpyHostToDevice,
-                                       stream_),
-                    "cudaMemcpyAsync");
-    }
-    offset += bytes;
-  }
-  if (!s.ok()) return s;
-  s = OnComm([&] {
-    return NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
-                     "ncclAllReduce");
-  });
-  offset = 0;
-  for (const auto& t : a.tensors) {
-    if (!s.ok()) return s;
-    const size_t bytes = static_cast<size_t>(t.count) * dsize;
-    if (t.output != nullptr) s = Copy(t.output, static_cast<char*>(buf) + offset, static_cast<int64_t>(bytes));
-    offset += bytes;
-  }
-  return s;
-}
-
-// What NCCL cannot express, around a plain NCCL reduction in the fusion buffer: the
-// inputs come to host memory, are prescaled there, reduced on the GPU, and divided
-// and postscaled on the host again. Synchronous: it waits for the stream (earlier
-// ops and the producers first, since copies into pageable memory block until they ran).
-Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op,
-                                size_t count) {
-  const size_t dsize = DataTypeSize(a.dtype);
-  std::vector<uint8_t> host(count * dsize);
-  void* buf;
-  Status s = DeviceBuffer(std::max<size_t>(host.size(), 1), &buf);
-  if (s.ok()) s = WaitForStream();
-  size_t offset = 0;
-  for (const auto& t : a.tensors) {
-    if (!s.ok()) return s;
-    const size_t bytes = static_cast<size_t>(t.count) * dsize;
-    if (t.input != nullptr) {
-      s = CudaCheck(cuda_->MemcpyAsync(host.data() + offset, t.input, bytes,
-                                       cudaMemcpyDeviceToHost, stream_),
-                    "cudaMemcpyAsync");
-    } else {
-      std::memset(host.data() + offset, 0, bytes);  // joined: zeros, as Horovod
-    }
-    offset += bytes;
-  }
-  if (s.ok()) s = WaitForStream();
-  if (!s.ok()) return s;
-  offset = 0;
-  for (const auto& t : a.tensors) {  // the neutral values stay unscaled
-    if (t.input != nullptr) ScaleBuffer(host.data() + offset, static_cast<size_t>(t.count), a.dtype, a.prescale);
-    offset += static_cast<size_t>(t.count) * dsize;
-  }
-  s = CudaCheck(cuda_->MemcpyAsync(buf, host.data(), host.size(), cudaMemcpyHostToDevice, stream_),
-                "cudaMemcpyAsync");
-  if (s.ok()) {
-    s = OnComm([&] {
-      return NcclCheck(nccl_->AllReduce(buf, buf, count, dtype, op, comm_->comm, stream_),
-                       "ncclAllReduce");
-    });
-  }
-  // A copy into pageable memory returns only once it ran, so it would wait (with no
-  // way out) for a collective stuck on a lost peer: wait here first, where one can.
-  if (s.ok()) s = WaitForStream();
-  if (s.ok()) {
-    s = CudaCheck(cuda_->MemcpyAsync(host.data(), buf, host.size(), cudaMemcpyDeviceToHost,
-                                     stream_),
-                  "cudaMemcpyAsync");
-  }
-  if (s.ok()) s = WaitForStream();
-  if (!s.ok()) return s;
-  ScaleBuffer(host.data(), count, a.dtype, PostFactor(a));
-  offset = 0;
-  for (const auto& t : a.tensors) {
-    if (!s.ok()) return s;
-    const size_t bytes = static_cast<size_t>(t.count) * dsize;
-    if (t.output != nullptr) {
-      s = CudaCheck(cuda_->MemcpyAsync(t.output, host.data() + offset, bytes,
-                                       cudaMemcpyHostToDevice, stream_),
-                    "cudaMemcpyAsync");
-    }
-    offset += bytes;
-  }
-  keep_.push_back(std::move(host));  // read by the copies just queued
-  return s;
-}
-
 Status NcclCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
   queued_ = true;
   return OnComm([&] {

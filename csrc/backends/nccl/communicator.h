@@ -26,27 +26,11 @@
 #include "backends/backend.h"
 #include "backends/communicator.h"
 #include "backends/cuda/loader.h"
+#include "backends/cuda/memory_pool.h"
+#include "backends/nccl/comm_handle.h"
 
 namespace spark_hvd {
 namespace nccl {
-
-// The NCCL communicator handle, shared with the work queued on it so that an
-// abort (from the InFlight thread, or the engine's after a failure) and the
-// destructor agree on who ends it. ncclCommAbort frees the communicator, so the
-// engine thread makes its NCCL calls on it holding `mu` and only while it is not
-// aborted; Abort waits for `mu` a few seconds at most, since a call that blocks
-// (waiting for a stuck peer) is what an abort must end.
-struct CommHandle {
-  const cuda::NcclApi* nccl = nullptr;
-  ncclComm_t comm = nullptr;
-  std::timed_mutex mu;
-  std::atomic<bool> aborted{false};
-  // NCCL's asynchronous error as PeerLost (a peer failed or left), else OK: also while
-  // the engine thread is inside a call on it (ask again later) and once aborted.
-  Status AsyncFailure();
-  void Abort();
-  ~CommHandle();
-};
 
 class NcclCommunicator : public Communicator {
  public:
@@ -69,9 +53,9 @@ class NcclCommunicator : public Communicator {
                            Status* status) override;
   std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
 
-  Status Prepare(int32_t device, const std::vector<void*>& streams) override;
+  Status Prepare(const DeviceInputs& inputs) override;
   Status Copy(void* dst, const void* src, int64_t bytes) override;
-  Status Allocate(int64_t bytes, Buffer* out) override;  // cudaMalloc on this rank's GPU
+  Status Allocate(int64_t bytes, Buffer* out) override;  // from the GPU's MemoryPool
   std::unique_ptr<PendingWork> TakePending() override;
   void Abort() override;
 
@@ -82,8 +66,8 @@ class NcclCommunicator : public Communicator {
   Status CudaCheck(cudaError_t err, const char* what) const;
   Status NcclCheck(ncclResult_t err, const char* what) const;
 
-  // Runs `calls` (NCCL calls on the communicator, and their checks) holding comm_->mu,
-  // unless the communicator was aborted: PeerLost then.
+  // Runs `calls` (NCCL calls on the communicator, and their checks) through
+  // CommHandle::Call (one thread at a time), unless an abort was asked: PeerLost then.
   Status OnComm(const std::function<Status()>& calls);
   Status Aborted() const;
   // Members the rendezvous service reports lost (none when it cannot say).
@@ -92,7 +76,9 @@ class NcclCommunicator : public Communicator {
   // NCCL error, a lost member or SPARK_HVD_TIMEOUT_S.
   Status WaitForStream();
 
-  Status DeviceBuffer(size_t bytes, void** out);  // the fusion buffer, grown as needed
+  // Scratch (a fusion buffer) on this rank's GPU for work about to be queued on the
+  // stream; the pool reuses it once that work is done, whenever the Buffer goes.
+  Status Scratch(size_t bytes, Buffer* out);
   bool WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
                   const std::function<Status(ncclRedOp_t)>& run, Status* status);
   Status Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
@@ -107,8 +93,9 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<CommHandle> comm_;
   int32_t device_ = -1;
   cudaStream_t stream_ = nullptr;
-  void* fusion_ = nullptr;
-  size_t fusion_bytes_ = 0;
+  std::shared_ptr<cuda::MemoryPool> pool_;  // this rank's GPU memory (Attached while connected)
+  bool user_stream_known_ = false;          // the op's outputs are read on user_stream_
+  cudaStream_t user_stream_ = nullptr;
   bool queued_ = false;                     // work queued since the last TakePending
   std::vector<std::vector<uint8_t>> keep_;  // host memory the queued copies read
 };

@@ -41,7 +41,6 @@ int ChunkOf(size_t e, size_t count, int n) {
 }  // namespace
 
 Status ShmCommunicator::Allreduce(const ReduceArgs& args) {
-  if (!one_host_) return NotHere("allreduce");
   return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
     return ReduceSegments(segments, args.dtype, args.op, scale);
   });
@@ -136,7 +135,7 @@ Status ShmCommunicator::SlicedRound(const SegmentLayout& buf, size_t count, size
 
 bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block, void* out,
                                           Status* status) {
-  if (!one_host_ || !group_ || args.tensors.size() != 1) return false;
+  if (!group_ || args.tensors.size() != 1) return false;
   const ReduceTensor& t = args.tensors[0];
   const size_t elem = DataTypeSize(args.dtype);
   const int n = size();
@@ -183,6 +182,69 @@ bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block,
   }
   *status = Status::OK();
   return true;
+}
+
+Status ShmCommunicator::ReduceScatterPieces(const SegmentLayout& buf, size_t count,
+                                            DataType dtype, ReduceOp op) {
+  return PieceRounds(buf, count, dtype, op, true);
+}
+
+Status ShmCommunicator::AllgatherPieces(const SegmentLayout& buf, size_t count, DataType dtype) {
+  return PieceRounds(buf, count, dtype, ReduceOp::kSum, false);
+}
+
+Status ShmCommunicator::PieceRounds(const SegmentLayout& buf, size_t count, DataType dtype,
+                                    ReduceOp op, bool reduce) {
+  if (!group_) return Status::OK();  // one member: its piece is the whole buffer
+  const size_t elem = DataTypeSize(dtype);
+  const int n = size();
+  const size_t sub = group_->slot_bytes() / elem / static_cast<size_t>(n);
+  if (sub == 0) {
+    return Status::InvalidArgument("SPARK_HVD_SHM_SLOT_BYTES=" +
+                                   std::to_string(group_->slot_bytes()) + " is too small for " +
+                                   std::to_string(n) + " ranks on a host: raise it");
+  }
+  auto piece = [&](int j) { return count * static_cast<size_t>(j) / static_cast<size_t>(n); };
+  auto part = [&](int j, size_t r0) {  // piece j's elements in the round starting at r0
+    const size_t len = piece(j + 1) - piece(j);
+    return r0 < len ? std::min(sub, len - r0) : 0;
+  };
+  size_t longest = 0;
+  for (int j = 0; j < n; ++j) longest = std::max(longest, piece(j + 1) - piece(j));
+  const char* what = reduce ? "allreduce (within the host)" : "allgather (within the host)";
+  const Chain chain{GetReduceFn(dtype, op), dtype, 1.0};
+  alignas(64) char acc[kBlockBytes];
+  std::vector<const char*> in(static_cast<size_t>(n));
+  for (size_t r0 = 0; r0 < longest; r0 += sub) {
+    uint64_t g;
+    Status s = group_->Next(what, &g);
+    if (!s.ok()) return s;
+    char* mine = group_->slot(rank_, g);
+    for (int j = 0; j < n; ++j) {
+      if ((reduce || j == rank_) && part(j, r0) > 0) {
+        buf.CopyOut((piece(j) + r0) * elem, part(j, r0) * elem, mine + j * sub * elem);
+      }
+    }
+    group_->Post(shm::Counter::kStarted, g);
+    s = group_->Wait(shm::Counter::kStarted, g, what);
+    if (!s.ok()) return s;
+    if (reduce) {
+      const size_t len = part(rank_, r0), block = kBlockBytes / elem;
+      for (size_t off = 0; off < len; off += block) {
+        const size_t m = std::min(block, len - off);
+        for (int k = 0; k < n; ++k) in[k] = group_->slot(k, g) + (rank_ * sub + off) * elem;
+        chain.Run(acc, in.data(), n, m);
+        buf.CopyIn((piece(rank_) + r0 + off) * elem, m * elem, acc);
+      }
+      continue;
+    }
+    for (int j = 0; j < n; ++j) {
+      if (j != rank_ && part(j, r0) > 0) {
+        buf.CopyIn((piece(j) + r0) * elem, part(j, r0) * elem, group_->slot(j, g) + j * sub * elem);
+      }
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace spark_hvd

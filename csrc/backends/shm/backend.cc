@@ -24,7 +24,7 @@ class ShmBackend : public Backend {
   }
   bool Accepts(int32_t device, OpType, DataType) const override { return device == kCpuDevice; }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
-    return ShmCommunicator::ConnectAll(o);
+    return ConnectShmAll(o);
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "backends/members.h"
 #include "backends/shm/group.h"
+#include "backends/shm/hierarchical.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -44,25 +45,19 @@ std::string ShmHostKey(const std::string& host) {
 }
 
 ShmCommunicator::ShmCommunicator(const BackendOptions& options, std::vector<int32_t> members,
-                                 std::shared_ptr<const std::vector<std::string>> hosts,
-                                 int32_t set_id)
+                                 HostKeys hosts, const std::string& group)
     : options_(options),
       members_(std::move(members)),
       rank_(MemberRank(members_, options.rank)),
       hosts_(std::move(hosts)) {
-  const std::string& mine = (*hosts_)[static_cast<size_t>(options.rank)];
-  one_host_ = std::all_of(members_.begin(), members_.end(),
-                          [&](int32_t r) { return (*hosts_)[static_cast<size_t>(r)] == mine; });
-  if (one_host_ && members_.size() > 1) {
-    group_ = shm::ConnectGroup(options_, members_, set_id, SlotBytes());
-  }
-  SHVD_LOG(kDebug, "shm") << "rank " << rank_ << " of " << members_.size() << " (set " << set_id
-                          << ") " << (one_host_ ? "connected" : "spans hosts: runs nothing");
+  if (members_.size() > 1) group_ = shm::ConnectGroup(options_, members_, group, SlotBytes());
+  SHVD_LOG(kDebug, "shm") << "rank " << rank_ << " of " << members_.size() << " connected ("
+                          << group << ")";
 }
 
 ShmCommunicator::~ShmCommunicator() = default;
 
-std::unique_ptr<ShmCommunicator> ShmCommunicator::ConnectAll(const BackendOptions& options) {
+std::unique_ptr<Communicator> ConnectShmAll(const BackendOptions& options) {
   const std::string key = ShmHostKey(options.host);
   std::vector<std::string> keys{key};
   if (options.size > 1) {
@@ -73,27 +68,17 @@ std::unique_ptr<ShmCommunicator> ShmCommunicator::ConnectAll(const BackendOption
     }
     keys = shm::ExchangeHostKeys(options, key);
   }
-  auto hosts = std::make_shared<const std::vector<std::string>>(std::move(keys));
-  return std::unique_ptr<ShmCommunicator>(
-      new ShmCommunicator(options, AllRanks(options.size), std::move(hosts), 0));
+  return ConnectShmSet(options, AllRanks(options.size),
+                       std::make_shared<const std::vector<std::string>>(std::move(keys)), 0);
 }
 
 std::unique_ptr<Communicator> ShmCommunicator::Split(const std::vector<int32_t>& ranks,
                                                      int32_t set_id) {
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
-  return std::unique_ptr<Communicator>(
-      new ShmCommunicator(options_, SplitMembers(members_, ranks), hosts_, set_id));
-}
-
-bool ShmCommunicator::Runs(OpType) const { return one_host_; }
-
-Status ShmCommunicator::NotHere(const char* op) const {
-  return Status::Internal(std::string("shm ") + op + " on a communicator whose ranks span " +
-                          "hosts (it runs no op; the executor should have chosen another)");
+  return ConnectShmSet(options_, SplitMembers(members_, ranks), hosts_, set_id);
 }
 
 Status ShmCommunicator::Barrier() {
-  if (!one_host_) return NotHere("barrier");
   if (!group_) return Status::OK();
   uint64_t g;
   Status s = group_->Next("barrier", &g);
@@ -103,7 +88,6 @@ Status ShmCommunicator::Barrier() {
 }
 
 Status ShmCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
-  if (!one_host_) return NotHere("broadcast");
   if (!group_) return Status::OK();
   char* data = static_cast<char*>(buf);
   const size_t slot = group_->slot_bytes();
@@ -124,7 +108,11 @@ Status ShmCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
 
 Status ShmCommunicator::Allgatherv(const void* in, void* out,
                                    const std::vector<int64_t>& bytes_per_rank) {
-  if (!one_host_) return NotHere("allgather");
+  return Gather(in, out, bytes_per_rank, "allgather");
+}
+
+Status ShmCommunicator::Gather(const void* in, void* out,
+                               const std::vector<int64_t>& bytes_per_rank, const char* what) {
   const size_t n = bytes_per_rank.size();
   std::vector<size_t> offset(n + 1, 0);
   for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + static_cast<size_t>(bytes_per_rank[r]);
@@ -137,11 +125,11 @@ Status ShmCommunicator::Allgatherv(const void* in, void* out,
   const size_t slot = group_->slot_bytes();
   for (size_t a = 0; a < most; a += slot) {
     uint64_t g;
-    Status s = group_->Next("allgather", &g);
+    Status s = group_->Next(what, &g);
     if (!s.ok()) return s;
     if (a < mine) std::memcpy(group_->slot(rank_, g), dst + offset[rank_] + a, std::min(slot, mine - a));
     group_->Post(shm::Counter::kStarted, g);
-    s = group_->Wait(shm::Counter::kStarted, g, "allgather");
+    s = group_->Wait(shm::Counter::kStarted, g, what);
     if (!s.ok()) return s;
     for (size_t r = 0; r < n; ++r) {
       const size_t theirs = static_cast<size_t>(bytes_per_rank[r]);
@@ -154,12 +142,12 @@ Status ShmCommunicator::Allgatherv(const void* in, void* out,
 }
 
 Status ShmCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes) {
-  return Allgatherv(in, out, std::vector<int64_t>(members_.size(), bytes));
+  // The engine's per-cycle exchange (and alltoall's sizes).
+  return Gather(in, out, std::vector<int64_t>(members_.size(), bytes), "exchange");
 }
 
 Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
                                   void* out, const std::vector<int64_t>& recv_bytes) {
-  if (!one_host_) return NotHere("alltoall");
   const size_t n = send_bytes.size();
   std::vector<size_t> soff(n + 1, 0), roff(n + 1, 0);
   for (size_t r = 0; r < n; ++r) {

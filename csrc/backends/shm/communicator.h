@@ -29,9 +29,11 @@
 // (pages are touched as rounds use them); a larger op streams through it in rounds,
 // which keeps the slots in cache. Nothing is allocated per op but the executor's own.
 //
-// Sets: a communicator among members on one host runs every op; one whose members
-// span hosts runs none (Runs() is false: the set's ops go to the next backend, tcp)
-// and only splits, so a process set within one host still gets shared memory.
+// Sets: a communicator among members on one host (ShmCommunicator) runs every op; one
+// whose members span hosts (HierarchicalCommunicator, hierarchical.h) runs allreduce and
+// allgather in steps within and across hosts where asked to, declines the rest (Runs:
+// they go to the next backend, tcp), and splits, so a process set within one host still
+// gets shared memory.
 #pragma once
 
 #include <memory>
@@ -53,19 +55,27 @@ class Group;
 // memory.
 std::string ShmHostKey(const std::string& host);
 
+// Every job rank's host key, by rank.
+using HostKeys = std::shared_ptr<const std::vector<std::string>>;
+
+// The shm backend's communicator among every rank of the job: exchanges host keys through
+// the store (under "<store_prefix>/shm/hosts"), then ConnectShmSet (hierarchical.h).
+std::unique_ptr<Communicator> ConnectShmAll(const BackendOptions& options);
+
+// Among members that all share this host.
 class ShmCommunicator : public Communicator {
  public:
-  // The communicator among every rank of the job: exchanges host keys through the store
-  // (under "<store_prefix>/shm/hosts"), then connects if every rank is on this host.
-  static std::unique_ptr<ShmCommunicator> ConnectAll(const BackendOptions& options);
+  // Connects `members` (job ranks, sorted, this rank among them, all on this host) under
+  // "<store_prefix>/shm/<group>" in the store. Collective over the members.
+  ShmCommunicator(const BackendOptions& options, std::vector<int32_t> members, HostKeys hosts,
+                  const std::string& group);
   ~ShmCommunicator() override;
 
   const char* name() const override { return "shm"; }
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(members_.size()); }
-  bool Runs(OpType op) const override;
-  // Whether every member is on this host.
-  bool one_host() const { return one_host_; }
+  // Every member shares this host: the engine's per-cycle exchange runs here too.
+  bool CarriesControl() const override { return true; }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
   Status Allreduce(const ReduceArgs& args) override;
@@ -78,11 +88,18 @@ class ShmCommunicator : public Communicator {
                            Status* status) override;
   std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
 
- private:
-  // hosts: every job rank's host key.
-  ShmCommunicator(const BackendOptions& options, std::vector<int32_t> members,
-                  std::shared_ptr<const std::vector<std::string>> hosts, int32_t set_id);
+  // The steps a hierarchical allreduce takes within a host, over `buf` (count elements,
+  // in place), cut into size() pieces: piece j = [count * j / size, count * (j+1) / size).
+  // ReduceScatterPieces: member j ends with piece j reduced over the members (rank order,
+  // no scaling); the other pieces of its buffer are left as they were.
+  Status ReduceScatterPieces(const SegmentLayout& buf, size_t count, DataType dtype, ReduceOp op);
+  // AllgatherPieces: every member's piece j is copied from member j.
+  Status AllgatherPieces(const SegmentLayout& buf, size_t count, DataType dtype);
 
+ private:
+  // Allgatherv, its waits named `what`.
+  Status Gather(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank,
+                const char* what);
   // allreduce.cc
   Status ReduceSegments(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
                         double scale);
@@ -90,15 +107,17 @@ class ShmCommunicator : public Communicator {
                      double scale);
   Status SlicedRound(const SegmentLayout& buf, size_t count, size_t a, size_t b, DataType dtype,
                      ReduceOp op, double scale);
-  // An op on a communicator that cannot run it (spans hosts): an internal error.
-  Status NotHere(const char* op) const;
+  // ReduceScatterPieces (reduce) or AllgatherPieces: in rounds, each slot holds for every
+  // piece j a sub-range of it (reduce: the member's data for every piece; else its own
+  // piece's result) at j x (slot / size).
+  Status PieceRounds(const SegmentLayout& buf, size_t count, DataType dtype, ReduceOp op,
+                     bool reduce);
 
   BackendOptions options_;
   std::vector<int32_t> members_;  // job ranks
   int rank_;
-  std::shared_ptr<const std::vector<std::string>> hosts_;
-  bool one_host_;
-  std::unique_ptr<shm::Group> group_;  // one host and more than one member
+  HostKeys hosts_;
+  std::unique_ptr<shm::Group> group_;  // more than one member
 };
 
 }  // namespace spark_hvd

@@ -1,5 +1,5 @@
 // Set-up of a shm communicator among `members` (job ranks, all on this host), under
-// "<store_prefix>/shm/set<id>" in the rendezvous store. Every member r runs:
+// "<store_prefix>/shm/<name>" in the rendezvous store. Every member r runs:
 //  1. Create its segment (segment.h: a memfd of mode 0600, sealed at its size) and
 //     write its header. The segment has no name anywhere: until step 4 no other process
 //     can reach it, and its memory goes when the last process that maps it does.
@@ -379,9 +379,9 @@ class Setup {
 }  // namespace
 
 std::unique_ptr<Group> ConnectGroup(const BackendOptions& options,
-                                    const std::vector<int32_t>& members, int32_t set_id,
-                                    size_t slot_bytes) {
-  return Setup(options, members, "set" + std::to_string(set_id), slot_bytes).Run();
+                                    const std::vector<int32_t>& members,
+                                    const std::string& name, size_t slot_bytes) {
+  return Setup(options, members, name, slot_bytes).Run();
 }
 
 std::vector<std::string> ExchangeHostKeys(const BackendOptions& options, const std::string& key) {

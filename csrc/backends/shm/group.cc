@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -46,6 +47,21 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t value, double seconds) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, value, &ts, nullptr, 0);
 }
 
+// A pidfd (readable once the process exits) of the process at the other end of a
+// connected Unix socket, its pid as the kernel sees it from here; -1 where the kernel has
+// no pidfd_open or the peer is in another pid namespace.
+int PeerPidfd(int sock) {
+#ifdef SYS_pidfd_open
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.pid <= 0) return -1;
+  return static_cast<int>(::syscall(SYS_pidfd_open, cred.pid, 0));
+#else
+  (void)sock;
+  return -1;
+#endif
+}
+
 void FutexWake(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
             nullptr, 0);
@@ -59,11 +75,23 @@ Group::Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps
       job_ranks_(std::move(job_ranks)),
       maps_(std::move(maps)),
       socks_(std::move(socks)),
+<<<<<<< HEAD
       timeout_s_(timeout_s),
       liveness_(liveness) {}
+=======
+      pidfds_(socks_.size(), -1),
+      timeout_s_(timeout_s) {
+  for (size_t r = 0; r < socks_.size(); ++r) {
+    if (socks_[r] >= 0) pidfds_[r] = PeerPidfd(socks_[r]);
+  }
+}
+>>>>>>> main
 
 Group::~Group() {
   for (int fd : socks_) {
+    if (fd >= 0) ::close(fd);
+  }
+  for (int fd : pidfds_) {
     if (fd >= 0) ::close(fd);
   }
 }
@@ -152,11 +180,12 @@ Status Group::Wait(Counter c, uint64_t round, const char* what, int peer) {
 }
 
 Status Group::CheckPeers(const char* what) {
-  std::vector<pollfd> pfds;
+  std::vector<pollfd> pfds;  // each peer's socket (closed), then its pidfd (exited)
   std::vector<int> peers;
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
     pfds.push_back(pollfd{socks_[static_cast<size_t>(r)], POLLRDHUP, 0});
+    pfds.push_back(pollfd{pidfds_[static_cast<size_t>(r)], POLLIN, 0});  // -1: ignored
     peers.push_back(r);
   }
   // The heartbeats lost a peer (stopped, hung, gone): no need to wait out the timeout.
@@ -171,8 +200,9 @@ Status Group::CheckPeers(const char* what) {
   // stopped on a failure of its own; the others died (or shut down) without a word.
   std::vector<int32_t> lost, stopped;
   std::string pids;
-  for (size_t i = 0; i < pfds.size(); ++i) {
-    if (!(pfds[i].revents & (POLLRDHUP | POLLHUP | POLLERR))) continue;
+  for (size_t i = 0; i < peers.size(); ++i) {
+    const bool closed = pfds[2 * i].revents & (POLLRDHUP | POLLHUP | POLLERR);
+    if (!closed && pfds[2 * i + 1].revents == 0) continue;
     const Header* h = maps_[static_cast<size_t>(peers[i])].header();
     const int32_t job_rank = job_ranks_[static_cast<size_t>(peers[i])];
     if (h->failed.load(std::memory_order_acquire) != 0) {
@@ -199,8 +229,8 @@ Status Group::CheckPeers(const char* what) {
   return Fail(Status::PeerLost(
       std::string("shm ") + what + " on rank " + me + " lost rank" +
           (lost.size() > 1 ? "s " : " ") + JoinRanks(lost) + " (pid " + pids +
-          "): the connection closed without a failure of its own (the process exited or was "
-          "killed)",
+          "): it exited, or its connection closed, without a failure of its own (the process "
+          "was killed, or ended)",
       lost));
 }
 

@@ -1,6 +1,8 @@
 // Group: the members of one shm communicator as one rank sees them: every member's
 // mapped segment (segment.h) and a connected Unix socket to each peer, whose closing
-// says the peer is gone (the kernel closes a killed process's). Internal to shm/.
+// says the peer is gone (the kernel closes a killed process's), and where the kernel
+// allows, a pidfd of each peer's process, which says so even when a child the peer forked
+// (a data loader) still holds its end of the socket. Internal to shm/.
 //
 // Synchronisation is two counters per member, `started` and `reduced` (segment.h),
 // each written by its owner only, in rounds numbered alike on every member:
@@ -74,6 +76,7 @@ class Group {
   std::vector<int32_t> job_ranks_;
   std::vector<Mapping> maps_;
   std::vector<int> socks_;
+  std::vector<int> pidfds_;  // by member; -1 where none (this rank, no pidfd_open)
   double timeout_s_;
   PeerLiveness* liveness_;
   uint64_t round_ = 0;     // the last round this rank started
@@ -82,11 +85,12 @@ class Group {
 };
 
 // The set-up (connect.cc): this rank's segment made, every member's mapped, a
-// connection to each peer. Collective over `members` (job ranks, sorted, all on this
-// host, options.rank among them). Throws StatusError.
+// connection to each peer, through "<store_prefix>/shm/<name>" in the store (a name
+// unique to the group). Collective over `members` (job ranks, sorted, all on this host,
+// options.rank among them). Throws StatusError.
 std::unique_ptr<Group> ConnectGroup(const BackendOptions& options,
-                                    const std::vector<int32_t>& members, int32_t set_id,
-                                    size_t slot_bytes);
+                                    const std::vector<int32_t>& members,
+                                    const std::string& name, size_t slot_bytes);
 // Every job rank's host key (HostKey, communicator.h), by rank: each rank publishes its
 // own under "<store_prefix>/shm/hosts" and reads the others'. Collective over the job.
 std::vector<std::string> ExchangeHostKeys(const BackendOptions& options, const std::string& key);

@@ -51,6 +51,7 @@ int CreateSegment(size_t slot_bytes, int rank, Mapping* out) {
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) fail("mmap");
   *out = Mapping(base, bytes);
+  ::madvise(base, bytes, MADV_DONTFORK);  // a forked child (a data loader) never holds it
   Header* h = new (base) Header{};
   h->magic = kMagic;
   h->rank = rank;
@@ -79,6 +80,7 @@ Mapping MapSegment(int fd, size_t slot_bytes, int peer) {
   void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) Throw("mmap of rank " + std::to_string(peer) + "'s segment", errno);
   Mapping m(base, bytes);
+  ::madvise(base, bytes, MADV_DONTFORK);
   const Header* h = m.header();
   if (h->magic != kMagic || h->rank != peer || h->slot_bytes != slot_bytes) {
     throw StatusError(Status::Internal(

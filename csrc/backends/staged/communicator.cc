@@ -7,15 +7,15 @@
 namespace spark_hvd {
 namespace {
 
-// The copies back to the GPU, seen through an event behind them.
+// The copies back to the GPU, seen through an event behind them. Their pinned buffers
+// went back to the pool when they were queued: the next user of one orders its work after
+// them (memory_pool.h), and the host touches one only after synchronizing its stream.
 class CopiesBack : public PendingWork {
  public:
-  CopiesBack(const cuda::CudaApi* cuda, int32_t device, cudaEvent_t event,
-             std::vector<std::shared_ptr<void>> keep)
-      : cuda_(cuda), device_(device), event_(event), keep_(std::move(keep)) {}
-  ~CopiesBack() override { cuda_->EventDestroy(event_); }
+  CopiesBack(const cuda::CudaApi* cuda, int32_t device, cuda::PooledEvent event)
+      : cuda_(cuda), device_(device), event_(std::move(event)) {}
   bool Poll(Status* status) override {
-    const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_);
+    const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_.get());
     if (q == cudaErrorNotReady) return false;
     *status = q == cudaSuccess ? Status::OK()
                                : Status::Internal(std::string("CUDA error in a staged copy: ") +
@@ -24,14 +24,13 @@ class CopiesBack : public PendingWork {
   }
   void Abort() override {}  // host-side copies finish on their own
   bool Quiesced() override {
-    return cuda::QueryOnDevice(cuda_, device_, event_) != cudaErrorNotReady;
+    return cuda::QueryOnDevice(cuda_, device_, event_.get()) != cudaErrorNotReady;
   }
 
  private:
   const cuda::CudaApi* cuda_;
   int32_t device_;
-  cudaEvent_t event_;
-  std::vector<std::shared_ptr<void>> keep_;  // pinned buffers the copies read
+  cuda::PooledEvent event_;
 };
 
 }  // namespace
@@ -44,6 +43,8 @@ StagedCommunicator::~StagedCommunicator() {
   // No wait: the stream's resources go once its work is done, and the pinned
   // buffers that work reads are held by its InFlight item.
   if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
+  if (device_pool_) device_pool_->Detach();
+  if (pinned_pool_) pinned_pool_->Detach();
 }
 
 void StagedCommunicator::Abort() { host_->Abort(); }
@@ -52,7 +53,8 @@ Status StagedCommunicator::Check(cudaError_t err, const char* what) const {
   return cuda::CudaStatus(cuda_, err, std::string(what) + " (staged GPU op)");
 }
 
-Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& streams) {
+Status StagedCommunicator::Prepare(const DeviceInputs& inputs) {
+  int32_t device = inputs.device;
   if (device < 0) device = device_;
   if (device < 0) {
     return Status::InvalidArgument(
@@ -62,6 +64,12 @@ Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& str
   Status s = Check(cuda_->SetDevice(device), "cudaSetDevice");
   if (s.ok() && stream_ == nullptr) {
     s = Check(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (s.ok()) {
+      device_pool_ = cuda::MemoryPool::Of(cuda_, device, cuda::MemoryPool::kDevice);
+      pinned_pool_ = cuda::MemoryPool::Of(cuda_, device, cuda::MemoryPool::kPinned);
+      device_pool_->Attach();
+      pinned_pool_->Attach();
+    }
   } else if (s.ok() && device != device_) {
     s = Status::InvalidArgument("a rank's GPU ops must stay on one device: GPU " +
                                 std::to_string(device_) + " then GPU " + std::to_string(device));
@@ -69,23 +77,23 @@ Status StagedCommunicator::Prepare(int32_t device, const std::vector<void*>& str
   if (!s.ok()) return s;
   device_ = device;
   pinned_.clear();
-  return cuda::WaitForStreams(cuda_, stream_, streams);
+  user_stream_known_ = inputs.streams.size() == 1;
+  user_stream_ = user_stream_known_ ? static_cast<cudaStream_t>(inputs.streams[0]) : nullptr;
+  return cuda::WaitForEvents(cuda_, stream_, inputs.ready);
 }
 
 Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
-  void* p = nullptr;
-  Status s = Check(cuda_->MallocHost(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1))),
-                   "cudaMallocHost");
+  Buffer buf;
+  Status s = pinned_pool_->Allocate(bytes, stream_, &buf);
   if (!s.ok()) return s;
-  const cuda::CudaApi* cuda = cuda_;
-  const int32_t device = device_;
-  pinned_.emplace_back(p, [cuda, device](void* q) { cuda::FreeLater(cuda, device, q, true); });
-  *out = p;
+  pinned_.push_back(std::move(buf.owner));
+  *out = buf.data;
   return Status::OK();
 }
 
 Status StagedCommunicator::ToHost(void* host, const void* device, int64_t bytes) {
   if (bytes == 0) return Status::OK();
+  queued_ = true;  // the op's device buffers are kept until the copy ran, even if it fails
   return Check(cuda_->MemcpyAsync(host, device, static_cast<size_t>(bytes),
                                   cudaMemcpyDeviceToHost, stream_),
                "cudaMemcpyAsync (to host)");
@@ -112,21 +120,19 @@ Status StagedCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
 }
 
 Status StagedCommunicator::Allocate(int64_t bytes, Buffer* out) {
-  return cuda::AllocateDevice(cuda_, device_, bytes, out);
+  return device_pool_->Allocate(bytes, stream_, out, user_stream_known_ ? &user_stream_ : nullptr);
 }
 
 std::unique_ptr<PendingWork> StagedCommunicator::TakePending() {
-  if (!queued_) {
-    pinned_.clear();
-    return nullptr;
-  }
+  pinned_.clear();  // back to the pool, ordered behind the copies queued on the stream
+  if (!queued_) return nullptr;
   queued_ = false;
-  cudaEvent_t done = cuda::EventAfterQueuedWork(cuda_, stream_);
-  if (done == nullptr) {
-    pinned_.clear();
+  cuda::PooledEvent done;
+  if (!cuda::EventAfterQueuedWork(cuda_, device_, stream_, &done).ok()) {
+    Wait();  // cannot observe the copies: let them finish before the op's buffers go
     return nullptr;
   }
-  return std::make_unique<CopiesBack>(cuda_, device_, done, std::move(pinned_));
+  return std::make_unique<CopiesBack>(cuda_, device_, std::move(done));
 }
 
 Status StagedCommunicator::AllgatherFixed(const void*, void*, int64_t) {

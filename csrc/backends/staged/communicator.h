@@ -2,9 +2,10 @@
 // CPU communicator among the same ranks (tcp, gloo or mpi). For jobs where NCCL is
 // not there (the CUDA runtime is), where SPARK_HVD_GPU_OPERATIONS names a CPU
 // backend, or where several ranks share one GPU (which NCCL refuses). Each op waits
-// for its inputs' streams, copies them to host memory on its own stream, runs the
-// CPU collective, and queues the copies back; the op completes (InFlight) when they
-// have run, and only then are its pinned buffers freed.
+// for its inputs' ready events, copies them to pinned host memory on its own stream, runs
+// the CPU collective, and queues the copies back; the op completes (InFlight) when they
+// have run. Its pinned buffers go back to their pool once the copies are queued: a
+// later user orders its work after them, and the host touches one only after a Wait().
 #pragma once
 
 #include <memory>
@@ -12,6 +13,7 @@
 
 #include "backends/communicator.h"
 #include "backends/cuda/loader.h"
+#include "backends/cuda/memory_pool.h"
 
 namespace spark_hvd {
 
@@ -33,7 +35,7 @@ class StagedCommunicator : public Communicator {
   Status Barrier() override { return host_->Barrier(); }
   std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override;
 
-  Status Prepare(int32_t device, const std::vector<void*>& streams) override;
+  Status Prepare(const DeviceInputs& inputs) override;
   Status Copy(void* dst, const void* src, int64_t bytes) override;
   Status Allocate(int64_t bytes, Buffer* out) override;
   std::unique_ptr<PendingWork> TakePending() override;
@@ -41,7 +43,8 @@ class StagedCommunicator : public Communicator {
 
  private:
   Status Check(cudaError_t err, const char* what) const;
-  // Pinned host memory, kept until the op's queued copies have run.
+  // Pinned host memory from the pool, for the current op; the host reads or writes it only
+  // after a Wait(), which covers whatever its previous users queued (memory_pool.h).
   Status Pinned(int64_t bytes, void** out);
   Status ToHost(void* host, const void* device, int64_t bytes);
   Status ToDevice(void* device, const void* host, int64_t bytes);
@@ -51,7 +54,11 @@ class StagedCommunicator : public Communicator {
   const cuda::CudaApi* cuda_;
   int32_t device_ = -1;
   cudaStream_t stream_ = nullptr;
-  bool queued_ = false;
+  // This rank's GPU memory and pinned host memory (Attached from the first op on).
+  std::shared_ptr<cuda::MemoryPool> device_pool_, pinned_pool_;
+  bool user_stream_known_ = false;  // the op's outputs are read on user_stream_
+  cudaStream_t user_stream_ = nullptr;
+  bool queued_ = false;  // copies queued since the last TakePending
   std::vector<std::shared_ptr<void>> pinned_;  // of the current op
 };
 

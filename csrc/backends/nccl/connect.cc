@@ -1,0 +1,104 @@
+// NcclCommunicator's set-up (communicator.h): the NCCL communicator among the members,
+// made at their first GPU op, with rank 0's unique id passed through the rendezvous store.
+#include <chrono>
+#include <condition_variable>
+#include <thread>
+
+#include "backends/nccl/communicator.h"
+#include "common/logging.h"
+
+namespace spark_hvd {
+namespace nccl {
+
+Status NcclCommunicator::Connect(int32_t device) {
+  Status s = CudaCheck(cuda_->SetDevice(device),
+                       ("cudaSetDevice(" + std::to_string(device) + ")").c_str());
+  if (!s.ok()) return s;
+  ncclUniqueId id;
+  const std::string key = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/id";
+  try {
+    if (rank_ == 0) {
+      s = NcclCheck(nccl_->GetUniqueId(&id), "ncclGetUniqueId");
+      if (!s.ok()) return s;
+      if (options_.store) options_.store->Set(key, std::string(id.internal, sizeof(id.internal)));
+    } else {
+      SHVD_CHECK(options_.store != nullptr);
+      const std::string v = options_.store->Get(key, options_.connect_timeout_s);
+      SHVD_CHECK_EQ(v.size(), sizeof(id.internal));
+      std::memcpy(id.internal, v.data(), sizeof(id.internal));
+    }
+  } catch (const StatusError& e) {
+    return e.status();
+  }
+  auto handle = std::make_shared<CommHandle>();
+  handle->nccl = nccl_;
+  s = InitRank(handle, device, id);
+  if (!s.ok()) return s;
+  comm_ = handle;
+  s = CudaCheck(cuda_->StreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                "cudaStreamCreateWithFlags");
+  if (!s.ok()) return s;
+  device_ = device;
+  pool_ = cuda::MemoryPool::Of(cuda_, device, cuda::MemoryPool::kDevice);
+  pool_->Attach();
+  SHVD_LOG(kDebug, "nccl") << "rank " << rank_ << " of " << size() << " (set " << set_id_
+                           << ") on GPU " << device;
+  return Status::OK();
+}
+
+// ncclCommInitRank blocks until every member joins, and a member that died (or
+// failed before it) never does. So it runs on a thread of its own while this one
+// watches: a member the rendezvous service reports lost, or the start deadline
+// (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang; the
+// abandoned init thread keeps what it uses alive and exits with the process, or, if
+// its init still completes, aborts that communicator (nobody will use it, and
+// destroying it would wait for the other local ranks).
+Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int32_t device,
+                                  const ncclUniqueId& id) {
+  struct Init {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;  // the waiter gave up
+    ncclResult_t result = ncclSuccess;
+  };
+  auto init = std::make_shared<Init>();
+  std::thread([init, handle, cuda = cuda_, nccl = nccl_, device, id, n = size(), r = rank_] {
+    cuda->SetDevice(device);  // the current device is per thread; NCCL takes it from here
+    ncclComm_t comm = nullptr;
+    const ncclResult_t result = nccl->CommInitRank(&comm, n, id, r);
+    std::lock_guard<std::mutex> lock(init->mu);
+    if (init->abandoned) {
+      if (result == ncclSuccess) nccl->CommAbort(comm);
+      return;
+    }
+    handle->comm = result == ncclSuccess ? comm : nullptr;
+    init->result = result;
+    init->done = true;
+    init->cv.notify_all();
+  }).detach();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration<double>(options_.connect_timeout_s);
+  std::unique_lock<std::mutex> lock(init->mu);
+  while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
+    const std::vector<int32_t> lost = MembersLost();
+    if (!lost.empty()) {
+      init->abandoned = true;
+      return Status::PeerLost("ncclCommInitRank on rank " + std::to_string(options_.rank) +
+                                  " stopped waiting: the rendezvous service lost rank(s) " +
+                                  JoinRanks(lost),
+                              lost);
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      init->abandoned = true;
+      return Status::Timeout("ncclCommInitRank on rank " + std::to_string(options_.rank) +
+                             " waited " + std::to_string(options_.connect_timeout_s) +
+                             " s (SPARK_HVD_START_TIMEOUT_S) for the other ranks of the GPU "
+                             "communicator; one failed before its first GPU op or is stuck");
+    }
+  }
+  return NcclCheck(init->result, "ncclCommInitRank");
+}
+
+}  // namespace nccl
+}  // namespace spark_hvd
