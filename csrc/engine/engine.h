@@ -101,14 +101,10 @@ class Engine {
   Autotuner tuner_;
   CacheStats cache_stats_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
-<<<<<<< HEAD
-                                     // backend that can carry it
+                                     // backend that can carry it (CarriesControl)
   // The job's heartbeats (backends/liveness.h): started before the communicators,
   // left before they are destroyed.
   std::unique_ptr<PeerLiveness> liveness_;
-=======
-                                     // backend that can carry it (CarriesControl)
->>>>>>> main
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -75,17 +75,13 @@ Group::Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps
       job_ranks_(std::move(job_ranks)),
       maps_(std::move(maps)),
       socks_(std::move(socks)),
-<<<<<<< HEAD
-      timeout_s_(timeout_s),
-      liveness_(liveness) {}
-=======
       pidfds_(socks_.size(), -1),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s),
+      liveness_(liveness) {
   for (size_t r = 0; r < socks_.size(); ++r) {
     if (socks_[r] >= 0) pidfds_[r] = PeerPidfd(socks_[r]);
   }
 }
->>>>>>> main
 
 Group::~Group() {
   for (int fd : socks_) {
