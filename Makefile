@@ -118,8 +118,17 @@ docs: $(STAMP_DEPS)
 	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict --site-dir site
 
 # Suites that start a SparkSession run in their own pytest process (one JVM each:
-# a local-cluster session and a local[N] one cannot share a driver).
-TEST_GROUPS := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic" "tests/spark" "tests/estimators" "tests/wheel"
+# a local-cluster session and a local[N] one cannot share a driver). `make test` runs the
+# groups one after the other and prints each one's wall time; LANES=2 runs them in two
+# lanes side by side instead, for the time each lane leaves a core idle (launches of one
+# rank, JVM and interpreter start-ups, waits for peers and timeouts). Lane 1: the groups
+# without Spark; lane 2: the docs, the Spark groups (which hold Spark Connect's port 15002
+# in turn, never at once), the wheel, the compat environment. `docs` and `compat_env` name
+# the docs build and tests/compat_env.
+TEST_LANE_1 := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic"
+TEST_LANE_2 := docs "tests/spark" "tests/estimators" "tests/wheel" compat_env
+TEST_GROUPS := $(TEST_LANE_1) $(TEST_LANE_2)
+LANES ?= 1
 
 # npm as the machine has it, or Debian's nodejs and npm where it has none.
 $(STAMP_AZURITE):
@@ -136,18 +145,35 @@ $(STAMP_NVIDIA): | $(VPY)
 # Each group lists its slowest tests at the end (where CI's time goes).
 DURATIONS := 25
 
+# Lane 2's output goes to this file while it runs and is printed when both lanes are done;
+# each group's wall time is printed after it (`== <group>: N s`).
+LANE_2_LOG := build/test-lane-2.log
+
+# spark_hvd's TensorFlow kernels are compiled on first use and cached (per TensorFlow version
+# and source); built here first, so that no rank job of the suite waits for the compiler.
 test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
-	@status=0; $(MAKE) --no-print-directory docs || status=1; for group in $(TEST_GROUPS); do \
-	  dirs=""; for d in $$group; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
-	  [ -n "$$dirs" ] || continue; \
-	  echo "== pytest$$dirs"; \
-	  $(VPY) -m pytest $$dirs -q -p no:cacheprovider --durations=$(DURATIONS) $(PYTEST_ARGS) \
-	    || status=1; \
-	done; \
-	echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
-	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
-	  $(PYTEST_ARGS) || status=1; \
-	exit $$status
+	@if $(VPY) -c "import tensorflow" 2>/dev/null; then \
+	  echo "== TensorFlow kernels"; $(VPY) -m spark_hvd.tensorflow.build_kernels || exit 1; fi
+	@group() { case "$$1" in \
+	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
+	    compat_env) echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
+	      $(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
+	        $(PYTEST_ARGS);; \
+	    *) dirs=""; for d in $$1; do [ -d $$d ] && dirs="$$dirs $$d"; done; \
+	      [ -n "$$dirs" ] || return 0; echo "== pytest$$dirs"; \
+	      $(VPY) -m pytest $$dirs -q -p no:cacheprovider --durations=$(DURATIONS) $(PYTEST_ARGS);; \
+	  esac; }; \
+	lane() { local s=0 g t; for g in "$$@"; do t=$$SECONDS; group "$$g" || s=1; \
+	  echo "== $$g: $$((SECONDS - t)) s"; done; return $$s; }; \
+	status=0; start=$$SECONDS; \
+	if [ "$(LANES)" = 1 ]; then lane $(TEST_GROUPS) || status=1; else \
+	  mkdir -p $(dir $(LANE_2_LOG)); \
+	  ( lane $(TEST_LANE_2) ) > $(LANE_2_LOG) 2>&1 & pid=$$!; \
+	  lane $(TEST_LANE_1) || status=1; \
+	  wait $$pid || status=1; \
+	  echo "== lane 2 ($(LANE_2_LOG)):"; cat $(LANE_2_LOG); \
+	fi; \
+	echo "== make test: $$((SECONDS - start)) s, exit $$status"; exit $$status
 
 # Day-to-day: the groups without Spark, multi-rank tests at one rank count (FAST_NP;
 # tests/conftest.py's --np). CI runs `make test`.

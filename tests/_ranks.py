@@ -78,6 +78,16 @@ def hvdrun(np: int, argv: Sequence[str], *, mpi: Optional[bool] = None,
             out, err = proc.communicate()
         err += f"\nharness: the job was killed after {timeout} s (hang)\n"
         return subprocess.CompletedProcess(cmd, -signal.SIGKILL, out, err)
+    except BaseException:  # the test gave up (pytest-timeout, Ctrl-C): the job ends with it
+        proc.send_signal(signal.SIGTERM)  # spark-hvdrun stops its ranks
+        try:
+            proc.wait(TERM_GRACE_S)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

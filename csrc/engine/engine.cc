@@ -367,7 +367,7 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
   for (auto& e : entries) {
     e.req.rank = rank_;
     Validate(e.req);
-    e.state = std::make_shared<OpState>();
+    if (!e.state) e.state = std::make_shared<OpState>();  // the C API brings its own
     e.enqueue_us = now;
     states.push_back(e.state);
   }

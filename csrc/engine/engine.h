@@ -1,5 +1,5 @@
 // Engine: the one object behind spark_hvd's API (no process-wide mutable state
-// besides the single instance the bindings hold). Owns the background thread
+// besides the single instance of instance.h). Owns the background thread
 // that connects the communicators, negotiates (Controller) and executes
 // (Executor) every cycle; API threads only enqueue and wait.
 #pragma once
@@ -53,7 +53,8 @@ class Engine {
 
   // Validates and queues ops: all of them or, when any is invalid, none (a group
   // is never left half submitted). Each entry gives req, input, output and the
-  // owner of the buffers (held until the engine is done with the op). Returns
+  // owner of the buffers (held until the engine is done with the op), and may bring
+  // its state (with on_done set) or leave it to the engine. Returns
   // the ops' states, in order. Throws StatusError on bad input, a name already in
   // flight, before init, or after the engine stopped (with the reason).
   std::vector<std::shared_ptr<OpState>> Enqueue(std::vector<TensorEntry> entries);

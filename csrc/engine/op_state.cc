@@ -5,25 +5,31 @@
 namespace spark_hvd {
 
 void Completions::Complete(OpState& state, Status status) {
+  std::function<void()> on_done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state.done) return;
     state.status = std::move(status);
     state.done = true;
+    on_done.swap(state.on_done);
   }
   cv_.notify_all();
+  if (on_done) on_done();
 }
 
 void Completions::Complete(std::shared_ptr<OpState> state, Status status) {
+  std::function<void()> on_done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!state->done) {
       state->status = std::move(status);
       state->done = true;
+      on_done.swap(state->on_done);
     }
     state.reset();  // before any waiter runs (see op_state.h)
   }
   cv_.notify_all();
+  if (on_done) on_done();
 }
 
 bool Completions::Done(const OpState& state) {

@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -28,16 +29,23 @@ struct OpState {
   std::vector<int64_t> output_shape;
   std::vector<int64_t> received_splits;  // alltoall
   int64_t value = -1;                    // join: last rank to join; add_process_set: id
+  // Called once, right after the op is marked done, on the thread that completes it
+  // (the engine's, the InFlight thread holding its lock, or an API thread when the
+  // engine stops), with no lock of Completions held. It must not block or call into
+  // the engine: the C API (csrc/capi) sets it for framework adapters, which hand the
+  // completion to a thread of their own. Set before the op is enqueued.
+  std::function<void()> on_done;
 };
 
 // One mutex and condition variable for every op's completion.
 class Completions {
  public:
-  // Marks the op done with `status` (only the first call counts) and wakes waiters.
+  // Marks the op done with `status` (only the first call counts), wakes waiters, then
+  // runs the op's on_done.
   void Complete(OpState& state, Status status);
-  // The same, dropping this reference to the op before any waiter can run: a waiter that
-  // then drops its own frees what the op holds (a GPU output back in its pool) at once,
-  // on its own thread, before it can submit the next op.
+  // The same (on_done included), dropping this reference to the op before any waiter can
+  // run: a waiter that then drops its own frees what the op holds (a GPU output back in its
+  // pool) at once, on its own thread, before it can submit the next op.
   void Complete(std::shared_ptr<OpState> state, Status status);
   bool Done(const OpState& state);
   // Waits up to timeout_s (< 0: forever). Returns false on timeout.

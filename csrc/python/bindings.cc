@@ -15,6 +15,7 @@
 #include "common/env.h"
 #include "common/types.h"
 #include "engine/engine.h"
+#include "engine/instance.h"
 #include "engine/message.h"
 #include "python/dlpack.h"
 #include "python/py_store.h"
@@ -23,13 +24,6 @@ namespace py = pybind11;
 using namespace spark_hvd;
 
 namespace {
-
-Engine& TheEngine() {
-  // Deliberately never destroyed: its thread is joined by shutdown() (also
-  // registered with atexit by spark_hvd), not by static destructors.
-  static Engine* engine = new Engine();
-  return *engine;
-}
 
 // The exception carries the status's evidence as fields (exc.ranks, exc.tensor).
 [[noreturn]] void Raise(const Status& s) {

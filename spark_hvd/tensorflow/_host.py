@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from spark_hvd._runtime import RUNTIME
 from spark_hvd._types import numpy_code
-from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.exceptions import (InvalidArgumentError, NotInitializedError, SparkHvdError,
+                                  TensorMismatchError)
 
 # Bit-exact ops (broadcast, allgather, alltoall) move these as same-width signed ints.
 _BITCAST = {np.dtype(np.uint16): np.dtype(np.int16), np.dtype(np.uint32): np.dtype(np.int32),
@@ -64,10 +65,22 @@ def _to_numpy(value) -> np.ndarray:
 def _check_not_xla(kind: str) -> None:
     if _in_xla(tf.compat.v1.get_default_graph()):
         raise InvalidArgumentError(
-            f"spark_hvd.tensorflow.{kind} cannot run inside an XLA-compiled function: spark_hvd "
-            "collectives run on the host through tf.numpy_function, which XLA cannot compile. "
+            f"spark_hvd.tensorflow.{kind} cannot run inside an XLA-compiled function: XLA cannot "
+            "compile spark_hvd's collectives (TensorFlow kernels of their own, or host "
+            "functions). "
             "Use tf.function(jit_compile=False) for the function that calls it (Keras: "
             "model.compile(..., jit_compile=False), which DistributedOptimizer does for fit)")
+
+
+def kernels(kind: Optional[str] = None) -> bool:
+    """Whether collectives run as spark_hvd's asynchronous kernels (``_async``) rather than
+    as host functions; with a collective's ``kind``, an XLA-compiled graph is refused."""
+    from spark_hvd.tensorflow import _kernels
+
+    on = _kernels.ops() is not None
+    if on and kind and not tf.executing_eagerly():
+        _check_not_xla(kind)
+    return on
 
 
 class _Chain(threading.local):
@@ -107,7 +120,10 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     """Runs ``fn`` (numpy arrays in, a list of numpy arrays out) now when eager, else as one
     stateful ``tf.numpy_function`` node of the current graph."""
     if tf.executing_eagerly():
-        outs = fn(*[_to_numpy(t) for t in inputs])
+        try:
+            outs = fn(*[_to_numpy(t) for t in inputs])
+        except SparkHvdError as exc:
+            raise tf_error(exc) from exc
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
     _check_not_xla(kind)
     last = _CHAIN.last
@@ -119,6 +135,19 @@ def host_call(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence, out_dty
     if _CHAIN.active and outs:
         _CHAIN.last = outs[0].op
     return outs
+
+
+def tf_error(exc: SparkHvdError) -> tf.errors.OpError:
+    """A collective's failure as TensorFlow's error of the class Horovod's ops raise (the
+    kernels' mapping, kernels/core.h): FailedPrecondition for a mismatch between ranks,
+    InvalidArgument for a bad argument, Unknown for a failed collective."""
+    if isinstance(exc, (TensorMismatchError, NotInitializedError)):
+        cls = tf.errors.FailedPreconditionError
+    elif isinstance(exc, InvalidArgumentError):
+        cls = tf.errors.InvalidArgumentError
+    else:
+        cls = tf.errors.UnknownError
+    return cls(None, None, f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
 
 
 def _op_name(kind: str) -> str:

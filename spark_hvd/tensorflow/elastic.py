@@ -23,6 +23,7 @@ from spark_hvd import elastic as _elastic
 from spark_hvd._basics import rank
 from spark_hvd.elastic import ObjectState, State
 from spark_hvd.exceptions import HorovodInternalError, InvalidArgumentError
+from spark_hvd.tensorflow._async import spark_error
 from spark_hvd.tensorflow.functions import broadcast_object, broadcast_variables
 
 __all__ = ["run", "State", "ObjectState", "TensorFlowKerasState", "TensorFlowState"]
@@ -50,9 +51,13 @@ def run(func: Callable) -> Callable:
 
 
 def collective_failure(error: tf.errors.OpError) -> Optional[HorovodInternalError]:
-    """The HorovodInternalError behind a TensorFlow error, or None. A host function's
-    exception reaches TensorFlow's caller as an OpError whose message has the
-    exception's ``Class: message`` line."""
+    """The HorovodInternalError behind a TensorFlow error, or None: the error's cause
+    (eagerly), the spark_hvd exception its payloads carry (a kernel's failure in a
+    tf.function), else the ``Class: message`` line of its message (a TF1 session, or a
+    host function's exception)."""
+    for found in (error.__cause__, spark_error(error)):
+        if isinstance(found, HorovodInternalError):
+            return found
     kinds = {cls.__name__: cls for cls in _subclasses(HorovodInternalError)}
     for line in error.message.splitlines():
         name, sep, message = line.partition(": ")

@@ -9,7 +9,9 @@ import tensorflow as tf
 
 from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
-from spark_hvd.tensorflow._host import _BITCAST, _check_dtype, collective_name, host_call
+from spark_hvd.tensorflow import _async
+from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, collective_name, host_call,
+                                        kernels)
 
 
 def _np_broadcast_many(arrays: Sequence[np.ndarray], root_rank: int, name: str,
@@ -40,11 +42,8 @@ def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = glo
                      bitcast=True)
     name = collective_name(name, "broadcast_variables")
 
-    def fn(*arrays):
-        return _np_broadcast_many(arrays, root_rank, name, process_set)
-
     values = [tf.convert_to_tensor(v) for v in variables]
-    outs = host_call(fn, values, [t.dtype for t in values], "broadcast_variables")
+    outs = broadcast_values(values, root_rank, name, process_set)
     assigns = []
     for v, out, value in zip(variables, outs, values):
         if not tf.executing_eagerly():
@@ -53,6 +52,21 @@ def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = glo
     if tf.executing_eagerly():
         return None
     return tf.group(*[a for a in assigns if a is not None])
+
+
+def broadcast_values(values: Sequence[tf.Tensor], root_rank: int, name: str,
+                     process_set: ProcessSet) -> List[tf.Tensor]:
+    """Root_rank's ``values`` on every rank: one broadcast each (``<name>.<i>``), submitted
+    together (the core fuses them)."""
+    if kernels("broadcast_variables"):
+        # One tensor keeps its ".0" as the host functions name it.
+        return _async.broadcast(values, root_rank, name if len(values) > 1 else name + ".0",
+                                process_set)
+
+    def fn(*arrays):
+        return _np_broadcast_many(arrays, root_rank, name, process_set)
+
+    return host_call(fn, values, [t.dtype for t in values], "broadcast_variables")
 
 
 def broadcast_object(obj: Any = None, root_rank: int = 0, session=None,

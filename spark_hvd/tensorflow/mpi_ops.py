@@ -1,16 +1,17 @@
 """Collectives on TensorFlow tensors, eagerly and inside ``tf.function``, with gradients.
 
-Nothing here is compiled against TensorFlow. Every collective is a host function on
-numpy arrays (``spark_hvd._ops``):
+Each collective is one op of spark_hvd's asynchronous TensorFlow kernels (``_async``,
+built on first use by ``_kernels``), eagerly and in graphs: the kernel hands the tensors
+to the core and holds no thread while the ranks meet, and, as Horovod's, the ops are not
+stateful, so a graph runs independent collectives in any order and completes whatever
+their number and TensorFlow's inter-op thread count. Where the kernels cannot be built
+(no compiler; ``SPARK_HVD_TF_KERNELS=host``) each collective is a host function on numpy
+arrays (``_host``, ``spark_hvd._ops``): eagerly at once, in a graph one stateful
+``tf.numpy_function`` node that blocks its executor thread until the collective is done,
+run in program order inside a ``tf.function``.
 
-- eagerly it runs at once on ``tensor.numpy()`` and the result becomes a tensor again;
-- inside a graph (``tf.function``, Keras ``fit``) it becomes one ``tf.numpy_function``
-  node marked stateful. TensorFlow's automatic control dependencies run stateful nodes
-  in program order, so every rank issues its collectives in the same order even though
-  each node blocks until its collective is done.
-
-XLA cannot compile a ``numpy_function``: inside ``tf.function(jit_compile=True)`` the ops
-raise a clear error (the Keras ``DistributedOptimizer`` turns XLA off for ``fit`` instead).
+XLA compiles neither: inside ``tf.function(jit_compile=True)`` the ops raise a clear error
+(the Keras ``DistributedOptimizer`` turns XLA off for ``fit`` instead).
 
 Names: an explicit ``name=`` is used as given. Without one, an eager op gets the next
 name of a per-kind counter and a graph op a name unique within its ``tf.function``
@@ -29,9 +30,11 @@ from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size, rank
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
+from spark_hvd.tensorflow import _async
+from spark_hvd.tensorflow._async import RunTimeScale
 from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
                                         _first_dim_unknown, _not_autograph, _rest, _set_shape,
-                                        collective_name, host_call, in_order)
+                                        collective_name, host_call, in_order, kernels)
 from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import broadcast_variables
 
@@ -48,10 +51,10 @@ def _scaled(tensor: tf.Tensor, factor: float) -> tf.Tensor:
     return tensor * tf.cast(factor, tensor.dtype)
 
 
-# A scale factor is a float, or a function of no arguments that gives it when the op runs:
-# factors that depend on a process set's size (averaging, gradient_predivide_factor) are
-# computed at each run, since an elastic job's size changes between runs of a traced graph
-# (Horovod's TensorFlow ops read the size at run time in elastic mode too).
+# A scale factor is a float, or a RunTimeScale: factors that depend on a process set's
+# size (averaging, gradient_predivide_factor) are computed at each run, since an elastic
+# job's size changes between runs of a traced graph (Horovod's TensorFlow ops read the
+# size at run time in elastic mode too).
 
 
 def _resolve(scale) -> float:
@@ -66,13 +69,23 @@ def _scalar_at_run(value: Callable[[], Any], dtype: tf.DType, kind: str) -> tf.T
 
 
 def _scaled_at_run(tensor: tf.Tensor, scale: Callable[[], float]) -> tf.Tensor:
-    """``tensor`` times ``scale()``, evaluated each time the op runs."""
+    """``tensor`` times ``scale()``, evaluated each time the op runs (a RunTimeScale through
+    the kernels' process-set query, any other function as a host function)."""
+    if isinstance(scale, RunTimeScale) and kernels():
+        return tensor * tf.cast(scale.tensor(), tensor.dtype)
     return tensor * tf.cast(_scalar_at_run(scale, tf.float64, "scale_factor"), tensor.dtype)
 
 
-def _per_size(numerator: float, process_set: ProcessSet) -> Callable[[], float]:
+def _per_size(numerator: float, process_set: ProcessSet) -> RunTimeScale:
     """``numerator / process_set.size()``, as a scale factor read at run time."""
-    return lambda: numerator / process_set.size()
+    return RunTimeScale(numerator, process_set, -1)
+
+
+def _size_at_run(process_set: ProcessSet) -> tf.Tensor:
+    """The set's size (int32) when the op runs."""
+    if kernels():
+        return _async.query("size", process_set)
+    return _scalar_at_run(lambda: process_set.size(), tf.int32, "query")
 
 
 # -- numpy-side grouped submission ---------------------------------------------------------
@@ -111,6 +124,10 @@ def _np_bitcast(fn: Callable, x: np.ndarray, *args, **kwargs):
 # -- allreduce ---------------------------------------------------------------------------
 
 def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
+    if kernels("allreduce"):
+        (out,) = _async.allreduce([tensor], op, prescale, postscale, name, process_set, False)
+        return out
+
     def fn(x):
         out = _ops.allreduce(x, op=op, name=name, prescale_factor=_resolve(prescale),
                              postscale_factor=_resolve(postscale), process_set=process_set)
@@ -136,20 +153,33 @@ def _allreduce_dense(tensor, op, prescale, postscale, name, process_set):
     return forward(tensor)
 
 
-def _allreduce_sparse(slices: tf.IndexedSlices, op, prescale, postscale, name, process_set):
+def _check_sparse_op(op, prescale, postscale) -> None:
+    """What Horovod refuses for tf.IndexedSlices, refused as Horovod does, at the call."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "The Adasum reduction does not support tf.IndexedSlices (sparse gradients); pass "
+            "sparse_as_dense=True to DistributedOptimizer, or convert with tf.convert_to_tensor")
     if op not in (Sum, Average):
-        raise InvalidArgumentError("allreduce of tf.IndexedSlices supports op=Sum or Average "
-                                   f"only, got {ReduceOp(op).name}")
+        raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices, "
+                                  f"got {ReduceOp(op).name}")
+    if prescale != 1.0 or postscale != 1.0:
+        raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices "
+                                  f"(got {prescale}, {postscale})")
+
+
+def _allreduce_sparse(slices: tf.IndexedSlices, op, prescale, postscale, name, process_set):
+    """Horovod's reduction of tf.IndexedSlices: an allgather of the values and one of the
+    indices; Average divides the values by the set's size (a true division, as Horovod's:
+    integer values become floats). ``prescale`` and ``postscale`` come only from the
+    gradient reducers (gradient_predivide_factor), on float gradients."""
     with in_order():
         values = allgather(slices.values, name=name + ".values", process_set=process_set)
         indices = allgather(slices.indices, name=name + ".indices", process_set=process_set)
-    if op == Average or callable(prescale) or callable(postscale):
-        def factor():
-            f = _resolve(prescale) * _resolve(postscale)
-            return f / process_set.size() if op == Average else f
-        values = _scaled_at_run(values, factor)
-    else:
-        values = _scaled(values, prescale * postscale)
+    if op == Average:
+        values = values / tf.cast(_size_at_run(process_set), values.dtype)
+    for scale in (prescale, postscale):
+        values = (_scaled_at_run(values, scale) if isinstance(scale, RunTimeScale)
+                  else _scaled(values, scale))
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -166,10 +196,11 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
     ``device_*`` and ``ignore_name_scope`` are accepted for Horovod compatibility.
     """
     rop = _reduce_op(op, average)
-    name = collective_name(name, "allreduce")
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_sparse(tensor, rop, prescale_factor, postscale_factor, name,
+        _check_sparse_op(rop, prescale_factor, postscale_factor)
+        return _allreduce_sparse(tensor, rop, 1.0, 1.0, collective_name(name, "allreduce"),
                                  process_set)
+    name = collective_name(name, "allreduce")
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype)
     compressed, ctx = compression.compress(tensor)
@@ -180,6 +211,8 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
 def _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set):
     if not tensors:
         return []
+    if kernels("grouped_allreduce"):
+        return _async.allreduce(tensors, op, prescale, postscale, name, process_set, True)
 
     def fn(*arrays):
         return _np_grouped_allreduce(arrays, name, op, prescale, postscale, process_set)
@@ -218,9 +251,12 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
                       ignore_name_scope: bool = False):
     """Allreduces a list of tensors as one group: negotiated together and fused into as few
     collectives as the fusion threshold allows. Returns the list of results."""
+    tensors = list(tensors)
+    rop = _reduce_op(op, average)
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        _check_sparse_op(rop, prescale_factor, postscale_factor)
     with in_order():
-        return _grouped_allreduce(list(tensors), _reduce_op(op, average), compression,
-                                  prescale_factor, postscale_factor,
+        return _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_factor,
                                   collective_name(name, "grouped_allreduce"), process_set)
 
 
@@ -249,6 +285,10 @@ def _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_fac
 # -- allgather -----------------------------------------------------------------------------
 
 def _allgather_raw(tensor, name, process_set):
+    if kernels("allgather"):
+        (out,) = _async.allgather([tensor], name, process_set, False)
+        return out
+
     def fn(x):
         return [_np_bitcast(_ops.allgather, x, name=name, process_set=process_set)]
     (out,) = host_call(fn, [tensor], [tensor.dtype], "allgather")
@@ -293,10 +333,13 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
 
 
 def _grouped_allgather_raw(tensors, name, process_set):
-    def fn(*arrays):
-        return _np_group(_ops.grouped_allgather_async, arrays, bitcast=True, name=name,
-                         process_set=process_set)
-    outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_allgather")
+    if kernels("grouped_allgather"):
+        outs = _async.allgather(tensors, name, process_set, True)
+    else:
+        def fn(*arrays):
+            return _np_group(_ops.grouped_allgather_async, arrays, bitcast=True, name=name,
+                             process_set=process_set)
+        outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_allgather")
     return [_set_shape(o, [None] if t.shape.rank == 0 else _first_dim_unknown(t.shape))
             for o, t in zip(outs, tensors)]
 
@@ -339,6 +382,10 @@ def grouped_allgather(tensors, name: Optional[str] = None,
 # -- broadcast -----------------------------------------------------------------------------
 
 def _broadcast_raw(tensor, root_rank, name, process_set):
+    if kernels("broadcast"):
+        (out,) = _async.broadcast([tensor], root_rank, name, process_set)
+        return out
+
     def fn(x):
         out = _np_bitcast(_ops.broadcast, x, root_rank, name=name, process_set=process_set)
         return [out.reshape(x.shape)]
@@ -366,8 +413,9 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
                 total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
             if rank() == root_rank:  # a global rank
                 return total
-            with tf.control_dependencies([total]):  # else a TF1 session would skip the op
-                return tf.zeros_like(total)
+            # Zeros that depend on the allreduce's data, as Horovod's: a graph prunes an
+            # unused op (the collectives are not stateful), and the other ranks would wait.
+            return total * tf.cast(0, total.dtype)
         return y, grad
 
     return forward(tensor)
@@ -376,14 +424,28 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
 @_not_autograph
 def broadcast_(variables, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set):
-    """In-place broadcast: assigns root_rank's values to ``variables``; returns them."""
-    broadcast_variables(variables, root_rank, process_set=process_set, name=name)
-    return variables
+    """Horovod's in-place broadcast: assigns root_rank's values to ``variables`` (all
+    resource variables, or all reference ones of a TF1 graph) and returns their values
+    after it, as tensors (in a graph, running them runs the broadcast)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    variables = list(variables)
+    if len({resource_variable_ops.is_resource_variable(v) for v in variables}) > 1:
+        raise InvalidArgumentError("All variables passed to broadcast_() should be of the same "
+                                   "kind, resource or reference")
+    assign = broadcast_variables(variables, root_rank, process_set=process_set, name=name)
+    with tf.control_dependencies([] if assign is None else [assign]):
+        return [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
+                for v in variables]
 
 
 # -- alltoall ------------------------------------------------------------------------------
 
 def _alltoall_raw(tensor, splits, name, process_set):
+    if kernels("alltoall"):
+        out, received = _async.alltoall(tensor, splits, name, process_set)
+        return _set_shape(out, _first_dim_unknown(tensor.shape)), \
+            _set_shape(received, [process_set.size()])
     inputs = [tensor] if splits is None else [tensor, splits]
 
     def fn(x, s=None):
@@ -406,8 +468,13 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
     _check_dtype(tensor.dtype, bitcast=True)
     if tensor.shape.rank == 0:
         raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
-    if splits is not None:
-        splits = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+    if splits is not None:  # Horovod's: int32 or int64 splits, whatever the tensor's dtype
+        splits = tf.convert_to_tensor(splits)
+        if not splits.dtype.is_integer:
+            raise InvalidArgumentError(f"alltoall splits must be integers, got {splits.dtype.name}")
+        splits = tf.reshape(splits, [-1])
+        if splits.dtype not in (tf.int32, tf.int64):
+            splits = tf.cast(splits, tf.int64)
     if not _differentiable(tensor.dtype):
         return _alltoall_raw(tensor, splits, name, process_set)
 
@@ -444,9 +511,14 @@ def _np_reducescatter(x: np.ndarray, name: str, op, prescale: float, postscale: 
 
 
 def _reducescatter_raw(tensor, op, prescale, postscale, name, process_set):
-    def fn(x):
-        return [_np_reducescatter(x, name, op, prescale, postscale, process_set)]
-    (out,) = host_call(fn, [tensor], [tensor.dtype], "reducescatter")
+    if kernels("reducescatter"):
+        (out,) = _async.reducescatter([tensor], op, prescale, postscale, name, process_set,
+                                      False)
+    else:
+        def fn(x):
+            return [_np_reducescatter(x, name, op, _resolve(prescale), _resolve(postscale),
+                                      process_set)]
+        (out,) = host_call(fn, [tensor], [tensor.dtype], "reducescatter")
     shape = tensor.shape
     if shape.rank is not None:
         rows = _reducescatter_rows(shape.as_list()[0], process_set)
@@ -484,7 +556,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
                 full = allgather(dy, name=name + ".grad", process_set=process_set)
             factor = prescale_factor * postscale_factor
             if rop == Sum:  # the size when the gradient runs
-                full = _scaled_at_run(full, lambda: factor * process_set.size())
+                full = _scaled_at_run(full, RunTimeScale(factor, process_set, 1))
             else:
                 full = _scaled(full, factor)
             return tf.reshape(full, tf.shape(x))
@@ -494,11 +566,14 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
 
 
 def _grouped_reducescatter_raw(tensors, op, prescale, postscale, name, process_set):
-    def fn(*arrays):
-        return _np_group(_ops.grouped_reducescatter_async, arrays, name=name, op=op,
-                         process_set=process_set, prescale_factor=prescale,
-                         postscale_factor=postscale)
-    outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_reducescatter")
+    if kernels("grouped_reducescatter"):
+        outs = _async.reducescatter(tensors, op, prescale, postscale, name, process_set, True)
+    else:
+        def fn(*arrays):
+            return _np_group(_ops.grouped_reducescatter_async, arrays, name=name, op=op,
+                             process_set=process_set, prescale_factor=_resolve(prescale),
+                             postscale_factor=_resolve(postscale))
+        outs = host_call(fn, tensors, [t.dtype for t in tensors], "grouped_reducescatter")
     for o, t in zip(outs, tensors):
         if t.shape.rank is not None:
             _set_shape(o, [_reducescatter_rows(t.shape.as_list()[0], process_set)] + _rest(t.shape))
@@ -543,7 +618,7 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
             factor = prescale_factor * postscale_factor
             for i, full in zip(idx, fulls):
                 if rop == Sum:  # the size when the gradient runs
-                    full = _scaled_at_run(full, lambda: factor * process_set.size())
+                    full = _scaled_at_run(full, RunTimeScale(factor, process_set, 1))
                 else:
                     full = _scaled(full, factor)
                 out[i] = tf.reshape(full, tf.shape(xs[i]))
@@ -560,6 +635,9 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
 @_not_autograph
 def join():
     """Marks this rank as out of data (see ``spark_hvd.join``); returns the last rank to join."""
+    if kernels("join"):
+        out = _async.join()
+        return int(out) if tf.executing_eagerly() else out
     if tf.executing_eagerly():
         return _ops.join()
     (out,) = host_call(lambda: [np.asarray(_ops.join(), dtype=np.int32)], [], [tf.int32], "join")
@@ -569,6 +647,9 @@ def join():
 @_not_autograph
 def barrier(process_set: ProcessSet = global_process_set):
     """Returns once every rank of the set has called barrier."""
+    if kernels("barrier"):
+        out = _async.barrier(collective_name(None, "barrier"), process_set)
+        return None if tf.executing_eagerly() else out
     if tf.executing_eagerly():
         return _ops.barrier(process_set)
 
@@ -585,18 +666,26 @@ def _int_at_run(value: Callable[[], int], name: Optional[str]):
     return tf.identity(out, name=name) if name else out
 
 
+def _query(what: str, process_set: ProcessSet, value: Callable[[], int],
+           name: Optional[str]):
+    if kernels():
+        out = _async.query(what, process_set)
+        return tf.identity(out, name=name) if name else out
+    return _int_at_run(value, name)
+
+
 def size_op(process_set: ProcessSet = global_process_set, name: Optional[str] = None):
-    return _int_at_run(lambda: process_set.size(), name)
+    return _query("size", process_set, lambda: process_set.size(), name)
 
 
 def rank_op(process_set: ProcessSet = global_process_set, name: Optional[str] = None):
-    return _int_at_run(lambda: process_set.rank(), name)
+    return _query("rank", process_set, lambda: process_set.rank(), name)
 
 
 def process_set_included_op(process_set: ProcessSet = global_process_set,
                             name: Optional[str] = None):
     """Horovod's: 1 when this rank is a member of ``process_set``, else 0 (int32)."""
-    return _int_at_run(lambda: 1 if process_set.included() else 0, name)
+    return _query("included", process_set, lambda: 1 if process_set.included() else 0, name)
 
 
 def local_size_op(name: Optional[str] = None):

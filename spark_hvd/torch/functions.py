@@ -108,17 +108,17 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
     Adam's moments and ``step``, and scalars) and every param_group option (lr,
     betas, weight_decay, ...). Its structure goes as one pickled object with
     placeholders for the tensors, the tensors themselves as in-place broadcasts;
-    the other ranks then ``load_state_dict`` it. No optimizer step is taken, so
-    nothing changes the parameters; an optimizer whose state is still empty on
-    root_rank (before its first step) leaves every rank with an empty state,
-    which the first step then initializes identically everywhere.
+    the other ranks then ``load_state_dict`` it. As Horovod's, a rank whose
+    optimizer has no state yet (before its first step, its parameters without
+    gradients) first makes it with one step of the wrapped optimizer on zero
+    gradients (every parameter that requires grad gets a zero ``grad``, sparse for
+    SparseAdam; a DistributedOptimizer's own step, which would reduce, is not
+    used); an optimizer still stateless after that has nothing to broadcast.
 
     Parameters that do not require grad have no state, so only the others' state
     travels, and a parameter frozen on some ranks only is no obstacle.
 
-    ``model`` (Horovod's argument) is accepted and checked: Horovod uses it to give
-    a sparse ``nn.Embedding`` a sparse zero gradient for the optimizer step it takes
-    to initialize an empty state. Here no step is taken, so nothing depends on it.
+    ``model`` (Horovod's argument) is accepted and checked; nothing depends on it.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise InvalidArgumentError("broadcast_optimizer_state takes a torch.optim.Optimizer, "
@@ -128,6 +128,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
                 if isinstance(model, ProcessSet) else "")
         raise InvalidArgumentError("broadcast_optimizer_state: model must be a "
                                    f"torch.nn.Module, got {type(model).__name__}{hint}")
+    if not optimizer.state_dict()["state"]:
+        _initialize_state(optimizer)
     is_root = rank() == root_rank  # a global rank, as in Horovod
     tensors: list = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
@@ -144,6 +146,24 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int,
         synchronize(h)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's initialization of a new optimizer's state: one step on zero gradients,
+    taken by the wrapped optimizer's class when ``optimizer`` is a DistributedOptimizer
+    (a subclass of it whose step would reduce the gradients)."""
+    from spark_hvd.torch.optimizer import _DistributedOptimizer
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = torch.zeros_like(p)
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _DistributedOptimizer):
+        type(optimizer).__bases__[-1].step(optimizer)
+    else:
+        optimizer.step()
 
 
 def _collect_slots(x, out: list) -> None:

@@ -1,6 +1,7 @@
 """Rank functions for test_compat_ranks.py: DistributedOptimizer and
 broadcast_optimizer_state behave as Horovod's. Each holds at any number of ranks."""
 
+import copy
 import warnings
 
 import torch
@@ -86,8 +87,8 @@ def check_broadcast_optimizer_state_frozen_params_and_model():
         opt.step()
     hvd.broadcast_parameters(model.state_dict(), root)
     hvd.broadcast_optimizer_state(opt, root, model=model)  # Horovod's positional order
-    hvd.broadcast_optimizer_state(dense, root, model)  # empty state on every rank
-    assert len(dense.state) == 0
+    hvd.broadcast_optimizer_state(dense, root, model)  # empty: made by a zero step, as Horovod
+    assert set(dense.state) == {model.emb.weight}, "the frozen parameters have no state"
     want = hvd.broadcast_object(opt.state_dict(), root, name="compat.opt.state")
     got = opt.state_dict()
     assert got["param_groups"] == want["param_groups"], got["param_groups"]
@@ -167,3 +168,41 @@ def check_optimizer_without_names_has_horovods_attributes_and_warning():
         else:
             raise AssertionError("no warning for step() after synchronize()")
     opt.synchronize()  # the warning ended step() before its allreduce: catch up together
+
+
+# -- 4. broadcast_optimizer_state of optimizers that have taken no step --------------------
+
+def check_broadcast_optimizer_state_of_new_optimizers_is_horovods():
+    """Parameters without gradients yet, no state: as Horovod's, each rank makes the state
+    with one step on zero gradients (a DistributedOptimizer's wrapped step, which does not
+    reduce), leaves the parameters a zero gradient, then takes root's state; training then
+    goes on alike everywhere."""
+    r, n = hvd.rank(), hvd.size()
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    model[0].bias.requires_grad_(False)
+    plain = torch.optim.Adam(model[0].parameters(), lr=0.1 * (r + 1))
+    wrapped = hvd.DistributedOptimizer(torch.optim.RMSprop(model[1].parameters(), lr=0.01),
+                                       named_parameters=model[1].named_parameters())
+    before = [p.detach().clone() for p in model.parameters()]
+    for opt in (plain, wrapped):
+        hvd.broadcast_optimizer_state(opt, root_rank=n - 1)
+    unchanged = all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    zero_grad = model[0].weight.grad is not None and not model[0].weight.grad.any()
+    states = copy.deepcopy({"adam": plain.state_dict(), "rmsprop": wrapped.state_dict()})
+    root = hvd.broadcast_object(states, n - 1, name="compat.fresh.states")
+    wrapped.zero_grad()
+    model(torch.full((2, 4), float(r))).sum().backward()
+    wrapped.step()
+    w = torch.cat([p.detach().reshape(-1) for p in model[1].parameters()])
+    ws = hvd.allgather(w.unsqueeze(0), name="compat.fresh.w")
+    assert set(plain.state) == {model[0].weight}, "state for the parameter that requires grad"
+    assert float(plain.state[model[0].weight]["step"]) == 1.0
+    assert plain.param_groups[0]["lr"] == 0.1 * n, "root's options"
+    assert zero_grad, "Horovod's initialization leaves zero gradients"
+    assert unchanged, "a zero step of Adam and RMSprop moves no parameter"
+    for name, sd in states.items():
+        for pid, st in root[name]["state"].items():
+            for key, v in st.items():
+                torch.testing.assert_close(sd["state"][pid][key], v, msg=f"{name} {pid}.{key}")
+    assert all(torch.equal(ws[k], ws[0]) for k in range(n)), "training went on alike"

@@ -40,6 +40,7 @@ def test_torch(spec, np):
     _run("torch", np).check(spec)
 
 
+@pytest.mark.parametrize("np", [2, 3], ids=lambda n: f"np{n}")
 @pytest.mark.parametrize("spec", SPECS["tensorflow"], ids=_fn)
-def test_tensorflow(spec):
-    _run("tensorflow", 3).check(spec)
+def test_tensorflow(spec, np):
+    _run("tensorflow", np).check(spec)

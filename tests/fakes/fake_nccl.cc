@@ -67,8 +67,9 @@
 //   process made that NCCL accepted (a script waits on it to know its op reached NCCL).
 //   Failures on demand, read from the environment: SHVD_FAKE_NCCL_INIT_ERROR=<code>
 //   fails ncclCommInitRank at once with that code; SHVD_FAKE_NCCL_FAIL_CALL=<n>:<code>
-//   makes the n-th accepted call's communicator fail with <code> (its async error; its
-//   ops block their streams until abort); SHVD_FAKE_NCCL_STUCK_CALL_MS=<ms> makes each
+//   makes the n-th accepted call's communicator fail: its ops block their streams until
+//   abort, and the next call on it finds <code> (its async error from then on);
+//   SHVD_FAKE_NCCL_STUCK_CALL_MS=<ms> makes each
 //   call on a communicator that has an async error block that long before returning it
 //   (as a real call stuck on a broken connection).
 #include <unistd.h>

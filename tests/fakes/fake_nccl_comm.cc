@@ -53,6 +53,11 @@ ncclResult_t Comm::Ready(const char* fn) {
   std::string text;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (injected_code_ != ncclSuccess && async_error_ == ncclSuccess) {  // see Inject
+      SetError(injected_code_, "fake NCCL: SHVD_FAKE_NCCL_FAIL_CALL injected this failure on "
+                               "rank " + std::to_string(rank) + " (as a system call, a GPU or "
+                               "a peer failing)");
+    }
     if (async_error_ == ncclSuccess) return ncclSuccess;
     error = async_error_;
     text = last_error_;
@@ -65,8 +70,7 @@ ncclResult_t Comm::Ready(const char* fn) {
 void Comm::Inject(ncclResult_t code) {
   std::lock_guard<std::mutex> lock(mu_);
   injected_ = true;
-  SetError(code, "fake NCCL: SHVD_FAKE_NCCL_FAIL_CALL injected this failure on rank " +
-                     std::to_string(rank) + " (as a system call, a GPU or a peer failing)");
+  injected_code_ = code;
 }
 
 bool Comm::Enter(const char* fn) {

@@ -54,8 +54,10 @@ class Comm {
   // stuck on a broken connection returns only after its own timeout).
   ncclResult_t Ready(const char* fn);
   // SHVD_FAKE_NCCL_FAIL_CALL: this comm fails as a real one would on this rank (a system
-  // call, a GPU, a peer): `code` becomes its async error, and its queued and running ops
-  // block their streams until ncclCommAbort, as after a lost peer.
+  // call, a GPU, a peer): its queued and running ops block their streams until
+  // ncclCommAbort, as after a lost peer, and the next call on it finds `code` (then its
+  // async error): the failure is seen once the engine made its next call, whatever the
+  // timing.
   void Inject(ncclResult_t code);
 
   // One thread at a time may be inside a call on a comm (NCCL is not thread-safe per
@@ -105,6 +107,7 @@ class Comm {
   bool dead_ = false;     // destroyed or aborted
   bool aborted_ = false;
   bool injected_ = false;  // Inject: ops block until abort
+  ncclResult_t injected_code_ = ncclSuccess;  // the async error from the next call on
   std::atomic<const char*> in_call_{nullptr};
   bool closing_ = false;  // ncclCommDestroy sent kBye
   bool coordinator_gone_ = false;

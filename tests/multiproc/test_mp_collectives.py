@@ -1,7 +1,7 @@
 """The op matrix (cases_collectives.py) on 1, 2 and 3 ranks on the default backend (shm:
 every rank is on this host; at 3 ranks with slots of 40000 bytes, so that most ops take
-several rounds), on tcp at 3, under ``--mpi`` on 2, and on Gloo's pairs and algorithms
-(SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
+several rounds), its ops (not the other cases) at 4, on tcp at 3, under ``--mpi`` on 2, and on
+Gloo's pairs and algorithms (SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
 
 One job per rank count and backend runs every case; each case is its own test item here.
 """
@@ -16,9 +16,10 @@ NAMES = cases_collectives.CASES.names()
 MPI_PATTERN = r"^(allreduce|allgather|broadcast|alltoall|reducescatter|grouped_allreduce|join|" \
               r"barrier|fusion|cache|process_set|topology)"
 MPI_NAMES = cases_collectives.CASES.names(MPI_PATTERN)
-# On tcp: the same and the reduction order (its bits are shm's, checked by both).
-TCP_PATTERN = MPI_PATTERN[:-1] + "|order)"
-TCP_NAMES = cases_collectives.CASES.names(TCP_PATTERN)
+# On tcp, and on shm at 4 ranks: the same and the reduction order (tcp's bits are shm's,
+# checked by both).
+OPS_PATTERN = MPI_PATTERN[:-1] + "|order)"
+OPS_NAMES = cases_collectives.CASES.names(OPS_PATTERN)
 
 
 @pytest.mark.parametrize("np", [1, 2, 3])
@@ -28,10 +29,15 @@ def test_case(case_runs, case, np):
     case_runs.get("cases_collectives", np, env=env).check(case)
 
 
-@pytest.mark.parametrize("case", TCP_NAMES)
+@pytest.mark.parametrize("case", OPS_NAMES)
+def test_case_4_ranks(case_runs, case):
+    case_runs.get("cases_collectives", 4, pattern=OPS_PATTERN).check(case)
+
+
+@pytest.mark.parametrize("case", OPS_NAMES)
 def test_case_tcp(case_runs, case):
     case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "tcp"},
-                  pattern=TCP_PATTERN).check(case)
+                  pattern=OPS_PATTERN).check(case)
 
 
 @pytest.mark.skipif(not have_mpirun(), reason="mpirun not on PATH (apt-get install openmpi-bin)")

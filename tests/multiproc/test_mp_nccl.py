@@ -313,8 +313,9 @@ def test_a_stalled_gpu_times_out_on_every_rank(gpu_env, tmp_path):
 
 # Rank 0's NCCL communicator fails at the first of two GPU allreduces (ncclSystemError,
 # through the fake's SHVD_FAKE_NCCL_FAIL_CALL): its work hangs, as a real kernel would, and
-# the other op's call sees the error. "stuck": that call also blocks 7 s, as one stuck on a
-# broken connection, while SPARK_HVD_TIMEOUT_S is 1 s on rank 0.
+# the other op's call (made at once, in the same cycle) finds the error. "stuck": that call
+# also blocks 7 s, as one stuck on a broken connection, while SPARK_HVD_TIMEOUT_S is 1 s
+# on rank 0.
 NCCL_ERROR_SCRIPT = r"""
 import os, sys
 if os.environ["SPARK_HVD_RANK"] == "0":

@@ -1,4 +1,5 @@
-"""Collectives on tf tensors at 1 and 2 ranks (rank checks in rank_ops.py)."""
+"""Collectives on tf tensors at 1 and 2 ranks (rank checks in rank_ops.py), and the host
+functions they fall back to at 2 ranks (rank_host.py, SPARK_HVD_TF_KERNELS=host)."""
 
 import pytest
 
@@ -17,3 +18,12 @@ def ranks(request):
 @pytest.mark.parametrize("fn", tf_harness.functions(MODULE))
 def test_rank_check(ranks, fn):
     ranks.check(f"{MODULE}::{fn}")
+
+
+HOST = "rank_host.py"
+
+
+@pytest.mark.parametrize("fn", tf_harness.functions(HOST))
+def test_host_functions(fn):
+    tf_harness.run_module(HOST, np=2, env=(("SPARK_HVD_TF_KERNELS", "host"),)).check(
+        f"{HOST}::{fn}")

@@ -17,7 +17,7 @@ import functools
 import importlib.util
 import os
 import sys
-from typing import List
+from typing import List, Tuple
 
 import pytest
 
@@ -39,7 +39,8 @@ def functions(module: str) -> List[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def run_module(module: str, np: int, timeout: float = 240) -> _ranks.ChecksRun:
-    """Launches the module's job once per (module, np) in this pytest session."""
+def run_module(module: str, np: int, timeout: float = 240,
+               env: Tuple[Tuple[str, str], ...] = ()) -> _ranks.ChecksRun:
+    """Launches the module's job once per (module, np, env) in this pytest session."""
     return _ranks.run_checks_job([sys.executable, ENTRY], _ranks.specs(HERE, module), np,
-                                 timeout=timeout, env=TF_ENV)
+                                 timeout=timeout, env={**TF_ENV, **dict(env)})

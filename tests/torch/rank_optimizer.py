@@ -381,16 +381,20 @@ def check_broadcast_optimizer_state_restores_adam():
 
 def check_broadcast_optimizer_state_empty_and_wrapped():
     r, n = rn()
-    # root fresh (empty state), others with state: all end empty, nothing moves
+    # root fresh (empty state), others with state: as Horovod's, root makes its state by a
+    # step on zero gradients (Adam's moves nothing), and every rank ends with root's
     model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
     if r != 0:
         F.mse_loss(model(torch.ones(2, 8)), torch.zeros(2, 4)).backward()
         opt.step()
     hvd.broadcast_parameters(model.state_dict(), 0)
     before = [p.detach().clone() for p in model.parameters()]
     hvd.broadcast_optimizer_state(opt, 0)
-    assert len(opt.state) == 0, "state should be root's (empty)"
+    fresh = _state_fingerprint(opt)
+    _same_fingerprint(fresh, hvd.broadcast_object(fresh, 0))
+    assert len(opt.state) == len(before), "state should be root's (made by a zero step)"
+    assert all(float(st["step"]) == 1.0 and not st["exp_avg"].any() for st in opt.state.values())
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))
     # root with state, others fresh; broadcast through a DistributedOptimizer
     model = make_model()

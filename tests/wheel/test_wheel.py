@@ -110,6 +110,10 @@ def test_the_wheel_installs_without_a_compiler_and_trains(tmp_path):
     assert any(n.startswith("spark_hvd.libs/libgloo") for n in names), names
     assert not [n for n in names if "libmpi" in n]
     assert "spark_hvd/estimators/torch_estimator.py" in names
+    # what spark_hvd.tensorflow compiles its kernels from, on first use
+    for source in ("tensorflow/kernels/kernels.cc", "tensorflow/kernels/ops.h",
+                   "include/spark_hvd/c_api.h"):
+        assert f"spark_hvd/{source}" in names, source
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

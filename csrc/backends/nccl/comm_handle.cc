@@ -54,7 +54,18 @@ Status CommHandle::AsyncFailure() {
   return NcclError(nccl, async, "NCCL reported an asynchronous error", nccl->GetLastError(comm));
 }
 
-void CommHandle::Abort() {
+void CommHandle::RecordFailure(const Status& why) {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failure_.ok()) failure_ = why;
+}
+
+Status CommHandle::failure() {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  return failure_;
+}
+
+void CommHandle::Abort(const Status& why) {
+  RecordFailure(why);
   abort_requested_ = true;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (lock.owns_lock()) AbortHoldingLock();  // else the thread inside a call does it (2)

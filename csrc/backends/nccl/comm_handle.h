@@ -47,7 +47,11 @@ struct CommHandle {
   // NCCL's asynchronous error (NcclError), or OK: also while a call is in progress (4)
   // and once an abort was asked.
   Status AsyncFailure();
-  void Abort();  // (2)
+  // (2). `why`: the failure that ends the communicator, kept (the first one given, or
+  // recorded by RecordFailure) for the ops that find it aborted.
+  void Abort(const Status& why);
+  void RecordFailure(const Status& why);
+  Status failure();
   bool abort_requested() const { return abort_requested_; }
   ~CommHandle();
 
@@ -57,6 +61,8 @@ struct CommHandle {
   std::mutex mu_;
   std::atomic<bool> abort_requested_{false};
   bool aborted_ = false;  // ncclCommAbort ran; guarded by mu_
+  std::mutex failure_mu_;
+  Status failure_;
 };
 
 }  // namespace nccl

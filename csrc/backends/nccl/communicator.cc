@@ -32,15 +32,19 @@ class Work : public PendingWork {
       return true;
     }
     if (comm_->abort_requested()) {
-      *status = Status::PeerLost("the NCCL communicator was aborted");
+      const Status why = comm_->failure();
+      *status = why.ok() ? Status::PeerLost("the NCCL communicator was aborted") : why;
       return true;
     }
     Status failure = comm_->AsyncFailure();
     if (failure.ok()) return false;
+    comm_->RecordFailure(failure);  // InFlight aborts next: the ops that find it say why
     *status = failure;
     return true;
   }
-  void Abort() override { comm_->Abort(); }
+  void Abort() override {
+    comm_->Abort(Status::Timeout("a GPU collective on it outlasted SPARK_HVD_TIMEOUT_S"));
+  }
   bool Quiesced() override {
     return cuda::QueryOnDevice(cuda_, device_, event_.get()) != cudaErrorNotReady;
   }
@@ -74,13 +78,16 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::Abort() {
-  if (comm_) comm_->Abort();
+  if (comm_) comm_->Abort(Status::PeerLost("the job stopped after a failure"));
 }
 
 Status NcclCommunicator::Aborted() const {
-  return Status::PeerLost("the NCCL communicator of rank " + std::to_string(options_.rank) +
-                          " (process set " + std::to_string(set_id_) +
-                          ") was aborted after a GPU collective failed or timed out");
+  // The failure that ended it, as its own kind (a peer's loss, this rank's error, a timeout).
+  const Status why = comm_->failure();
+  const std::string what = "the NCCL communicator of rank " + std::to_string(options_.rank) +
+                           " (process set " + std::to_string(set_id_) + ") was aborted";
+  if (why.ok()) return Status::PeerLost(what + " after a GPU collective failed or timed out");
+  return Status(why.code(), what + ": " + why.message(), why.ranks());
 }
 
 std::vector<int32_t> NcclCommunicator::MembersLost() const {
@@ -127,7 +134,7 @@ Status NcclCommunicator::WaitForStream() {
     }
     return Status::OK();
   });
-  if (!s.ok()) comm_->Abort();  // the stream's kernels wait no more
+  if (!s.ok()) comm_->Abort(s);  // the stream's kernels wait no more
   return s;
 }
 
