@@ -91,7 +91,6 @@ def test_preload_imports_the_flavor_and_opens_the_store_once_in_the_background(
     assert _mlflow._preloaded["mlflow.pytorch"] is thread
 
 
-
 @pytest.fixture
 def mlflow(mlflow_tracking_uri):
     mlflow = pytest.importorskip("mlflow")
