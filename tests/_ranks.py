@@ -146,7 +146,8 @@ class DirectJob:
     """Ranks started without spark-hvdrun (a rendezvous server in this process), so a
     test sees how the survivors of a failure behave when no launcher tears them down."""
 
-    def __init__(self, np: int, argv: Sequence[str], env: Optional[dict] = None) -> None:
+    def __init__(self, np: int, argv: Sequence[str], env: Optional[dict] = None,
+                 start_timeout_s: float = 30.0) -> None:
         from spark_hvd._job import env as renv
         from spark_hvd.runner.rendezvous import RendezvousServer
         from spark_hvd._job.topology import assign
@@ -158,7 +159,8 @@ class DirectJob:
         for topo in assign(["localhost"] * np):
             rank_env = dict(ENV, **(env or {}))
             rank_env.update(renv.rank_env(topo, "127.0.0.1", self.server.port, self.server.secret,
-                                          self.server.run_id, renv.CONTROLLER_GLOO, 30.0))
+                                          self.server.run_id, renv.CONTROLLER_GLOO,
+                                          start_timeout_s))
             log = tempfile.TemporaryFile()
             self.logs.append(log)
             self.procs.append(subprocess.Popen(list(argv), env=rank_env, stdout=log,

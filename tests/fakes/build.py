@@ -28,6 +28,11 @@ CXXFLAGS = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-I", CSRC]
 CUDART = "libshvd_fake_cudart.so"
 NCCL = "libshvd_fake_nccl.so"
 DRIVER = "fake_driver"
+# A test driver of the core's C entry points (what a framework adapter does): cases_nccl.py
+# runs device ops through it, and finds it through this variable.
+CAPI_DRIVER = "libshvd_capi_driver.so"
+CAPI_DRIVER_ENV_VAR = "SHVD_CAPI_DRIVER"
+_C_API_H = os.path.join(ROOT, "spark_hvd", "include", "spark_hvd", "c_api.h")
 
 # The fakes' knobs (read by the libraries; see the top of fake_cudart.cc and fake_nccl.cc).
 DEVICES_ENV_VAR = "SHVD_FAKE_CUDA_DEVICES"  # fake GPUs per process
@@ -99,7 +104,9 @@ def _build(out_dir: str, with_driver: bool) -> Dict[str, str]:
         # DT_NEEDED libshvd_fake_cudart.so, found next to it: one runtime for both.
         nccl = _shared(out_dir, NCCL, nccl_sources, [*headers, cudart],
                        ["-L", out_dir, f"-l:{CUDART}", "-Wl,-rpath,$ORIGIN"])
-        paths = {"cudart": cudart, "nccl": nccl}
+        capi = _compile(os.path.join(out_dir, CAPI_DRIVER), _src("capi_driver.cc"), [_C_API_H],
+                        ["-shared", "-I", os.path.dirname(os.path.dirname(_C_API_H))])
+        paths = {"cudart": cudart, "nccl": nccl, "capi_driver": capi}
         if driver is not None:
             paths["driver"] = driver.result()
     return paths
@@ -111,7 +118,8 @@ def build_fakes(out_dir: str) -> Dict[str, str]:
     Returns
     -------
     dict
-        ``cudart``: libshvd_fake_cudart.so, ``nccl``: libshvd_fake_nccl.so.
+        ``cudart``: libshvd_fake_cudart.so, ``nccl``: libshvd_fake_nccl.so,
+        ``capi_driver``: libshvd_capi_driver.so (drives the core's C entry points).
     """
     return _build(out_dir, with_driver=False)
 
@@ -135,7 +143,8 @@ def fake_env(fakes: Dict[str, str], devices: int = DEFAULT_DEVICES,
     the null stream queued as the legacy default stream (work a tensor's producer queued
     there is not done until the stream runs it)."""
     env = {"SPARK_HVD_CUDA_LIBRARY": fakes["cudart"], "SPARK_HVD_NCCL_LIBRARY": fakes["nccl"],
-           DEVICES_ENV_VAR: str(devices), LEGACY_STREAM_ENV_VAR: "1"}
+           DEVICES_ENV_VAR: str(devices), LEGACY_STREAM_ENV_VAR: "1",
+           CAPI_DRIVER_ENV_VAR: fakes["capi_driver"]}
     if delay_us is not None:
         env[DELAY_US_ENV_VAR] = str(delay_us)
     return env

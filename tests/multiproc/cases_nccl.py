@@ -654,3 +654,71 @@ def _(ctx):
         assert calls == 0, f"{calls} device-synchronizing CUDA calls in {steps} steady steps: {report}"
     finally:
         lib.shvd_fake_set_delay_us(200)
+
+
+# -- the C entry points: what spark_hvd's TensorFlow GPU kernels hand the core ---------------
+
+def _capi():
+    """(driver, api): the C entry points' test driver (tests/fakes/capi_driver.cc) and the
+    core's table of them, as spark_hvd.tensorflow binds its kernels to it."""
+    driver = ctypes.CDLL(os.environ["SHVD_CAPI_DRIVER"])
+    driver.shvd_capi_run.restype = ctypes.c_int32
+    driver.shvd_capi_owners_released.restype = ctypes.c_int64
+    get_api = ctypes.CDLL(_core.__file__).spark_hvd_c_api
+    get_api.restype, get_api.argtypes = ctypes.c_void_p, [ctypes.c_int32]
+    return driver, ctypes.c_void_p(get_api(1))
+
+
+def _capi_run(driver, api, op, name, arr, in_ptr, out_ptr, stream, ctx, reduce_op=0):
+    shape = (ctypes.c_int64 * max(arr.ndim, 1))(*arr.shape)
+    work, msg = ctypes.c_void_p(), ctypes.create_string_buffer(1024)
+    rc = driver.shvd_capi_run(api, int(op), name.encode(), int(numpy_code(arr.dtype)), shape,
+                              arr.ndim, ctypes.c_void_p(in_ptr), ctypes.c_void_p(out_ptr),
+                              int(reduce_op), 0, device(), ctypes.c_void_p(stream),
+                              int(HANG_S * 1000), ctypes.byref(work), msg, len(msg))
+    assert rc == 0, f"{name} on rank {ctx.rank}: code {rc}: {msg.value.decode()}"
+    return work
+
+
+@CASES.case("nccl_capi/device_ops_through_the_c_entry_points")
+def _(ctx):
+    """The C entry points with device memory, as spark_hvd's TensorFlow GPU kernels use them
+    (TensorFlow's CPU build cannot hand out a device tensor): an allreduce whose input its
+    producer stream writes late (the ready event recorded at submit is waited for), and an
+    allgather whose output the core allocates on the device; each completes through its
+    callback, the owner of its buffers is released once, and the output is readable until
+    the handle is released."""
+    driver, api = _capi()
+    lib = _lib()
+    stream = ctypes.c_void_p()
+    assert lib.cudaSetDevice(device()) == 0
+    assert lib.cudaStreamCreateWithFlags(ctypes.byref(stream), 1) == 0
+    try:
+        released = driver.shvd_capi_owners_released()
+        x = values(np.float32, ctx.rank, (1000,))
+        buf, keep = _produced_late(x, stream.value)
+        work = _capi_run(driver, api, OpType.ALLREDUCE, "g.capi.allreduce", x, buf.ptr, buf.ptr,
+                         stream.value, ctx, reduce_op=hvd.Sum)
+        summed = buf.numpy()
+        driver.shvd_capi_release(api, work)
+        rows = np.full((ctx.rank + 1, 3), ctx.rank, np.int32)
+        src = DeviceArray(rows)
+        work = _capi_run(driver, api, OpType.ALLGATHER, "g.capi.allgather", rows, src.ptr, 0,
+                         0, ctx)
+        data, nbytes = ctypes.c_void_p(), ctypes.c_int64()
+        dev, shape, ndim = ctypes.c_int32(), (ctypes.c_int64 * 8)(), ctypes.c_int32()
+        driver.shvd_capi_output(api, work, ctypes.byref(data), ctypes.byref(nbytes),
+                                ctypes.byref(dev), shape, ctypes.byref(ndim))
+        gathered = np.empty(tuple(shape[i] for i in range(ndim.value)), np.int32)
+        copy(gathered.ctypes.data, data.value or 0, gathered.nbytes, 2)  # device to host
+        driver.shvd_capi_release(api, work)
+        hvd.barrier()
+        owners = driver.shvd_capi_owners_released() - released
+    finally:
+        assert lib.cudaStreamDestroy(stream) == 0
+    assert_same(summed, reduce([values(np.float32, r, (1000,)) for r in range(ctx.size)], "Sum",
+                               np.float32))
+    assert dev.value == device() and nbytes.value == gathered.nbytes, (dev.value, nbytes.value)
+    assert_same(gathered, np.concatenate([np.full((r + 1, 3), r, np.int32)
+                                          for r in range(ctx.size)]))
+    assert owners == 2, f"{owners} owners released for 2 ops"

@@ -139,6 +139,15 @@ def _rank_1_exits_hard():
         hvd.allreduce(np.ones(4), op=hvd.Sum)
 
 
+def _rank_1_never_inits():
+    import spark_hvd as hvd
+
+    if os.environ[renv.RANK_ENV_VAR] == "1":
+        return "never called init"
+    hvd.init()
+    return "init returned"
+
+
 def _report_pids_and_sleep(directory):
     import time
 
@@ -401,6 +410,21 @@ def test_check_launch_is_run_s_checks_without_a_launch(spark_local):
         spark_hvd.spark.check_launch(num_proc=3)
     with pytest.raises(InvalidArgumentError, match="never assigns GPUs"):
         spark_hvd.spark.check_launch(num_proc=2, use_gpu=True)
+
+
+@pytest.mark.spark
+def test_local_mode_a_rank_that_never_calls_init_is_lost_for_the_others(spark_local):
+    """Rank 1 returns without init(): its report tells the driver, which tells the
+    rendezvous service, so rank 0's init fails naming rank 1 instead of waiting out the
+    start timeout (120 s here)."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        spark_hvd.spark.run(_rank_1_never_inits, num_proc=2, verbose=0, start_timeout=120)
+    text = str(info.value)
+    assert time.monotonic() - t0 < 60, text
+    assert "PeerLostError" in text and "rank 1" in text, text
 
 
 # -- local-cluster, in a pytest process of its own -----------------------------------

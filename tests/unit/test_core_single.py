@@ -489,7 +489,7 @@ def test_size_without_rendezvous_is_a_clear_error():
 def test_unknown_cpu_backend_is_a_clear_error(var):
     out = init_error({var: "udp"})
     assert var in out and "'udp' is not a CPU backend" in out, out
-    assert "use one of: mpi, gloo, tcp" in out, out
+    assert "use one of: mpi, gloo, shm, tcp" in out, out
 
 
 @pytest.mark.parametrize("backend", ["mpi"])
