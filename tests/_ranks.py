@@ -54,7 +54,8 @@ def hvdrun(np: int, argv: Sequence[str], *, mpi: Optional[bool] = None,
            cwd: Optional[str] = None,
            launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Runs ``spark-hvdrun [--gloo|--mpi] -np np [launcher_args] argv`` (the launcher's
-    default controller when ``mpi`` is None) and returns its completed process (stdout/stderr as text).
+    default controller when ``mpi`` is None) and returns its completed process (stdout/stderr
+    as text).
 
     A job that outlives ``timeout`` gets SIGTERM (spark-hvdrun then stops its ranks,
     each of which runs in its own session), then SIGKILL after TERM_GRACE_S; it is

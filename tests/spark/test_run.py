@@ -477,7 +477,7 @@ def test_output_lines_are_prefixed_with_the_rank(capsys):
     assert spark_hvd.spark.run(_print_and_return, args=(3,), num_proc=2) == ["0", "1"]
     out, err = capsys.readouterr()
     for rank in (0, 1):
-        lines = [l for l in out.splitlines() if l.startswith(f"[{rank}] ")]
+        lines = [ln for ln in out.splitlines() if ln.startswith(f"[{rank}] ")]
         assert lines == [f"[{rank}] line {i} of rank {rank}" for i in range(3)]
         assert f"[{rank}] warning from rank {rank}" in err.splitlines()
     quiet = spark_hvd.spark.run(_print_and_return, args=(3,), num_proc=2, verbose=0)
@@ -668,11 +668,11 @@ def test_run_takes_horovod_s_arguments_in_horovod_s_order(spark_local, tmp_path,
     assert results == [("0", "1", "from-env"), ("1", "1", "from-env")]
     stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} "
     for rank in (0, 1):
-        lines = [l for l in out.getvalue().splitlines() if f"[{rank}] " in l]
-        assert [re.sub(f"^{stamp}", "", l) for l in lines] \
+        lines = [ln for ln in out.getvalue().splitlines() if f"[{rank}] " in ln]
+        assert [re.sub(f"^{stamp}", "", ln) for ln in lines] \
             == [f"[{rank}] line {i} of rank {rank}" for i in range(2)]
-        assert all(re.match(stamp, l) for l in lines)
-        assert any(l.endswith(f"[{rank}] warning from rank {rank}")
-                   for l in err.getvalue().splitlines())
+        assert all(re.match(stamp, ln) for ln in lines)
+        assert any(ln.endswith(f"[{rank}] warning from rank {rank}")
+                   for ln in err.getvalue().splitlines())
     printed = capsys.readouterr()
     assert "line 0" not in printed.out and "warning from" not in printed.err
