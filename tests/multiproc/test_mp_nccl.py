@@ -447,3 +447,50 @@ def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path)
         assert "SPARK_HVD_TIMEOUT_S=3 s" in res["message"], res
         assert 3 <= res["after_s"] < 3 + DEADLINE_S, res
         assert res["shutdown_s"] < DEADLINE_S, res
+
+
+# One rank, its GPU memory cache bounded at 1 MiB: allgathers whose core-allocated outputs
+# grow from 4 KiB to 1 MiB (about 50 size classes, 26 MiB in all), each dropped at once.
+POOL_SCRIPT = r"""
+import os
+os.environ["SPARK_HVD_GPU_CACHE_BYTES"] = str(1 << 20)
+""" + PRELUDE + r"""
+rt.shvd_fake_live_bytes.restype = ctypes.c_ulonglong
+dev = g.device()
+src = g.DeviceArray(np.ones((256, 1024), np.float32))
+own = rt.shvd_fake_live_bytes(dev)  # this script's own device memory
+total = 0
+for rows in range(1, 257, 5):
+    h = _ops.submit(OpType.ALLGATHER, f"grow.{rows}", numpy_code(np.float32), (rows, 1024),
+                    src.ptr, 0, src, lambda r: r, device=dev)
+    r = hvd.synchronize(h)
+    total += rows * 4096
+    del r, h  # the output's capsule: its block goes back to the pool
+deadline = time.time() + 10  # blocks beyond the bound are freed on the pool's own thread
+while rt.shvd_fake_live_bytes(dev) - own > 1 << 20 and time.time() < deadline:
+    time.sleep(0.01)
+held = rt.shvd_fake_live_bytes(dev) - own
+hvd.shutdown()
+deadline = time.time() + 10  # likewise at shutdown
+while rt.shvd_fake_live_bytes(dev) != own and time.time() < deadline:
+    time.sleep(0.01)
+with open(os.path.join(out, "result0"), "w") as f:
+    json.dump({"total": total, "held": held, "after": rt.shvd_fake_live_bytes(dev) - own,
+               "pinned_after": rt.shvd_fake_live_bytes(-1)}, f)
+os._exit(0)
+"""
+
+
+def test_the_gpu_memory_cache_is_bounded_and_freed_at_shutdown(gpu_env, tmp_path):
+    """The device memory the core keeps for reuse (outputs, fusion buffers) stays within
+    SPARK_HVD_GPU_CACHE_BYTES however many sizes the ops ask for (a block returned beyond
+    it goes back to CUDA), and none is left once hvd.shutdown() returned (the fake runtime
+    counts live cudaMalloc bytes)."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    with script_job(1, POOL_SCRIPT, tmp_path, env, DEADLINE_S + 30) as (codes, logs):
+        assert list(codes) == [0], (codes, logs[-4000:])
+    res = json.loads((tmp_path / "result0").read_text())
+    print(res)
+    assert res["total"] > 20 << 20, res  # the ops asked for far more than the bound
+    assert 0 < res["held"] <= 1 << 20, res
+    assert res["after"] == 0 and res["pinned_after"] == 0, res
