@@ -54,7 +54,8 @@ Status NcclCommunicator::Settle(const char* what) const {
                                    std::chrono::duration<double>(std::min(1.0, timeout_s / 2)));
   auto next_lost_check = start + std::chrono::milliseconds(100);
   bool marked = false;
-  auto pause = std::chrono::microseconds(10);
+  int spins = 0;  // an enqueue in progress usually ends within microseconds: yield first
+  auto pause = std::chrono::microseconds(20);
   const std::string where = std::string("NCCL ") + what + " on rank " +
                             std::to_string(options_.rank) + " (process set " +
                             std::to_string(set_id_) + ")";
@@ -107,6 +108,10 @@ Status NcclCommunicator::Settle(const char* what) const {
       SHVD_LOG(kWarning, "nccl") << s.message();
       comm_->RequestAbort(s);
       return s;
+    }
+    if (++spins <= 200) {
+      std::this_thread::yield();
+      continue;
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
