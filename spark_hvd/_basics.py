@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built", "cuda_built",
+    "cross_rank", "cross_size", "is_homogeneous", "gloo_built", "mpi_built", "nccl_built",
+    "cuda_built",
     "mpi_threads_supported", "rocm_built", "ddl_built", "ccl_built",
     "gloo_enabled", "mpi_enabled", "start_timeline", "stop_timeline", "ProcessSet",
     "global_process_set", "add_process_set", "remove_process_set",

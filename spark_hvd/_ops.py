@@ -192,7 +192,8 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None,
     arr = _array(tensor)
     out = np.empty_like(arr)
     rop = _reduce_op(op, average)
-    return submit(OpType.ALLREDUCE, _name(name, "allreduce", process_set), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.ALLREDUCE, _name(name, "allreduce", process_set), numpy_code(arr.dtype),
+                  arr.shape,
                   arr.ctypes.data, out.ctypes.data, (arr, out), lambda r: out,
                   reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
                   process_set=process_set)
@@ -239,7 +240,8 @@ def allgather_async(tensor, name: Optional[str] = None,
     arr = _array(tensor)
     if arr.ndim == 0:
         arr = arr.reshape(1)
-    return submit(OpType.ALLGATHER, _name(name, "allgather", process_set), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.ALLGATHER, _name(name, "allgather", process_set), numpy_code(arr.dtype),
+                  arr.shape,
                   arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
                   process_set=process_set)
 
@@ -273,7 +275,8 @@ def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     arr = _array(tensor)
     out = arr.copy()
-    return submit(OpType.BROADCAST, _name(name, "broadcast", process_set), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.BROADCAST, _name(name, "broadcast", process_set), numpy_code(arr.dtype),
+                  arr.shape,
                   out.ctypes.data, out.ctypes.data, (out,), lambda r: out, root=root_rank,
                   process_set=process_set)
 
@@ -297,7 +300,8 @@ def alltoall_async(tensor, splits=None, name: Optional[str] = None,
                 f"evenly by the number of ranks ({n}); pass splits=")
         splits = [arr.shape[0] // n] * n
     splits = [int(s) for s in np.asarray(splits).reshape(-1)]
-    return submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), numpy_code(arr.dtype), arr.shape,
+    return submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), numpy_code(arr.dtype),
+                  arr.shape,
                   arr.ctypes.data, 0, (arr,),
                   lambda r, dt=arr.dtype: (_typed(r, dt), np.asarray(r[2], dtype=np.int32)),
                   splits=splits, process_set=process_set)
@@ -315,7 +319,8 @@ def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
     arr = _array(tensor)
     if arr.ndim == 0:
         raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
-    return submit(OpType.REDUCESCATTER, _name(name, "reducescatter", process_set), numpy_code(arr.dtype),
+    return submit(OpType.REDUCESCATTER, _name(name, "reducescatter", process_set),
+                  numpy_code(arr.dtype),
                   arr.shape, arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
                   reduce_op=_reduce_op(op, None), prescale=prescale_factor,
                   postscale=postscale_factor, process_set=process_set)

@@ -54,7 +54,8 @@ def hvdrun(np: int, argv: Sequence[str], *, mpi: Optional[bool] = None,
            cwd: Optional[str] = None,
            launcher_args: Sequence[str] = ()) -> subprocess.CompletedProcess:
     """Runs ``spark-hvdrun [--gloo|--mpi] -np np [launcher_args] argv`` (the launcher's
-    default controller when ``mpi`` is None) and returns its completed process (stdout/stderr as text).
+    default controller when ``mpi`` is None) and returns its completed process (stdout/stderr
+    as text).
 
     A job that outlives ``timeout`` gets SIGTERM (spark-hvdrun then stops its ranks,
     each of which runs in its own session), then SIGKILL after TERM_GRACE_S; it is
@@ -146,7 +147,8 @@ class DirectJob:
     """Ranks started without spark-hvdrun (a rendezvous server in this process), so a
     test sees how the survivors of a failure behave when no launcher tears them down."""
 
-    def __init__(self, np: int, argv: Sequence[str], env: Optional[dict] = None) -> None:
+    def __init__(self, np: int, argv: Sequence[str], env: Optional[dict] = None,
+                 start_timeout_s: float = 30.0) -> None:
         from spark_hvd._job import env as renv
         from spark_hvd.runner.rendezvous import RendezvousServer
         from spark_hvd._job.topology import assign
@@ -158,7 +160,8 @@ class DirectJob:
         for topo in assign(["localhost"] * np):
             rank_env = dict(ENV, **(env or {}))
             rank_env.update(renv.rank_env(topo, "127.0.0.1", self.server.port, self.server.secret,
-                                          self.server.run_id, renv.CONTROLLER_GLOO, 30.0))
+                                          self.server.run_id, renv.CONTROLLER_GLOO,
+                                          start_timeout_s))
             log = tempfile.TemporaryFile()
             self.logs.append(log)
             self.procs.append(subprocess.Popen(list(argv), env=rank_env, stdout=log,

@@ -3,8 +3,8 @@
 Every ``import`` / ``from ... import`` counts, wherever it sits (module level, inside
 a function, under ``try`` or ``if TYPE_CHECKING:``): a function-level import is a
 dependency all the same, only a later one, and a type-only one is a dependency of the
-design (two modules that name each other's types are one module cut in two). An edge goes to the deepest
-module the statement names (``from spark_hvd import _core`` -> ``spark_hvd._core``);
+design (two modules that name each other's types are one module cut in two). An edge goes to
+the deepest module the statement names (``from spark_hvd import _core`` -> ``spark_hvd._core``);
 importing a submodule also runs its package's ``__init__``, but that edge is left
 out: a package that re-exports its submodules is not a cycle.
 

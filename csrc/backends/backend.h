@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "backends/liveness.h"
 #include "common/types.h"
 #include "rendezvous/store.h"
 
@@ -37,6 +38,9 @@ struct BackendOptions {
   double connect_timeout_s = 60.0;      // rendezvous at connect
   // Ranks of the job the rendezvous service has seen vanish (asked while connecting).
   std::function<std::vector<int32_t>()> lost_ranks;
+  // The job's heartbeats (liveness.h), owned by the engine, alive until every
+  // communicator is gone; null when the job has none.
+  PeerLiveness* liveness = nullptr;
   // Connects another registered backend by name, for a backend that builds on one
   // (staged runs GPU tensors on a CPU backend). Throws StatusError for an unknown name.
   std::function<std::unique_ptr<Communicator>(const std::string& backend,

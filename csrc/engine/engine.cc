@@ -104,6 +104,13 @@ void Engine::Connect() {
     return b->Connect(o);
   };
   backends_ = registry_.Select(bo);
+  // Heartbeats first, so every communicator can stop waiting on a lost peer. Under
+  // MPI the ranks are MPI's (the control plane defines them) and mpirun ends a job
+  // whose rank died: no heartbeats there.
+  if (controller_name_ != "mpi") {
+    liveness_ = StartHeartbeats(bo);
+    bo.liveness = liveness_.get();
+  }
   // The control plane connects first: it may define the ranks (MPI's world).
   Backend* control = *std::find_if(backends_.begin(), backends_.end(),
                                    [](Backend* b) { return b->ControlPlane(); });
@@ -135,11 +142,13 @@ void Engine::Loop(std::promise<Status>* ready) {
   } catch (const StatusError& e) {
     sets_.Clear();
     FinalizeBackends();
+    liveness_.reset();
     ready->set_value(e.status());
     return;
   } catch (const std::exception& e) {
     sets_.Clear();
     FinalizeBackends();
+    liveness_.reset();
     ready->set_value(Status::Internal(std::string("engine start failed: ") + e.what()));
     return;
   }
@@ -241,11 +250,18 @@ void Engine::Loop(std::promise<Status>* ready) {
     in_flight.AbortAll(failure_);
   }
   control_ = nullptr;
+  // Peers learn that this rank leaves (and which ranks it lost) before its
+  // connections close, so they do not count it as lost (liveness.h).
+  if (liveness_) {
+    const bool lost = stop.code() == StatusCode::kPeerLost || stop.code() == StatusCode::kTimeout;
+    liveness_->Leave(lost ? stop.ranks() : std::vector<int32_t>{});
+  }
   // After a failure, NCCL communicators are aborted, not destroyed: ncclCommDestroy
   // waits for the other local ranks, and one that failed, or aborted, never comes.
   if (!stop.ok() || !in_flight.failure().ok()) sets_.AbortAll();
   sets_.Clear();
   FinalizeBackends();
+  liveness_.reset();
   timeline_.Stop();
 }
 

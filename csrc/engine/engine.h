@@ -102,6 +102,9 @@ class Engine {
   CacheStats cache_stats_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
                                      // backend that can carry it (CarriesControl)
+  // The job's heartbeats (backends/liveness.h): started before the communicators,
+  // left before they are destroyed.
+  std::unique_ptr<PeerLiveness> liveness_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -4,7 +4,8 @@ The launch contract: the variables every launcher sets for a rank (its place in 
 job, how to reach the rendezvous server), each a ``FOO_ENV_VAR`` constant here and
 listed in LAUNCH_ENV_VARS; no other module spells the names out. They are not
 settings: the settings a launcher also passes on (SPARK_HVD_CONTROLLER,
-SPARK_HVD_START_TIMEOUT_S, SPARK_HVD_ELASTIC_TIMEOUT_S) are declared with every other one in spark_hvd/settings.def
+SPARK_HVD_START_TIMEOUT_S, SPARK_HVD_ELASTIC_TIMEOUT_S) are declared with every other one in
+spark_hvd/settings.def
 (spark_hvd/_config.py).
 """
 

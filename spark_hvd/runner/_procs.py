@@ -89,7 +89,8 @@ def _signal_groups(pgids: Iterable[int], sig: int) -> None:
 class ProcessGroup:
     """Local processes of one job, each in its own session, watched until they end."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_exit: Optional[Callable[[object, int], None]] = None) -> None:
+        self._on_exit = on_exit  # (label, returncode) as each process ends, in its waiter
         self._procs: Dict[object, subprocess.Popen] = {}
         self._exits: List[Tuple[object, int]] = []
         self._cond = threading.Condition()
@@ -131,6 +132,8 @@ class ProcessGroup:
 
     def _wait_one(self, label: object, proc: subprocess.Popen) -> None:
         returncode = proc.wait()
+        if self._on_exit is not None:
+            self._on_exit(label, returncode)
         with self._cond:
             self._exits.append((label, returncode))
             self._cond.notify_all()

@@ -206,7 +206,9 @@ def _launch_gloo(command: List[str], slots: Sequence[Slot], base_env: Dict[str, 
                  server: RendezvousServer, addrs: _addresses.Addresses, ssh: Optional[_ssh.Ssh],
                  start_timeout_s: float, verbose: bool, out: Sink, err: Sink,
                  kill_grace_s: float) -> int:
-    ranks = ProcessGroup()
+    # A rank that ends before its init() registered it is lost for the others at once.
+    ranks = ProcessGroup(on_exit=lambda rank, code: server.rank_ended(
+        rank, why=f"its process {describe_exit(code)}"))
     multi_host = ssh is not None
     try:
         for slot, topo in zip(slots, assign([s.identity for s in slots])):

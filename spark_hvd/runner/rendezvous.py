@@ -134,6 +134,7 @@ class RendezvousServer:
         # Registrations are per group: "" for a fixed job's ranks; an elastic job
         # registers its workers and each membership epoch's ranks in groups of their own.
         self._lost: Set[Tuple[str, int]] = set()
+        self._left: Set[Tuple[str, int]] = set()  # ended their registration with a goodbye
         self._rank_owner: Dict[Tuple[str, int], _ConnState] = {}
         self._stopping = False
 
@@ -192,6 +193,25 @@ class RendezvousServer:
         """Ranks of ``group`` whose registration connection dropped without a goodbye."""
         with self._lock:
             return sorted(r for g, r in self._lost if g == group)
+
+    def rank_ended(self, rank: int, group: str = "", why: str = "its process ended") -> None:
+        """A launcher's news that ``rank``'s process has ended. A rank that is not
+        registered and never said goodbye is lost from now on: one that ended before
+        init() registered it (the others' init then fails naming it, rather than waiting
+        out the start timeout). A registered one is judged by its connection, as always."""
+        key = (group, rank)
+        with self._lock:
+            if self._stopping or key in self._rank_owner or key in self._left or \
+                    key in self._lost:
+                return
+            self._lost.add(key)
+        logger.info("rendezvous: rank %d%s ended (%s) without registering", rank,
+                    f" of {group}" if group else "", why)
+        try:
+            self.store.set(f"{LOST_KEY_PREFIX}{_group_path(group)}{rank}",
+                           f"{why} before it registered".encode())
+        except StoreError:
+            pass
 
     def registered_ranks(self, group: str = "") -> List[int]:
         """Ranks of ``group`` registered now (their connection open, no goodbye yet)."""
@@ -266,6 +286,7 @@ class RendezvousServer:
                 return
             del self._rank_owner[key]
             if state.goodbye:
+                self._left.add(key)
                 return
             self._lost.add(key)
         logger.info("rendezvous: rank %d%s (%s) lost its connection without a goodbye",
@@ -361,6 +382,7 @@ class RendezvousServer:
             state.rank, state.group = rank, group
             self._rank_owner[(group, rank)] = state
             self._lost.discard((group, rank))
+            self._left.discard((group, rank))
         self.store.delete(f"{LOST_KEY_PREFIX}{_group_path(group)}{rank}")
         self.store.set(f"{HOST_KEY_PREFIX}{_group_path(group)}{rank}", host.encode("utf-8"))
         return []

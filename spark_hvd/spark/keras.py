@@ -4,6 +4,12 @@ The classes are :mod:`spark_hvd.estimators`' own, so code written for Horovod ch
 import line. TensorFlow and pyspark are imported when a class is first used.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and linters; loaded lazily below
+    from spark_hvd.estimators.keras_estimator import KerasEstimator
+    from spark_hvd.estimators.keras_model import KerasModel
+
 __all__ = ["KerasEstimator", "KerasModel"]
 
 

@@ -6,6 +6,12 @@ estimator: ``TorchEstimator`` here is :class:`spark_hvd.estimators.LightningEsti
 torch, Lightning and pyspark are imported when a class is first used.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and linters; loaded lazily below
+    from spark_hvd.estimators.lightning_estimator import LightningEstimator as TorchEstimator
+    from spark_hvd.estimators.torch_model import TorchModel
+
 __all__ = ["TorchEstimator", "TorchModel"]
 
 

@@ -295,6 +295,7 @@ class _Job:
     def __init__(self, spark, server: RendezvousServer, spec: _task.TaskSpec,
                  output: _driver.Output, verbose: int) -> None:
         self.spec, self.verbose, self.size = spec, verbose, spec.size
+        self.server = server
         self.store = server.store
         self.events: _driver.Events = queue.Queue()
         self.stage = _driver.SparkStage(spark, spec, server.run_id, self.events, barrier=True,
@@ -355,6 +356,9 @@ class _Job:
             if kind == "report":
                 rank, report = event[1], event[2]
                 reports[rank] = report
+                # Its child has ended: if before init() registered it, the others' init
+                # fails naming it rather than waiting out the start timeout.
+                self.server.rank_ended(rank, why="its Spark task's child ended")
                 if not _failures.ok(report):
                     return ("rank", rank)
                 try:

@@ -8,6 +8,12 @@ spark_hvd.estimators.TorchEstimator``), so code written for Horovod changes one 
 torch and pyspark are imported when a class is first used, not with this module.
 """
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and linters; loaded lazily below
+    from spark_hvd.estimators.torch_estimator import TorchEstimator
+    from spark_hvd.estimators.torch_model import TorchModel
+
 __all__ = ["TorchEstimator", "TorchModel"]
 
 

@@ -191,15 +191,15 @@ def _broadcast_async(tensor, root_rank: int, name: str, process_set: ProcessSet,
 def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Starts sending root_rank's tensor to every rank (into a new tensor)."""
-    return _broadcast_async(tensor, root_rank, _name(name, "broadcast", process_set), process_set, False,
-                            "broadcast")
+    return _broadcast_async(tensor, root_rank, _name(name, "broadcast", process_set), process_set,
+                            False, "broadcast")
 
 
 def broadcast_async_(tensor, root_rank: int, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Starts overwriting ``tensor`` with root_rank's tensor."""
-    return _broadcast_async(tensor, root_rank, _name(name, "broadcast", process_set), process_set, True,
-                            "broadcast_")
+    return _broadcast_async(tensor, root_rank, _name(name, "broadcast", process_set), process_set,
+                            True, "broadcast_")
 
 
 def broadcast_(tensor, root_rank: int, name: Optional[str] = None,

@@ -44,7 +44,8 @@ SURFACE = {
 }
 
 def _listed_missing() -> set:
-    """The backticked Horovod names of docs/migrate-horovod.md's table of what spark_hvd does not have."""
+    """The backticked Horovod names of docs/migrate-horovod.md's table of what spark_hvd does
+    not have."""
     text = MIGRATION.read_text(encoding="utf-8")
     section = text.split("## Horovod names spark_hvd does not have", 1)[1]
     section = section.split("\n#", 1)[0]
@@ -66,9 +67,11 @@ def test_horovod_names_are_here_or_listed_with_the_reason(horovod_module):
                not hasattr(module, n)]
     unexplained = [n for n in missing if f"{horovod_module}.{n}" not in listed]
     assert not unexplained, (f"{ours} lacks Horovod's {horovod_module} names {unexplained}: "
-                             f"add them, or list them in docs/migrate-horovod.md's table with the reason")
+                             f"add them, or list them in docs/migrate-horovod.md's table with "
+                             f"the reason")
     stale = [n for n in names if n not in missing and f"{horovod_module}.{n}" in listed]
-    assert not stale, f"docs/migrate-horovod.md lists {stale} of {horovod_module} as missing, but {ours} has them"
+    assert not stale, (f"docs/migrate-horovod.md lists {stale} of {horovod_module} as missing, "
+                       f"but {ours} has them")
 
 
 def test_an_unknown_name_is_an_attribute_error():

@@ -74,6 +74,23 @@ def test_params_as_text():
 
 # -- MLflow ------------------------------------------------------------------------------------
 
+def test_preload_imports_the_flavor_and_opens_the_store_once_in_the_background(
+        mlflow_tracking_uri, monkeypatch):
+    """What the first logging of a process would wait for (imports, the store, MLflow's
+    map of distributions) is done by one background thread per flavor, started by fit."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setattr(_mlflow, "_preloaded", {})
+    monkeypatch.delitem(sys.modules, "mlflow.pytorch", raising=False)
+    _mlflow.preload("mlflow.pytorch")
+    thread = _mlflow._preloaded["mlflow.pytorch"]
+    thread.join(120)
+    assert not thread.is_alive() and "mlflow.pytorch" in sys.modules
+    from mlflow.utils import requirements_utils
+    assert requirements_utils._MODULES_TO_PACKAGES is not None
+    _mlflow.preload("mlflow.pytorch")  # imported now: nothing more
+    assert _mlflow._preloaded["mlflow.pytorch"] is thread
+
+
 @pytest.fixture
 def mlflow(mlflow_tracking_uri):
     mlflow = pytest.importorskip("mlflow")

@@ -56,7 +56,8 @@ def _submit_round(tag: str, me: int, n: int, big: bool):
          lambda: np.concatenate([values(np.float32, r, (rows, 3), salt=2)[2 * me:2 * me + 2]
                                  for r in range(n)])),
         (hvd.reducescatter_async(rs, op=hvd.Sum, name=f"{tag}.rs"),
-         lambda: sum(values(np.float32, r, (rows, 5), salt=3) for r in range(n))[2 * me:2 * me + 2]),
+         lambda: sum(values(np.float32, r, (rows, 5), salt=3)
+                     for r in range(n))[2 * me:2 * me + 2]),
         (hvd.grouped_allreduce_async(g, op=hvd.Sum, name=f"{tag}.gar"),
          lambda: [sum(values(np.float32, r, (7,), salt=4) for r in range(n)),
                   sum(values(np.float64, r, (33,), salt=5) for r in range(n))]),

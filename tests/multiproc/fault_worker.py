@@ -30,6 +30,15 @@ def wait_file(name: str, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+def wait_others_entering(n: int, me: int) -> None:
+    """Waits until every other rank is about to submit its op (its ``entering`` file): the
+    op is theirs to wait in, whether or not they reached the wait itself first (a peer lost
+    before the submit fails it all the same)."""
+    for r in range(n):
+        if r != me:
+            wait_file(f"entering{r}", 60)
+
+
 def attempt(fn, *args, **kwargs) -> dict:
     """Runs one op; returns what happened and when."""
     t0 = time.monotonic()
@@ -49,9 +58,10 @@ def kill() -> None:
     n, me = hvd.size(), hvd.rank()
     hvd.allreduce(np.ones(4), name="warm")
     if me == n - 1:
-        time.sleep(0.5)  # the others are inside "victim" by now
+        wait_others_entering(n, me)
         save("killed_at", at=time.time())
         os.kill(os.getpid(), signal.SIGKILL)
+    save(f"entering{me}")
     save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
 
 
@@ -70,10 +80,11 @@ def segments() -> dict:
     return {"fds": fds, "maps": maps}
 
 
-def mid_transfer(stop_signal: int, fork_holder: bool = False) -> None:
-    """The last rank SIGKILLs (SIGSTOPs) itself while 64 MiB allreduces are in flight
-    (the data path: the tcp ring, shm's rounds; not the control plane). The others
-    report what they saw, and which segments they held then and after shutdown().
+def mid_transfer(stop_signal: int, fork_holder: bool = False, mixed: bool = False) -> None:
+    """The last rank SIGKILLs (SIGSTOPs) itself while 64 MiB allreduces (mixed: and
+    broadcasts, and 16 MiB allgathers) are in flight (the data path: the tcp ring, shm's
+    rounds; not the control plane). The others report what they saw, and which segments
+    they held then and after shutdown().
     fork_holder: the last rank first forks a child that outlives it holding copies of
     its descriptors, its connections to the peers among them (as a data loader's worker
     would); the child's pid goes to holder_pid for the test to end it."""
@@ -88,11 +99,15 @@ def mid_transfer(stop_signal: int, fork_holder: bool = False) -> None:
             os._exit(0)
         save("holder_pid", pid=child)
     x = np.ones(16 << 20, np.float32)
+    part = x[:4 << 20]
     hvd.allreduce(x, name="big", op=hvd.Sum)
 
     def loop():
         for _ in range(200):
             hvd.allreduce(x, name="big", op=hvd.Sum)
+            if mixed:
+                hvd.broadcast(x, 0, name="big.bcast")
+                hvd.allgather(part, name="big.gather")
         return 0
 
     if me == n - 1:
@@ -107,7 +122,7 @@ def mid_transfer(stop_signal: int, fork_holder: bool = False) -> None:
 
 
 def kill_mid_transfer() -> None:
-    mid_transfer(signal.SIGKILL)
+    mid_transfer(signal.SIGKILL, mixed=True)
 
 
 def kill_forked_mid_transfer() -> None:
@@ -119,15 +134,32 @@ def freeze_mid_transfer() -> None:
 
 
 def freeze() -> None:
-    """The last rank stops (SIGSTOP) without dying; SPARK_HVD_TIMEOUT_S must end the wait."""
+    """The last rank stops (SIGSTOP) without dying while every rank runs allreduces: the
+    heartbeats (or, with them off, SPARK_HVD_TIMEOUT_S) must end the others' wait."""
+    import threading
+
     n, me = hvd.size(), hvd.rank()
     hvd.allreduce(np.ones(4), name="warm")
     if me == n - 1:
-        time.sleep(0.5)
-        save("frozen_at", at=time.time())
-        os.kill(os.getpid(), signal.SIGSTOP)
+        def stop():
+            save("frozen_at", at=time.time())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        threading.Timer(0.5, stop).start()
+
+    def loop():
+        for _ in range(1000000):
+            hvd.allreduce(np.ones(4), name="loop")
+    save(f"result{me}", **attempt(loop))
+
+
+def never_init() -> None:
+    """The last rank ends before it ever calls init(); the others report what init raised."""
+    me = int(os.environ["SPARK_HVD_RANK"])
+    save(f"pid{me}", pid=os.getpid())
+    if me == int(os.environ["SPARK_HVD_SIZE"]) - 1:
+        save("ended_at", at=time.time())
         return
-    save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
+    save(f"result{me}", **attempt(hvd.init))
 
 
 def shutdown_early() -> None:
@@ -135,21 +167,31 @@ def shutdown_early() -> None:
     n, me = hvd.size(), hvd.rank()
     hvd.allreduce(np.ones(4), name="warm")
     if me == n - 1:
-        time.sleep(0.5)
+        wait_others_entering(n, me)
         save("shutdown_at", at=time.time())
         hvd.shutdown()
         save(f"result{me}", error=None, shut_down=True)
         return
+    save(f"entering{me}")
     save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="pending"))
 
 
+def busy(seconds: float) -> None:
+    """Computes in Python, holding the GIL all along (no collective)."""
+    end, x = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        x += 1
+
+
 def stall_warning() -> None:
-    """The last rank is 3 s late for a fresh tensor, then for a cached one."""
+    """The last rank computes for 8 s holding the GIL (SPARK_HVD_HEARTBEAT_TIMEOUT_S is 1.2
+    here: as 40 s are to the default 6) before a fresh tensor, then is 3 s late for a cached
+    one: the others wait, warned of a stall, and never lose it."""
     n, me = hvd.size(), hvd.rank()
     late = me == n - 1
     out = {}
     if late:
-        time.sleep(3)
+        busy(8)
     out["fresh"] = attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum, name="stall.fresh")
     for _ in range(3):  # the response cache now holds it
         hvd.allreduce(np.full(3, me + 1.0), op=hvd.Sum, name="stall.cached")
@@ -237,6 +279,9 @@ if __name__ == "__main__":
         sys.exit(0)
     if sys.argv[1] == "hold_shm_setup":
         hold_shm_setup()
+        sys.exit(0)
+    if sys.argv[1] == "never_init":
+        never_init()
         sys.exit(0)
     hvd.init()
     save(f"pid{hvd.rank()}", pid=os.getpid())

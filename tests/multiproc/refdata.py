@@ -62,7 +62,8 @@ def _wide(a: np.ndarray) -> np.ndarray:
 def reduce(arrays: List[np.ndarray], op: str, dt, count: Optional[int] = None,
            prescale: float = 1.0, postscale: float = 1.0) -> np.ndarray:
     """The reduction of `arrays` (one per contributing rank) with the core's rules:
-    Average multiplies the sum by postscale / count (integers: truncated toward zero), bool Sum/Max = or, Min/Product = and,
+    Average multiplies the sum by postscale / count (integers: truncated toward zero),
+    bool Sum/Max = or, Min/Product = and,
     Average divides by `count` (default: the number of arrays)."""
     dt = np.dtype(dt)
     stack = np.stack([_wide(a) for a in arrays])

@@ -1,6 +1,7 @@
 """SPARK_HVD_AUTOTUNE at 2 ranks (cases_autotune.py): a full search at small sample
-settings (on the tcp and the gloo data planes), one with the fusion threshold fixed (through Horovod's names, which count as
-set explicitly), and autotune off (the header's fields are ignored)."""
+settings (on the tcp and the gloo data planes), one with the fusion threshold fixed (through
+Horovod's names, which count as set explicitly), and autotune off (the header's fields are
+ignored)."""
 
 import pytest
 

@@ -12,7 +12,8 @@ import cases_collectives
 from _ranks import have_mpirun
 
 NAMES = cases_collectives.CASES.names()
-# Under --mpi and the gloo data plane: the op matrix proper (every op x every dtype, join, fusion, cache).
+# Under --mpi and the gloo data plane: the op matrix proper (every op x every dtype, join,
+# fusion, cache).
 MPI_PATTERN = r"^(allreduce|allgather|broadcast|alltoall|reducescatter|grouped_allreduce|join|" \
               r"barrier|fusion|cache|process_set|topology)"
 MPI_NAMES = cases_collectives.CASES.names(MPI_PATTERN)

@@ -35,6 +35,17 @@ def names_rank(result, rank) -> bool:
         re.search(rf"\branks? \[?([\d,]*,)?{rank}\b", result["message"]) is not None
 
 
+def assert_names_exactly(result, ranks, verb="lost") -> None:
+    """exc.ranks is ``ranks``, and so is every rank list after ``verb`` (a regex) in the
+    message."""
+    assert result["ranks"] == ranks, f"exc.ranks should be {ranks}: {result}"
+    said = [sorted(int(r) for r in re.findall(r"\d+", m))
+            for m in re.findall(rf"\b(?:{verb}) \[?ranks?(?:\(s\))? ([\d, ]*\d)",
+                                result["message"])]
+    assert said and all(s == ranks for s in said), \
+        f"the message should name exactly ranks {ranks} as {verb}, it names {said}: {result}"
+
+
 def survivors(job, outdir, event: str, timeout_s: float, ranks=(0, 1)):
     """Waits up to timeout_s for `ranks` to end; returns their exit codes (all ranks),
     every rank's output, and (rank, result, seconds from the `event` file's time to the
@@ -58,10 +69,11 @@ def survivors(job, outdir, event: str, timeout_s: float, ranks=(0, 1)):
 @pytest.mark.parametrize("scenario", ["kill", "kill_mid_transfer"])
 def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
     """Without a launcher that tears the job down: ranks 0 and 1 must see rank 2's
-    death as PeerLostError on their own, and then exit by themselves; whether they
-    wait for it in negotiation (kill) or in the middle of a tcp ring allreduce's
-    transfer (kill_mid_transfer: rank 1 is not rank 2's ring neighbour on the
-    receiving side). test_shm.py has the same on shared memory."""
+    death as PeerLostError naming it, and only it, on their own, and then exit by
+    themselves; whether they wait for it in negotiation (kill) or in the middle of a
+    tcp ring allreduce, a broadcast or an allgather (kill_mid_transfer: the other
+    survivor stops too, and closes its connections, without being lost). test_shm.py
+    has the same on shared memory."""
     env = {"SPARK_HVD_CPU_OPERATIONS": "tcp"} if scenario == "kill_mid_transfer" else None
     job = DirectJob(3, [PYTHON, WORKER, scenario, str(tmp_path)], env=env)
     try:
@@ -70,7 +82,7 @@ def test_killed_rank_survivors_raise_peer_lost_within_10s(tmp_path, scenario):
         for r, res, detect in reports:
             assert res["error"] == "PeerLostError", (res, logs)
             assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s to notice"
-            assert names_rank(res, 2), f"rank {r}'s error does not name rank 2: {res}"
+            assert_names_exactly(res, [2])  # not the other survivor, which also stopped
             assert codes[r] == 0, f"rank {r} did not exit cleanly after the error: {codes}\n{logs}"
         assert not wait_gone(job.pids, 5), "rank processes left running"
     finally:
@@ -114,19 +126,65 @@ def test_killed_rank_under_the_launcher_fails_the_job_and_leaves_nothing_running
     assert not left, f"rank processes {left} still running after the launcher exited"
 
 
-def test_frozen_rank_is_declared_lost_after_spark_hvd_timeout_s(tmp_path):
-    """A rank that stops answering without closing its sockets (SIGSTOP): the others
-    must give up after SPARK_HVD_TIMEOUT_S (3 s here), not wait forever."""
-    job = DirectJob(3, [PYTHON, WORKER, "freeze", str(tmp_path)],
-                    env={"SPARK_HVD_TIMEOUT_S": "3"})
+FREEZE_MODES = {
+    # the defaults: heartbeats every second, a peer silent for 6 s is lost
+    "heartbeats": ({}, "PeerLostError"),
+    # heartbeats off: the collective's own SPARK_HVD_TIMEOUT_S ends the wait
+    "timeout": ({"SPARK_HVD_HEARTBEAT_TIMEOUT_S": "0", "SPARK_HVD_TIMEOUT_S": "3"},
+                "CollectiveTimeoutError"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(FREEZE_MODES))
+def test_frozen_rank_is_named_by_every_survivor_within_10s(tmp_path, mode):
+    """A rank that stops (SIGSTOP) without closing its sockets while the others run a
+    loop of allreduces: by default the heartbeats find it (PeerLostError); without them
+    SPARK_HVD_TIMEOUT_S does (CollectiveTimeoutError). Either error names it in
+    exc.ranks and in its message, on every survivor, within 10 s."""
+    env, error = FREEZE_MODES[mode]
+    job = DirectJob(3, [PYTHON, WORKER, "freeze", str(tmp_path)], env=env)
     try:
         _, _, reports = survivors(job, tmp_path, "frozen_at", DEADLINE_S + 20)
         for r, res, detect in reports:
-            assert res["error"] in ("PeerLostError", "CollectiveTimeoutError"), res
+            assert res["error"] == error, res
             assert detect < DEADLINE_S, f"rank {r} needed {detect:.1f} s"
+            assert_names_exactly(res, [2], "lost" if mode == "heartbeats" else "from|for")
+            if mode == "heartbeats":  # the default limit, as the message states it
+                assert "no heartbeat for 6.00 s" in res["message"], res
     finally:
         job.close()  # kills the stopped rank
     assert not wait_gone(job.pids, 5)
+
+
+@pytest.mark.parametrize("launcher", ["none", "spark-hvdrun"])
+def test_rank_that_never_calls_init_is_named(tmp_path, launcher):
+    """Rank 2 ends before it ever calls init(). The launcher knows and tells the
+    rendezvous service: the others' init raises PeerLostError naming it at once.
+    Without a launcher nobody knows: their init times out (start timeout 3 s here),
+    still naming it in exc.ranks and in the message."""
+    argv = [PYTHON, WORKER, "never_init", str(tmp_path)]
+    if launcher == "none":
+        job = DirectJob(3, argv, start_timeout_s=3.0)
+        try:
+            job.wait(DEADLINE_S + 20)
+            logs = job.outputs()
+        finally:
+            job.close()
+        error, verb = "CollectiveTimeoutError", "from"
+    else:
+        proc = hvdrun(3, argv, timeout=60)
+        logs = proc.stderr[-3000:]
+        error, verb = "PeerLostError", "lost"
+    ended = load(tmp_path, "ended_at")
+    assert ended is not None, logs
+    for r in (0, 1):
+        res = load(tmp_path, f"result{r}")
+        assert res is not None, f"rank {r} did not report\n{logs}"
+        print(f"rank {r}: {res['error']} {res['at'] - ended['at']:.2f} s after rank 2 ended: "
+              f"{res['message']}")
+        assert res["error"] == error, (res, logs)
+        assert res["at"] - ended["at"] < DEADLINE_S, res
+        assert_names_exactly(res, [2], verb)
 
 
 # -- a rank that shuts down early -------------------------------------------------------
@@ -153,8 +211,20 @@ def test_rank_that_shuts_down_early_fails_the_others_pending_op(tmp_path, np):
 def stall_warning_job(tmp_path_factory):
     out = tmp_path_factory.mktemp("stall_warning")
     proc = hvdrun(3, [PYTHON, WORKER, "stall_warning", str(out)],
-                  env={"SPARK_HVD_STALL_CHECK_TIME_S": "1"}, timeout=60)
+                  env={"SPARK_HVD_STALL_CHECK_TIME_S": "1",
+                       "SPARK_HVD_HEARTBEAT_TIMEOUT_S": "1.2"}, timeout=60)
     return proc, out
+
+
+def test_busy_rank_is_not_lost_only_stalled(stall_warning_job):
+    """The late rank computed for 8 s holding the GIL, with heartbeats timing out after
+    1.2 s (40 s against the default 6 s): its engine's heartbeat thread answered for it,
+    so the others only warned of a stall, and nobody lost it."""
+    proc, out = stall_warning_job
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert load(out, "result0")["fresh"]["seconds"] > 6, "the late rank was not late"
+    assert "heartbeat" not in proc.stderr and "PeerLost" not in proc.stderr, \
+        proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("tensor", ["fresh", "cached"])

@@ -139,6 +139,15 @@ def _rank_1_exits_hard():
         hvd.allreduce(np.ones(4), op=hvd.Sum)
 
 
+def _rank_1_never_inits():
+    import spark_hvd as hvd
+
+    if os.environ[renv.RANK_ENV_VAR] == "1":
+        return "never called init"
+    hvd.init()
+    return "init returned"
+
+
 def _report_pids_and_sleep(directory):
     import time
 
@@ -403,6 +412,21 @@ def test_check_launch_is_run_s_checks_without_a_launch(spark_local):
         spark_hvd.spark.check_launch(num_proc=2, use_gpu=True)
 
 
+@pytest.mark.spark
+def test_local_mode_a_rank_that_never_calls_init_is_lost_for_the_others(spark_local):
+    """Rank 1 returns without init(): its report tells the driver, which tells the
+    rendezvous service, so rank 0's init fails naming rank 1 instead of waiting out the
+    start timeout (120 s here)."""
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(RankFailedError) as info:
+        spark_hvd.spark.run(_rank_1_never_inits, num_proc=2, verbose=0, start_timeout=120)
+    text = str(info.value)
+    assert time.monotonic() - t0 < 60, text
+    assert "PeerLostError" in text and "rank 1" in text, text
+
+
 # -- local-cluster, in a pytest process of its own -----------------------------------
 
 @pytest.mark.parametrize("use_gpu, expected_gpus", [(None, "3"), (False, "3,5")])
@@ -453,7 +477,7 @@ def test_output_lines_are_prefixed_with_the_rank(capsys):
     assert spark_hvd.spark.run(_print_and_return, args=(3,), num_proc=2) == ["0", "1"]
     out, err = capsys.readouterr()
     for rank in (0, 1):
-        lines = [l for l in out.splitlines() if l.startswith(f"[{rank}] ")]
+        lines = [ln for ln in out.splitlines() if ln.startswith(f"[{rank}] ")]
         assert lines == [f"[{rank}] line {i} of rank {rank}" for i in range(3)]
         assert f"[{rank}] warning from rank {rank}" in err.splitlines()
     quiet = spark_hvd.spark.run(_print_and_return, args=(3,), num_proc=2, verbose=0)
@@ -644,11 +668,11 @@ def test_run_takes_horovod_s_arguments_in_horovod_s_order(spark_local, tmp_path,
     assert results == [("0", "1", "from-env"), ("1", "1", "from-env")]
     stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4} "
     for rank in (0, 1):
-        lines = [l for l in out.getvalue().splitlines() if f"[{rank}] " in l]
-        assert [re.sub(f"^{stamp}", "", l) for l in lines] \
+        lines = [ln for ln in out.getvalue().splitlines() if f"[{rank}] " in ln]
+        assert [re.sub(f"^{stamp}", "", ln) for ln in lines] \
             == [f"[{rank}] line {i} of rank {rank}" for i in range(2)]
-        assert all(re.match(stamp, l) for l in lines)
-        assert any(l.endswith(f"[{rank}] warning from rank {rank}")
-                   for l in err.getvalue().splitlines())
+        assert all(re.match(stamp, ln) for ln in lines)
+        assert any(ln.endswith(f"[{rank}] warning from rank {rank}")
+                   for ln in err.getvalue().splitlines())
     printed = capsys.readouterr()
     assert "line 0" not in printed.out and "warning from" not in printed.err

@@ -169,7 +169,7 @@ def test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order(spark_local
                                           spark=spark_local)
     assert results == [(0, 2, [3.0] * 3), (1, 2, [3.0] * 3)]
     lines = sorted(out.getvalue().splitlines())
-    assert len(lines) == 2 and all(re.fullmatch(r"\[w\d+\] rank [01] of 2", l) for l in lines)
+    assert len(lines) == 2 and all(re.fullmatch(r"\[w\d+\] rank [01] of 2", ln) for ln in lines)
     assert _no_active_jobs(spark_local)
 
 

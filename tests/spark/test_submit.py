@@ -51,10 +51,10 @@ def test_spark_submit_of_the_digits_example():
                           timeout=840)
     assert proc.returncode == 0, _tail(proc)
     lines = proc.stdout.splitlines()
-    epochs = [l for l in lines if re.fullmatch(r"\[0\] epoch \d+/10 loss \d+\.\d+", l)]
+    epochs = [ln for ln in lines if re.fullmatch(r"\[0\] epoch \d+/10 loss \d+\.\d+", ln)]
     assert len(epochs) == 10, _tail(proc)
-    assert not [l for l in lines if l.startswith("[1] epoch")]  # only rank 0 prints
-    final = [l for l in lines if l.startswith("ranks [0, 1]: final test accuracy")]
+    assert not [ln for ln in lines if ln.startswith("[1] epoch")]  # only rank 0 prints
+    final = [ln for ln in lines if ln.startswith("ranks [0, 1]: final test accuracy")]
     assert final and float(final[0].split()[-1]) >= 0.9, _tail(proc)
 
 
@@ -125,9 +125,9 @@ def test_spark_connect_session(tmp_path):
         _tail(proc)
     # the survivor went on alone from its commit at step KILL_AT (as on a classic session)
     from test_run_elastic import KILL_AT, STEPS
-    elastic = [json.loads(l[len("ELASTIC "):]) for l in lines if l.startswith("ELASTIC ")]
+    elastic = [json.loads(ln[len("ELASTIC "):]) for ln in lines if ln.startswith("ELASTIC ")]
     import ddp_program  # TorchDistributor: the weights one process reaches on both batches
-    ddp = [json.loads(l[len("TORCH "):]) for l in lines if l.startswith("TORCH ")]
+    ddp = [json.loads(ln[len("TORCH "):]) for ln in lines if ln.startswith("TORCH ")]
     assert ddp and (ddp[0]["rank"], ddp[0]["world"], ddp[0]["sum"]) == (0, 2, 1.0), _tail(proc)
     assert [pytest.approx(w, rel=1e-5, abs=1e-7) for w in ddp_program.reference(3, 2)] == \
         ddp[0]["weights"]

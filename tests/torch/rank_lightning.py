@@ -2,7 +2,8 @@
 
 The reference is plain torch in this process, on the batches of every rank at once: an
 unshuffled DistributedSampler gives rank r samples r, r+n, r+2n, ... (Lightning's own
-sampler always shuffles training data, so the equality checks pass theirs), so batch k of all ranks together is the contiguous block k of n*B samples. Averaged
+sampler always shuffles training data, so the equality checks pass theirs), so batch k of all
+ranks together is the contiguous block k of n*B samples. Averaged
 gradients on B per rank equal the gradient of that block; with the learning rate scaled
 by n (the strategy's default) the parameters after fit must equal plain SGD on the
 blocks at n*lr, and likewise with gradient clipping (clipping the averaged gradient)

@@ -160,7 +160,8 @@ def check_grouped_allreduce_inplace_overlapping_views():
 def check_grouped_allreduce():
     r, n = rn()
     xs = [torch.full((3,), float(r + 1)), torch.full((2, 2), r + 1, dtype=torch.int32),
-          torch.full((0,), 1.0, dtype=torch.float64), torch.full((4,), float(r), dtype=torch.bfloat16)]
+          torch.full((0,), 1.0, dtype=torch.float64),
+          torch.full((4,), float(r), dtype=torch.bfloat16)]
     outs = hvd.grouped_allreduce(xs, op=hvd.Sum)
     tri = n * (n + 1) // 2
     same(outs[0], torch.full((3,), float(tri)), "g0")

@@ -365,8 +365,8 @@ def test_dropped_handles_are_safe_and_leave_no_result_behind():
     lambda: hvd.reducescatter(np.float32(1), name="single.bad.rs0d"),
     lambda: hvd.allreduce(np.ones(2, bool), op=hvd.Sum, prescale_factor=2.0,
                           name="single.bad.boolscale"),
-], ids=["complex", "adasum_int", "adasum_reducescatter", "op_and_average", "root", "splits_sum", "splits_count",
-        "alltoall_0d", "reducescatter_0d", "bool_scale"])
+], ids=["complex", "adasum_int", "adasum_reducescatter", "op_and_average", "root", "splits_sum",
+        "splits_count", "alltoall_0d", "reducescatter_0d", "bool_scale"])
 def test_invalid_arguments(call):
     with pytest.raises(hvd.InvalidArgumentError):
         call()
@@ -489,7 +489,7 @@ def test_size_without_rendezvous_is_a_clear_error():
 def test_unknown_cpu_backend_is_a_clear_error(var):
     out = init_error({var: "udp"})
     assert var in out and "'udp' is not a CPU backend" in out, out
-    assert "use one of: mpi, gloo, tcp" in out, out
+    assert "use one of: mpi, gloo, shm, tcp" in out, out
 
 
 @pytest.mark.parametrize("backend", ["mpi"])

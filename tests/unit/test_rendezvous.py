@@ -399,6 +399,22 @@ class TestLostRanks:
             client.register_rank(0, group="a/b")
         old.close()
 
+    def test_a_launcher_ending_a_rank_loses_it_only_if_it_never_registered(self, server,
+                                                                             client):
+        """rank_ended: a rank that ended before registering is lost at once; one that is
+        registered, or left with a goodbye, is judged by its connection as before."""
+        clean = connect(server)
+        clean.register_rank(1)
+        clean.close()
+        until(lambda: server.registered_ranks() == [])
+        alive = connect(server)
+        alive.register_rank(2)
+        for rank in (0, 1, 2):
+            server.rank_ended(rank, why="its process exited with code 0")
+        assert server.lost_ranks() == [0] and client.lost_ranks() == [0]
+        assert b"before it registered" in client.get("__lost__/0", 1.0)
+        alive.close()
+
     def test_stopping_the_server_loses_nobody(self):
         s = RendezvousServer(host="127.0.0.1")
         s.start()

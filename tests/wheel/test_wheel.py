@@ -146,10 +146,10 @@ def test_the_wheel_installs_without_a_compiler_and_trains(tmp_path):
     installed = str(venv)
     for backend in ("tcp", "gloo"):
         for rank in (0, 1):
-            line = [l for l in out.splitlines() if l.startswith(f"[{rank}] allreduce ok "
-                                                                f"{backend} from ")]
+            line = [ln for ln in out.splitlines() if ln.startswith(f"[{rank}] allreduce ok "
+                                                                   f"{backend} from ")]
             assert line and line[0].split(" from ")[1].startswith(installed), out
-    built = {l.split("] ", 1)[1] for l in out.splitlines() if "] built " in l}
+    built = {ln.split("] ", 1)[1] for ln in out.splitlines() if "] built " in ln}
     if any(Path(p, "nvidia").is_dir() for p in deps):  # a CUDA build of torch brings NCCL
         assert all(b.startswith("built gloo True mpi False ") for b in built), built
     else:
@@ -161,5 +161,5 @@ def test_the_wheel_installs_without_a_compiler_and_trains(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "COMPILERS []" in lines, proc.stdout
-    assert [l for l in lines if l.startswith("SPARK_HVD ")][0].split()[1].startswith(installed)
+    assert [ln for ln in lines if ln.startswith("SPARK_HVD ")][0].split()[1].startswith(installed)
     assert "TRANSFORMED 64" in lines, proc.stdout[-3000:]

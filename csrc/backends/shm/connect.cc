@@ -133,7 +133,8 @@ class Setup {
     ReceiveSegments(&maps);
     SHVD_LOG(kDebug, "shm") << "rank " << rank_ << " of " << size_ << " mapped its peers' "
                             << "segments (slots of " << slot_bytes_ << " bytes)";
-    auto group = std::make_unique<Group>(rank_, members_, std::move(maps), socks_, o_.timeout_s);
+    auto group = std::make_unique<Group>(rank_, members_, std::move(maps), socks_, o_.timeout_s,
+                                         o_.liveness);
     std::fill(socks_.begin(), socks_.end(), -1);  // the group owns them now
     return group;
   }

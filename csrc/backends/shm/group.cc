@@ -70,13 +70,14 @@ void FutexWake(std::atomic<uint32_t>* word) {
 }  // namespace
 
 Group::Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps,
-             std::vector<int> socks, double timeout_s)
+             std::vector<int> socks, double timeout_s, PeerLiveness* liveness)
     : rank_(rank),
       job_ranks_(std::move(job_ranks)),
       maps_(std::move(maps)),
       socks_(std::move(socks)),
       pidfds_(socks_.size(), -1),
-      timeout_s_(timeout_s) {
+      timeout_s_(timeout_s),
+      liveness_(liveness) {
   for (size_t r = 0; r < socks_.size(); ++r) {
     if (socks_[r] >= 0) pidfds_[r] = PeerPidfd(socks_[r]);
   }
@@ -183,7 +184,14 @@ Status Group::CheckPeers(const char* what) {
     pfds.push_back(pollfd{pidfds_[static_cast<size_t>(r)], POLLIN, 0});  // -1: ignored
     peers.push_back(r);
   }
+  // The heartbeats lost a peer (stopped, hung, gone): no need to wait out the timeout.
+  if (liveness_ != nullptr) pfds.push_back(pollfd{liveness_->wake_fd(), POLLIN, 0});
   if (pfds.empty() || ::poll(pfds.data(), pfds.size(), 0) <= 0) return Status::OK();
+  if (liveness_ != nullptr && pfds.back().revents != 0) {
+    Status verdict = liveness_->Verdict(std::string("shm ") + what, {}, 0.0);
+    if (!verdict.ok()) return Fail(verdict);
+  }
+  if (liveness_ != nullptr) pfds.pop_back();
   // A closed connection whose owner marked its segment failed is a bystander that
   // stopped on a failure of its own; the others died (or shut down) without a word.
   std::vector<int32_t> lost, stopped;

@@ -42,8 +42,10 @@ class Group {
  public:
   // maps[r]: member r's segment (this rank's included); socks[r]: the connection to
   // peer r (-1 for this rank), owned from now on; job_ranks[r]: its rank in the job.
+  // liveness: the job's heartbeats (backends/liveness.h), or null; a wait stops when
+  // they lose a peer.
   Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps,
-        std::vector<int> socks, double timeout_s);
+        std::vector<int> socks, double timeout_s, PeerLiveness* liveness);
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -76,6 +78,7 @@ class Group {
   std::vector<int> socks_;
   std::vector<int> pidfds_;  // by member; -1 where none (this rank, no pidfd_open)
   double timeout_s_;
+  PeerLiveness* liveness_;
   uint64_t round_ = 0;     // the last round this rank started
   uint64_t all_seen_ = 0;  // every peer is known to have started this round
   Status broken_;

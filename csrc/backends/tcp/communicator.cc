@@ -44,7 +44,7 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Connect(const BackendOptions& 
     }
     try {
       mesh = TcpMesh::Connect(rank, size, &store, options.bind_host, options.timeout_s,
-                              options.connect_timeout_s, lost_peers);
+                              options.connect_timeout_s, lost_peers, members, options.liveness);
     } catch (const StatusError& e) {  // the mesh names its own ranks; the job wants its own
       std::vector<int32_t> lost;
       for (int32_t r : e.status().ranks()) lost.push_back(members[static_cast<size_t>(r)]);

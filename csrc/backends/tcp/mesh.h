@@ -23,7 +23,8 @@
 // Blocking behaviour: Connect blocks until every peer is connected, up to
 // connect_timeout_s. Each collective blocks until this rank's part is done (its
 // sends written to the kernel, its receives complete); a peer that moves no byte
-// for timeout_s makes it fail with kTimeout, a closed connection with kPeerLost.
+// for timeout_s makes it fail with kTimeout, a closed connection with kPeerLost, and
+// so does a peer the job's heartbeats (liveness.h) lost, as soon as they lose it.
 #pragma once
 
 #include <sys/types.h>
@@ -39,6 +40,7 @@
 
 #include "backends/communicator.h"
 #include "backends/layout.h"
+#include "backends/liveness.h"
 #include "common/status.h"
 #include "common/types.h"
 #include "rendezvous/store.h"
@@ -60,10 +62,20 @@ class TcpMesh {
   // secret can read). While it waits, every half second Connect asks lost_peers
   // (when set) and fails with kPeerLost naming a lost peer. Throws StatusError:
   // kTimeout at the deadline, kPeerLost, kStoreError, kInvalidArgument (bind_host).
+  // `members` are the job ranks of the mesh's ranks (errors name job ranks); with
+  // `liveness` (the job's heartbeats, which outlive the mesh) every wait also stops
+  // when a peer is lost, and a closed connection is explained by its verdict.
   static std::unique_ptr<TcpMesh> Connect(int rank, int size, Store* store,
                                           const std::string& bind_host, double timeout_s,
                                           double connect_timeout_s,
-                                          const LostPeers& lost_peers);
+                                          const LostPeers& lost_peers,
+                                          std::vector<int32_t> members,
+                                          PeerLiveness* liveness);
+  // The set-up alone: one connected socket per peer (-1 for this rank), for a mesh
+  // of another kind (heartbeat.h). Throws as Connect does.
+  static std::vector<int> ConnectSockets(int rank, int size, Store* store,
+                                         const std::string& bind_host,
+                                         double connect_timeout_s, const LostPeers& lost_peers);
   ~TcpMesh();
   TcpMesh(const TcpMesh&) = delete;
   TcpMesh& operator=(const TcpMesh&) = delete;
@@ -90,7 +102,8 @@ class TcpMesh {
   Status Barrier();
 
  private:
-  TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s);
+  TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s,
+          std::vector<int32_t> members, PeerLiveness* liveness);
 
   // Small buffers: everyone sends everything to everyone (one round trip), then
   // each rank reduces the contributions in rank order.
@@ -129,11 +142,14 @@ class TcpMesh {
   Status PeerError(int peer, const char* what, int err);
   Status PeerClosed(int peer, const char* what);
   Status Timeout(const std::vector<int>& peers, const char* what);
+  std::vector<int32_t> JobRanks(const std::vector<int>& peers) const;
 
   int rank_;
   int size_;
   std::vector<int> fds_;  // by peer rank; -1 for this rank
   double timeout_s_;
+  std::vector<int32_t> members_;  // the job rank of each mesh rank
+  PeerLiveness* liveness_;        // may be null
   Status broken_;
   std::vector<char> scratch_;
 };

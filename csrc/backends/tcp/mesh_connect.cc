@@ -117,7 +117,7 @@ class MeshSetup {
         os << "rank " << rank_ << " waited " << timeout_s_ << " s for the address of rank " << p
            << " (key " << key << " in the rendezvous store): rank " << p
            << " did not reach init in time (SPARK_HVD_START_TIMEOUT_S)";
-        Throw(Status::Timeout(os.str()));
+        Throw(Status(StatusCode::kTimeout, os.str(), {p}));
       }
       try {
         address = store_->Get(key, lost_peers_ ? std::max(0.01, std::min(left, kLostCheckS)) : left);
@@ -236,13 +236,16 @@ class MeshSetup {
     os << "rank " << rank_ << " waited " << timeout_s_ << " s (SPARK_HVD_START_TIMEOUT_S) for";
     const char* sep = " ";
     const std::vector<int> missing = desk.Missing();
+    std::vector<int32_t> silent(missing.begin(), missing.end());
     if (!missing.empty()) {
-      os << sep << "connections from rank(s) " << JoinRanks(missing);
+      os << sep << "connections from rank" << (missing.size() > 1 ? "s " : " ")
+         << JoinRanks(std::vector<int32_t>(missing.begin(), missing.end()));
       sep = "; ";
     }
     for (int p = 0; p < rank_; ++p) {
       const Lower& l = lower_[p];
       if (l.acked) continue;
+      silent.push_back(p);
       os << sep << "rank " << p << " at " << l.host << ":" << l.port;
       if (l.connected) {
         os << " to acknowledge this rank's hello";
@@ -251,7 +254,8 @@ class MeshSetup {
       }
       sep = "; ";
     }
-    Throw(Status::Timeout(os.str()));
+    std::sort(silent.begin(), silent.end());
+    Throw(Status(StatusCode::kTimeout, os.str(), silent));
   }
 
   int rank_;
@@ -266,15 +270,25 @@ class MeshSetup {
 
 }  // namespace
 
-std::unique_ptr<TcpMesh> TcpMesh::Connect(int rank, int size, Store* store,
-                                          const std::string& bind_host, double timeout_s,
-                                          double connect_timeout_s, const LostPeers& lost_peers) {
+std::vector<int> TcpMesh::ConnectSockets(int rank, int size, Store* store,
+                                         const std::string& bind_host,
+                                         double connect_timeout_s, const LostPeers& lost_peers) {
   std::vector<int> fds = MeshSetup(rank, size, store, connect_timeout_s, lost_peers).Run(bind_host);
   for (int p = 0; p < size; ++p) {
     if (p != rank) tcp::SetNoDelay(fds[p]);
   }
+  return fds;
+}
+
+std::unique_ptr<TcpMesh> TcpMesh::Connect(int rank, int size, Store* store,
+                                          const std::string& bind_host, double timeout_s,
+                                          double connect_timeout_s, const LostPeers& lost_peers,
+                                          std::vector<int32_t> members, PeerLiveness* liveness) {
+  std::vector<int> fds = ConnectSockets(rank, size, store, bind_host, connect_timeout_s,
+                                        lost_peers);
   SHVD_LOG(kDebug, "tcp") << "mesh of rank " << rank << " of " << size << " connected";
-  return std::unique_ptr<TcpMesh>(new TcpMesh(rank, size, std::move(fds), timeout_s));
+  return std::unique_ptr<TcpMesh>(
+      new TcpMesh(rank, size, std::move(fds), timeout_s, std::move(members), liveness));
 }
 
 }  // namespace spark_hvd

@@ -19,8 +19,20 @@ using tcp::Clock;
 using tcp::Errno;
 using tcp::SecondsSince;
 
-TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s)
-    : rank_(rank), size_(size), fds_(std::move(fds)), timeout_s_(timeout_s) {}
+namespace {
+// How long a closed connection waits for the heartbeats' verdict on its peer: its
+// goodbye, or its heartbeat connection closing too, follows within milliseconds.
+constexpr double kVerdictWaitS = 1.0;
+}  // namespace
+
+TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s,
+                 std::vector<int32_t> members, PeerLiveness* liveness)
+    : rank_(rank),
+      size_(size),
+      fds_(std::move(fds)),
+      timeout_s_(timeout_s),
+      members_(std::move(members)),
+      liveness_(liveness) {}
 
 TcpMesh::~TcpMesh() {
   for (int fd : fds_) {
@@ -33,16 +45,24 @@ Status TcpMesh::Fail(Status s) {
   return s;
 }
 
+std::vector<int32_t> TcpMesh::JobRanks(const std::vector<int>& peers) const {
+  std::vector<int32_t> ranks;
+  for (int p : peers) ranks.push_back(members_[static_cast<size_t>(p)]);
+  return ranks;
+}
+
 Status TcpMesh::PeerError(int peer, const char* what, int err) {
   if (err == ECONNRESET || err == EPIPE) return PeerClosed(peer, what);
-  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
-                               " lost rank " + std::to_string(peer) + ": " + Errno(err)));
+  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(members_[rank_]) +
+                                   " lost rank " + std::to_string(members_[peer]) + ": " +
+                                   Errno(err),
+                               {members_[peer]}));
 }
 
 Status TcpMesh::PeerClosed(int peer, const char* what) {
   // A rank that lost a peer stops and closes its connections too, so the first
-  // closed connection seen here may be a bystander's: name every peer whose
-  // connection is closed by now (a killed process's are closed by its kernel).
+  // closed connection seen here may be a bystander's: every peer whose connection
+  // is closed by now is a suspect (a killed process's are closed by its kernel).
   std::vector<pollfd> pfds;
   std::vector<int> peers;
   for (int p = 0; p < size_; ++p) {
@@ -57,19 +77,29 @@ Status TcpMesh::PeerClosed(int peer, const char* what) {
     }
   }
   std::sort(closed.begin(), closed.end());
-  return Fail(Status::PeerLost(std::string(what) + " on rank " + std::to_string(rank_) +
-                               " lost rank" + (closed.size() > 1 ? "s " : " ") +
-                               JoinRanks(closed) +
-                               ": connection closed (the process exited or was killed, or "
-                               "stopped after losing another rank)"));
+  const std::vector<int32_t> suspects = JobRanks(closed);
+  // The heartbeats tell which suspects died (or were lost) and which only left.
+  if (liveness_ != nullptr) {
+    Status verdict = liveness_->Verdict(what, suspects, kVerdictWaitS);
+    if (!verdict.ok()) return Fail(verdict);
+  }
+  // Without them the suspects are evidence, not a verdict: explain_failure (Python)
+  // asks the rendezvous service which ranks are lost and names those.
+  return Fail(Status::PeerLost(std::string(what) + " on rank " +
+                               std::to_string(members_[rank_]) + ": the connection" +
+                               (suspects.size() > 1 ? "s of ranks " : " of rank ") +
+                               JoinRanks(suspects) +
+                               " closed (a process exited or was killed, or stopped after "
+                               "losing another rank)"));
 }
 
 Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {
+  const std::vector<int32_t> silent = JobRanks(peers);
   std::ostringstream os;
-  os << what << " on rank " << rank_ << " heard nothing from rank(s) " << JoinRanks(peers, ", ")
-     << " for "
-     << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S)";
-  return Fail(Status::Timeout(os.str()));
+  os << what << " on rank " << members_[rank_] << " heard nothing from rank"
+     << (silent.size() > 1 ? "s " : " ") << JoinRanks(silent, ", ") << " for " << timeout_s_
+     << " s (SPARK_HVD_TIMEOUT_S)";
+  return Fail(Status(StatusCode::kTimeout, os.str(), silent));
 }
 
 ssize_t TcpMesh::Move(int peer, bool send, iovec* iov, int iovcnt, const char* what,
@@ -114,8 +144,15 @@ Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
   SHVD_CHECK(!pfds.empty());
   const double left = timeout_s_ - SecondsSince(last_progress);
   if (left <= 0) return Timeout(peers, what);
+  // The heartbeats' descriptor last: readable once they lost a peer (one more
+  // descriptor per poll is all liveness costs here).
+  if (liveness_ != nullptr) pfds.push_back(pollfd{liveness_->wake_fd(), POLLIN, 0});
   int rc = ::poll(pfds.data(), pfds.size(), static_cast<int>(left * 1000) + 1);
   if (rc < 0 && errno != EINTR) return Fail(Status::Internal(std::string("poll: ") + Errno(errno)));
+  if (liveness_ != nullptr && rc > 0 && pfds.back().revents != 0) {
+    Status verdict = liveness_->Verdict(what, {}, 0.0);
+    if (!verdict.ok()) return Fail(verdict);
+  }
   return Status::OK();
 }
 
