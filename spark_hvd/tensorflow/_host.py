@@ -154,14 +154,20 @@ def _op_name(kind: str) -> str:
     return "SparkHvd" + "".join(p[:1].upper() + p[1:] for p in kind.split("_"))
 
 
-def collective_name(name: Optional[str], kind: str) -> str:
-    """``name`` if given, else a deterministic name (see the module docstring)."""
+def collective_name(name: Optional[str], kind: str, process_set=None) -> str:
+    """``name`` if given, else a deterministic name (see the module docstring), counted
+    per process set: an unnamed op on a set the other ranks are not in leaves the names
+    of the next global ops alike on every rank."""
     if name:
         return name
+    set_id = 0 if process_set is None else process_set.process_set_id
     if tf.executing_eagerly():
-        return RUNTIME.auto_name(f"tf.{kind}")
+        return RUNTIME.auto_name(f"tf.{kind}", set_id)
+    # Not the nodes' own names (SparkHvdAllreduce...): a node that only some ranks build
+    # (an op on a process set) must not shift the names of the others.
     graph = tf.compat.v1.get_default_graph()
-    unique = graph.unique_name(_op_name(kind), mark_as_used=True)
+    unique = graph.unique_name(f"tf.{kind}" + (f".ps{set_id}" if set_id else ""),
+                               mark_as_used=True)
     return f"{getattr(graph, 'name', 'graph')}/{unique}"
 
 

@@ -40,7 +40,7 @@ def broadcast_variables(variables, root_rank: int, process_set: ProcessSet = glo
     for v in variables:
         _check_dtype(v.dtype if isinstance(v.dtype, tf.DType) else tf.as_dtype(v.dtype),
                      bitcast=True)
-    name = collective_name(name, "broadcast_variables")
+    name = collective_name(name, "broadcast_variables", process_set)
 
     values = [tf.convert_to_tensor(v) for v in variables]
     outs = broadcast_values(values, root_rank, name, process_set)

@@ -14,9 +14,10 @@ XLA compiles neither: inside ``tf.function(jit_compile=True)`` the ops raise a c
 (the Keras ``DistributedOptimizer`` turns XLA off for ``fit`` instead).
 
 Names: an explicit ``name=`` is used as given. Without one, an eager op gets the next
-name of a per-kind counter and a graph op a name unique within its ``tf.function``
-graph (``<function>/<scope>/SparkHvdAllreduce_3``), which is the same on every rank and
-every retrace as long as the ranks run the same code.
+name of a per-kind, per-process-set counter and a graph op a name unique within its
+``tf.function`` graph (``<function>/<scope>/tf.allreduce_3``, ``.../tf.allreduce.ps1_3`` on
+process set 1), which is the same on every rank and every retrace as long as the ranks run the
+same code (an op on a set some ranks are not in shifts no other set's names).
 """
 
 from __future__ import annotations
@@ -198,9 +199,9 @@ def allreduce(tensor, average=None, device_dense: str = "", device_sparse: str =
     rop = _reduce_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         _check_sparse_op(rop, prescale_factor, postscale_factor)
-        return _allreduce_sparse(tensor, rop, 1.0, 1.0, collective_name(name, "allreduce"),
-                                 process_set)
-    name = collective_name(name, "allreduce")
+    name = collective_name(name, "allreduce", process_set)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _allreduce_sparse(tensor, rop, 1.0, 1.0, name, process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype)
     compressed, ctx = compression.compress(tensor)
@@ -256,8 +257,9 @@ def grouped_allreduce(tensors, average=None, device_dense: str = "", device_spar
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
         _check_sparse_op(rop, prescale_factor, postscale_factor)
     with in_order():
+        name = collective_name(name, "grouped_allreduce", process_set)
         return _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_factor,
-                                  collective_name(name, "grouped_allreduce"), process_set)
+                                  name, process_set)
 
 
 def _grouped_allreduce(tensors, rop, compression, prescale_factor, postscale_factor, base,
@@ -313,7 +315,7 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
     """Concatenates every rank's tensor along the first dimension (its size may differ
     between ranks; a scalar counts as one row). Differentiable as in Horovod: the gradient
     is the Average-allreduce of the upstream gradient, sliced to this rank's rows."""
-    name = collective_name(name, "allgather")
+    name = collective_name(name, "allgather", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
     if not _differentiable(tensor.dtype):
@@ -349,7 +351,7 @@ def grouped_allgather(tensors, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set):
     """Allgathers a list of tensors as one group (Horovod's): negotiated together, and
     failing together. Differentiable: each tensor's gradient is ``allgather``'s."""
-    base = collective_name(name, "grouped_allgather")
+    base = collective_name(name, "grouped_allgather", process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
         _check_dtype(t.dtype, bitcast=True)
@@ -398,7 +400,7 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
               ignore_name_scope: bool = False, process_set: ProcessSet = global_process_set):
     """Returns root_rank's tensor on every rank. Differentiable as in Horovod: root_rank
     gets the Average-allreduce of every rank's upstream gradient, the other ranks zero."""
-    name = collective_name(name, "broadcast")
+    name = collective_name(name, "broadcast", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
     if not _differentiable(tensor.dtype):
@@ -463,7 +465,7 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
     """Sends ``splits[i]`` rows to rank i (even split when None) and returns
     ``(received rows, rows received from each rank)``. Differentiable: the gradient goes
     back by an alltoall with the received splits."""
-    name = collective_name(name, "alltoall")
+    name = collective_name(name, "alltoall", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
     if tensor.shape.rank == 0:
@@ -536,7 +538,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
     gradient is the allgather of the upstream gradient, times the size for Sum (and the
     prescale and postscale)."""
     rop = _reduce_op(op, None)
-    name = collective_name(name, "reducescatter")
+    name = collective_name(name, "reducescatter", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype)
     if tensor.shape.rank == 0:
@@ -588,7 +590,7 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
     """Reducescatters a list of tensors as one group (Horovod's): negotiated together, and
     failing together. Differentiable as ``reducescatter``, each tensor on its own."""
     rop = _reduce_op(op, None)
-    base = collective_name(name, "grouped_reducescatter")
+    base = collective_name(name, "grouped_reducescatter", process_set)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
         _check_dtype(t.dtype)
@@ -648,7 +650,7 @@ def join():
 def barrier(process_set: ProcessSet = global_process_set):
     """Returns once every rank of the set has called barrier."""
     if kernels("barrier"):
-        out = _async.barrier(collective_name(None, "barrier"), process_set)
+        out = _async.barrier(collective_name(None, "barrier", process_set), process_set)
         return None if tf.executing_eagerly() else out
     if tf.executing_eagerly():
         return _ops.barrier(process_set)

@@ -345,6 +345,16 @@ class Runtime {
     return cudaSuccess;
   }
 
+  // Bytes of live allocations in `table` (device >= -1: of that device only; pinned: -1).
+  unsigned long long LiveBytes(const std::map<uintptr_t, Allocation>& table, int device) {
+    std::lock_guard<std::mutex> lock(mu_);
+    unsigned long long total = 0;
+    for (const auto& [base, a] : table) {
+      if (a.device == device) total += a.bytes;
+    }
+    return total;
+  }
+
   // Where the streams touch [ptr, ptr + bytes): device memory's second mapping, anything
   // else itself.
   void* View(const void* ptr) {
@@ -781,6 +791,10 @@ int shvd_fake_sync_report(char* buf, int size) {
 }
 
 void shvd_fake_sync_reset(void) { Syncs().Reset(); }
+
+unsigned long long shvd_fake_live_bytes(int device) {
+  return device < 0 ? Rt().LiveBytes(Rt().pinned_mem, -1) : Rt().LiveBytes(Rt().device_mem, device);
+}
 
 cudaError_t shvd_fake_stream_device(cudaStream_t stream, int* device) {
   if (!stream) {

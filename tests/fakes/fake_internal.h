@@ -62,5 +62,8 @@ void shvd_fake_set_delay_us(int microseconds);
 unsigned long long shvd_fake_sync_calls(void);
 int shvd_fake_sync_report(char* buf, int size);
 void shvd_fake_sync_reset(void);
+// Bytes of live cudaMalloc allocations on `device` (its index in this process), or of
+// live cudaMallocHost ones (device -1): what the tests read to see memory come back.
+unsigned long long shvd_fake_live_bytes(int device);
 
 }  // extern "C"

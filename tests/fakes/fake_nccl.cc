@@ -69,10 +69,19 @@
 //   fails ncclCommInitRank at once with that code; SHVD_FAKE_NCCL_FAIL_CALL=<n>:<code>
 //   makes the n-th accepted call's communicator fail: its ops block their streams until
 //   abort, and the next call on it finds <code> (its async error from then on);
+//   SHVD_FAKE_NCCL_HANG_CALL=<n>: the n-th accepted call (counted as FAIL_CALL's) waits
+//   for peers that never come, as NCCL connecting to a peer that never makes the call:
+//   on a blocking comm it blocks until another thread aborts the comm (which the overlap
+//   check reports); on a non-blocking one (ncclCommInitRankConfig, blocking = 0) it
+//   returns ncclInProgress, and ncclCommGetAsyncError says ncclInProgress, until abort.
+//   SHVD_FAKE_NCCL_STOP_AT_CALL=<n>: the process stops (SIGSTOP) as it makes its n-th
+//   call (accepted or not): a rank frozen before its collective, silent but alive.
 //   SHVD_FAKE_NCCL_STUCK_CALL_MS=<ms> makes each
 //   call on a communicator that has an async error block that long before returning it
 //   (as a real call stuck on a broken connection).
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <atomic>
@@ -152,7 +161,21 @@ thread_local int t_depth = 0;
 thread_local std::vector<std::pair<std::shared_ptr<Comm>, Call>> t_calls;
 thread_local ncclResult_t t_group_error = ncclSuccess;
 
-ncclResult_t Flush() {
+thread_local std::shared_ptr<Comm> t_hang;  // the group holds SHVD_FAKE_NCCL_HANG_CALL's call
+
+unsigned long long EnvCount(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : 0;
+}
+
+ncclResult_t Flush(bool entered) {
+  if (t_hang) {  // the whole group waits for the peers of its hung call
+    auto comm = std::move(t_hang);
+    t_hang.reset();
+    t_calls.clear();
+    t_group_error = ncclSuccess;
+    return comm->Hang(entered ? "a collective" : "ncclGroupEnd", entered);
+  }
   auto calls = std::move(t_calls);
   t_calls.clear();
   const ncclResult_t group_error = t_group_error;
@@ -228,6 +251,9 @@ class InCall {
 
 ncclResult_t Enqueue(ncclComm_t handle, uint8_t kind, const void* send, void* recv, size_t count,
                      int dtype, int op, int peer, cudaStream_t stream) {
+  static std::atomic<unsigned long long> made{0};
+  static const unsigned long long stop_at = EnvCount("SHVD_FAKE_NCCL_STOP_AT_CALL");
+  if (++made == stop_at) ::raise(SIGSTOP);
   std::shared_ptr<Comm> comm;
   Call call;
   ncclResult_t rc = Comms().Find(handle, OpName(kind), &comm);
@@ -242,7 +268,9 @@ ncclResult_t Enqueue(ncclComm_t handle, uint8_t kind, const void* send, void* re
   }
   t_calls.emplace_back(comm, call);
   if (++g_calls == Planned().n && Planned().code != ncclSuccess) comm->Inject(Planned().code);
-  return t_depth == 0 ? Flush() : ncclSuccess;
+  static const unsigned long long hang = EnvCount("SHVD_FAKE_NCCL_HANG_CALL");
+  if (g_calls == hang) t_hang = comm;
+  return t_depth == 0 ? Flush(true) : ncclSuccess;
 }
 
 std::string Hostname() {
@@ -325,6 +353,18 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   }
   *comm = Comms().Add(std::make_shared<Comm>(fd, rank, nranks, device, home));
   return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t* config) {
+  if (config && (config->magic != kNcclConfigMagic || config->version < 21400 ||
+                 config->size < sizeof(ncclConfig_t))) {
+    return Fail(ncclInvalidArgument, "ncclCommInitRankConfig: the config was not made as "
+                "NCCL_CONFIG_INITIALIZER makes one (size, magic 0xcafebeef, version >= 2.14)");
+  }
+  const ncclResult_t rc = ncclCommInitRank(comm, nranks, id, rank);  // done at once: allowed
+  if (rc == ncclSuccess && config && config->blocking == 0) Comms().Peek(*comm)->nonblocking = true;
+  return rc;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -413,7 +453,7 @@ ncclResult_t ncclGroupStart() {
 ncclResult_t ncclGroupEnd() {
   if (t_depth == 0)
     return Fail(ncclInvalidUsage, "ncclGroupEnd: not in a group (no matching ncclGroupStart)");
-  return --t_depth > 0 ? ncclSuccess : Flush();
+  return --t_depth > 0 ? ncclSuccess : Flush(false);
 }
 
 ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataType_t dtype,

@@ -86,6 +86,22 @@ bool Comm::Enter(const char* fn) {
 
 void Comm::Leave() { in_call_ = nullptr; }
 
+ncclResult_t Comm::Hang(const char* fn, bool entered) {
+  if (nonblocking) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hung_ = true;
+    return ncclInProgress;
+  }
+  if (!entered && !Enter(fn)) return ncclInvalidUsage;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return dead_; });
+  }
+  if (!entered) Leave();
+  return Fail(ncclInvalidUsage, std::string(fn) + ": the communicator was aborted while the "
+              "call waited for its peers (SHVD_FAKE_NCCL_HANG_CALL)");
+}
+
 void RunUnit(void* arg) {
   std::unique_ptr<Unit> unit(static_cast<Unit*>(arg));
   for (auto& p : unit->parts) p.shipped = p.comm->Ship(&p);

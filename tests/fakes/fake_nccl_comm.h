@@ -67,8 +67,18 @@ class Comm {
   void Leave();
   ncclResult_t AsyncError() {
     std::lock_guard<std::mutex> lock(mu_);
+    if (hung_ && !dead_ && async_error_ == ncclSuccess) return ncclInProgress;
     return async_error_;
   }
+  // ncclCommInitRankConfig with blocking = 0: a call that cannot finish returns
+  // ncclInProgress instead of blocking (Hang).
+  std::atomic<bool> nonblocking{false};
+  // SHVD_FAKE_NCCL_HANG_CALL: a call whose peers never come (as NCCL connecting to a peer
+  // that never makes the call): blocking, it returns only once another thread aborted the
+  // comm (an overlap, reported by Enter); non-blocking, it returns ncclInProgress and
+  // the comm's async error stays ncclInProgress until ncclCommAbort. `entered`: the
+  // calling thread is inside a call on this comm already (else Hang enters for it).
+  ncclResult_t Hang(const char* fn, bool entered);
   std::string LastError() {
     std::lock_guard<std::mutex> lock(mu_);
     return last_error_;
@@ -106,6 +116,7 @@ class Comm {
   std::string last_error_;
   bool dead_ = false;     // destroyed or aborted
   bool aborted_ = false;
+  bool hung_ = false;  // Hang on a non-blocking comm: in progress until abort
   bool injected_ = false;  // Inject: ops block until abort
   ncclResult_t injected_code_ = ncclSuccess;  // the async error from the next call on
   std::atomic<const char*> in_call_{nullptr};

@@ -182,6 +182,27 @@ static_assert(ours::kNcclUniqueIdBytes == NCCL_UNIQUE_ID_BYTES,
               "kNcclUniqueIdBytes in api.h is not NCCL_UNIQUE_ID_BYTES");
 
 static_assert(std::is_same_v<ours::ncclComm_t, ::ncclComm_t>, "ncclComm_t differs");
+
+// ncclCommInitRankConfig takes our ncclConfig_t, the leading fields of the real one: the
+// call is the same but for that pointer's type, and the fields lie where NCCL reads them.
+static_assert(SameCall<ours::ncclCommInitRankConfig_t,
+                       ncclResult_t(::ncclComm_t*, int, ::ncclUniqueId, int, ours::ncclConfig_t*)>::value &&
+                  std::is_same_v<decltype(::ncclCommInitRankConfig),
+                                 ncclResult_t(::ncclComm_t*, int, ::ncclUniqueId, int, ::ncclConfig_t*)>,
+              "ncclCommInitRankConfig in api.h differs from the real header's declaration");
+#define SHVD_SAME_FIELD(field)                                                                  \
+  static_assert(offsetof(ours::ncclConfig_t, field) == offsetof(::ncclConfig_t, field) &&     \
+                    sizeof(ours::ncclConfig_t::field) == sizeof(::ncclConfig_t::field),       \
+                "ncclConfig_t::" #field " in api.h is not where the real header has it")
+SHVD_SAME_FIELD(size);
+SHVD_SAME_FIELD(magic);
+SHVD_SAME_FIELD(version);
+SHVD_SAME_FIELD(blocking);
+#undef SHVD_SAME_FIELD
+static_assert(sizeof(ours::ncclConfig_t) <= sizeof(::ncclConfig_t), "ncclConfig_t is too long");
+constexpr ::ncclConfig_t kRealConfig = NCCL_CONFIG_INITIALIZER;
+static_assert(ours::kNcclConfigMagic == kRealConfig.magic, "ncclConfig_t's magic differs");
+static_assert(ours::kNcclConfigVersion <= kRealConfig.version, "kNcclConfigVersion is too new");
 #endif
 
 #undef SHVD_SAME_VALUE

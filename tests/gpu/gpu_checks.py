@@ -12,6 +12,7 @@ NCCL is not expected to load.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import math
 import os
@@ -131,6 +132,8 @@ def reduces_alone():
 
 
 def main() -> int:
+    if os.environ.get("SHVD_GPU_DUMP_AFTER_S"):  # run_gpu_checks.sh: stacks before its kill
+        faulthandler.dump_traceback_later(float(os.environ["SHVD_GPU_DUMP_AFTER_S"]), exit=False)
     expect_nccl = os.environ.get("SHVD_GPU_EXPECT_NCCL", "1") == "1"  # NCCL loads
     uses_nccl = expect_nccl and not os.environ.get("SPARK_HVD_GPU_OPERATIONS")
     if not torch.cuda.is_available():

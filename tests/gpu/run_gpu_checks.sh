@@ -10,7 +10,8 @@
 # nothing is downloaded. Prints one line per check (PASS, FAIL, or SKIP for what it did not
 # check: never PASS) and TIME per part; with OUT set, each part's full log and a summary
 # (summary.txt, the same lines) go there. Exit status: 0 when nothing failed (or no GPU is
-# present: every part SKIP), 1 when a check or a part failed or timed out, or when
+# present: every part SKIP), 1 when a check or a part failed or timed out, a check of a
+# part never reported (FAIL ... did not report), or when
 # nvidia-smi sees a GPU that torch cannot use (a CPU build of torch, a driver mismatch).
 #
 # Parts (limits add up to 7.5 minutes):
@@ -40,18 +41,29 @@ LINE='^(\[[0-9]+\] )?'  # a check line, with spark-hvdrun's "[rank] " prefix or 
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 
-# part NAME LIMIT_S CMD...: runs CMD with its output in $DIR/NAME.log; prints its check
-# lines and its time; fails the run on a FAIL line, a non-zero exit, a timeout, or no
-# check line at all.
+# The checks gpu_checks.py defines (@check("name")): the stalled producer runs alone in
+# its part, every other check in each of the two other parts.
+ALL_CHECKS=$(grep -oE '@check\("[a-z_0-9]+"\)' tests/gpu/gpu_checks.py | sed -E 's/@check\("(.*)"\)/\1/')
+STALL_CHECK=stalled_producer_times_out_and_shuts_down
+MAIN_CHECKS=$(echo "$ALL_CHECKS" | grep -vx "$STALL_CHECK")
+
+# part NAME LIMIT_S EXPECTED CMD...: runs CMD with its output in $DIR/NAME.log; prints its
+# check lines and its time; fails the run on a FAIL line, a non-zero exit, a timeout (TERM,
+# then KILL 10 s later; 10 s before it, gpu_checks.py dumps its threads' stacks into the
+# log), no check line at all, or a check of EXPECTED (names, one a line) that printed no
+# PASS, FAIL or SKIP line (the part crashed or hung before it): nothing passes unseen.
 part() {
-  local name=$1 limit=$2
-  shift 2
-  local log="$DIR/$name.log" start=$SECONDS rc
+  local name=$1 limit=$2 expected=$3
+  shift 3
+  local log="$DIR/$name.log" start=$SECONDS rc c
   say "== $name (limit ${limit} s)"
-  timeout "$limit" "$@" > "$log" 2>&1
+  SHVD_GPU_DUMP_AFTER_S=$((limit - 10)) timeout -k 10 "$limit" "$@" > "$log" 2>&1
   rc=$?
   grep -E "$LINE(PASS|FAIL|SKIP|INFO) " "$log" | tee -a "$SUMMARY"
-  if [ "$rc" -eq 124 ]; then
+  for c in $expected; do
+    grep -qE "$LINE(PASS|FAIL|SKIP) $c( |\$)" "$log" || say "FAIL $c did not report in $name (the part ended before it: see $log)"
+  done
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     say "FAIL $name timed out after $limit s (see $log)"
   elif [ "$rc" -ne 0 ] || grep -qE "${LINE}FAIL " "$log"; then
     grep -qE "${LINE}FAIL " "$log" || { say "FAIL $name exited $rc (see $log)"; tail -15 "$log"; }
@@ -59,7 +71,7 @@ part() {
     rc=1
     say "FAIL $name printed no check (see $log)"
   fi
-  [ "$rc" -eq 0 ] && ! grep -qE "${LINE}FAIL " "$log" || status=1
+  [ "$rc" -eq 0 ] && ! grep -qE "FAIL " <(grep -vF "INFO" "$SUMMARY") || status=1
   say "TIME $name $((SECONDS - start)) s"
 }
 
@@ -89,10 +101,10 @@ if [ "${torch_sees%% *}" = "0" ] || ! [ "${torch_sees%% *}" -eq "${torch_sees%% 
 fi
 
 # -- the parts ------------------------------------------------------------------------------
-part build 180 bash -c "'$PY' setup.py build_ext --inplace && echo 'PASS build spark_hvd._core'"
+part build 180 build bash -c "'$PY' setup.py build_ext --inplace && echo 'PASS build spark_hvd._core'"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 if [ $status -eq 0 ]; then
-  part nccl_1_rank 150 env NCCL_DEBUG=WARN "$PY" tests/gpu/gpu_checks.py
+  part nccl_1_rank 150 "$MAIN_CHECKS" env NCCL_DEBUG=WARN "$PY" tests/gpu/gpu_checks.py
   if grep -q "NCCL WARN" "$DIR/nccl_1_rank.log"; then
     say "FAIL nccl_debug_warn NCCL warned (NCCL_DEBUG=WARN):"
     grep "NCCL WARN" "$DIR/nccl_1_rank.log" | head -5 | tee -a "$SUMMARY"
@@ -102,9 +114,9 @@ if [ $status -eq 0 ]; then
   else
     say "SKIP nccl_debug_warn NCCL did not run (see the checks above)"
   fi
-  part staged_2_ranks 90 env SPARK_HVD_GPU_OPERATIONS=tcp "$PY" -m spark_hvd.runner -np 2 \
+  part staged_2_ranks 90 "$MAIN_CHECKS" env SPARK_HVD_GPU_OPERATIONS=tcp "$PY" -m spark_hvd.runner -np 2 \
     "$PY" tests/gpu/gpu_checks.py
-  part stalled_producer 45 env SPARK_HVD_TIMEOUT_S=3 "$PY" tests/gpu/gpu_checks.py --stall
+  part stalled_producer 45 "$STALL_CHECK" env SPARK_HVD_TIMEOUT_S=3 "$PY" tests/gpu/gpu_checks.py --stall
 else
   for p in nccl_1_rank staged_2_ranks stalled_producer; do say "SKIP $p the build failed"; done
 fi

@@ -537,7 +537,9 @@ STEADY_STEPS = 100  # at 2 ranks; 10 at 1 and 3 (CI time)
 class _SteadyStep:
     """Every GPU op a training step may run, on buffers allocated once: allreduce (alone,
     fused in a group with Average, prescaled, integer Average), broadcast, allgather (equal
-    and ragged), alltoall and reducescatter (equal and uneven blocks). run() submits them
+    and ragged), a sparse allreduce's int64 indices and values (ragged allgathers
+    submitted together, as sparse_allreduce_async does), alltoall, reducescatter (equal
+    and uneven blocks) and a grouped reducescatter. run() submits them
     all, waits, reads every output back (core-allocated ones through their DLPack
     capsules, which are then dropped, as a framework frees a tensor) and, when asked,
     checks the values."""
@@ -562,7 +564,10 @@ class _SteadyStep:
         self.gather_inputs = {
             "s.age": values(f32, me, (2, 3)), "s.agr": values(f32, me, (me + 1, 3)),
             "s.a2a": values(f32, me, (sum(self.splits), 2)),
-            "s.rse": values(f32, me, (3 * n, 2)), "s.rsu": values(f32, me, (2 * n + 1, 2))}
+            "s.rse": values(f32, me, (3 * n, 2)), "s.rsu": values(f32, me, (2 * n + 1, 2)),
+            "s.sp.idx": values(np.dtype(np.int64), me, (me + 2, 2)),
+            "s.sp.val": values(f32, me, (me + 2,)),
+            "s.grs.0": values(f32, me, (2 * n, 3)), "s.grs.1": values(f32, me, (n, 5))}
         self.gather_bufs = {k: DeviceArray(v) for k, v in self.gather_inputs.items()}
 
     def _on(self, op, name, src, dst, arr, **kw):
@@ -573,20 +578,26 @@ class _SteadyStep:
     def run(self, ctx, check: bool) -> None:
         n, me = self.n, self.me
         hs = {}
+        # One batch, so that every step is negotiated, fused and allocated alike (ops
+        # submitted apart may fall into one engine cycle or two, as timing has it).
         with _ops.submit_together():
             for name, dt, shape, op, pre, group in self.reduce:
                 src, dst = self.bufs[name]
                 hs[name] = self._on(OpType.ALLREDUCE, name, src, dst, np.empty(shape, dt),
                                     reduce_op=OP[op], prescale=pre, group=group,
                                     group_size=2 if group else 0)
-        bc_arr = np.empty((5, 2), np.int64)
-        hs["s.bc"] = self._on(OpType.BROADCAST, "s.bc", self.bc, self.bc, bc_arr, root=n - 1)
-        for name, arr in self.gather_inputs.items():
-            op = {"s.age": OpType.ALLGATHER, "s.agr": OpType.ALLGATHER, "s.a2a": OpType.ALLTOALL,
-                  "s.rse": OpType.REDUCESCATTER, "s.rsu": OpType.REDUCESCATTER}[name]
-            kw = {"splits": self.splits} if op == OpType.ALLTOALL else \
-                {"reduce_op": hvd.Sum} if op == OpType.REDUCESCATTER else {}
-            hs[name] = self._on(op, name, self.gather_bufs[name], None, arr, **kw)
+            bc_arr = np.empty((5, 2), np.int64)
+            hs["s.bc"] = self._on(OpType.BROADCAST, "s.bc", self.bc, self.bc, bc_arr,
+                                  root=n - 1)
+            for name, arr in self.gather_inputs.items():
+                op = OpType.ALLTOALL if name == "s.a2a" else \
+                    OpType.REDUCESCATTER if name.startswith(("s.rs", "s.grs")) else \
+                    OpType.ALLGATHER
+                kw = {"splits": self.splits} if op == OpType.ALLTOALL else \
+                    {"reduce_op": hvd.Sum} if op == OpType.REDUCESCATTER else {}
+                if name.startswith("s.grs"):
+                    kw.update(group="s.grs", group_size=2)
+                hs[name] = self._on(op, name, self.gather_bufs[name], None, arr, **kw)
         got = {}
         for name, h in hs.items():
             r = wait_for(h, HANG_S, name, ctx)
@@ -622,6 +633,14 @@ class _SteadyStep:
         first = me * base + min(me, rem)
         full = reduce([values(f32, r, (rows, 2)) for r in range(n)], "Sum", f32)
         chk.same(got["s.rsu"], full[first:first + base + (1 if me < rem else 0)], "s.rsu")
+        i64 = np.dtype(np.int64)
+        chk.same(got["s.sp.idx"], np.concatenate([values(i64, r, (r + 2, 2)) for r in range(n)]),
+                 "s.sp.idx")
+        chk.same(got["s.sp.val"], np.concatenate([values(f32, r, (r + 2,)) for r in range(n)]),
+                 "s.sp.val")
+        for name, rows, cols in (("s.grs.0", 2, 3), ("s.grs.1", 1, 5)):
+            full = reduce([values(f32, r, (rows * n, cols)) for r in range(n)], "Sum", f32)
+            chk.same(got[name], full[rows * me:rows * (me + 1)], name)
         chk.done()
 
 
@@ -687,7 +706,8 @@ def _(ctx):
     producer stream writes late (the ready event recorded at submit is waited for), and an
     allgather whose output the core allocates on the device; each completes through its
     callback, the owner of its buffers is released once, and the output is readable until
-    the handle is released."""
+    the handle is released; then 20 such allgathers make no device-synchronizing CUDA call
+    (their outputs come from the core's pool and go back to it)."""
     driver, api = _capi()
     lib = _lib()
     stream = ctypes.c_void_p()
@@ -714,6 +734,23 @@ def _(ctx):
         driver.shvd_capi_release(api, work)
         hvd.barrier()
         owners = driver.shvd_capi_owners_released() - released
+
+        def gather_once():  # a device output the core allocates, released by its owner
+            driver.shvd_capi_release(api, _capi_run(driver, api, OpType.ALLGATHER,
+                                                    "g.capi.steady", rows, src.ptr, 0, 0, ctx))
+        for _ in range(3):  # warm-up
+            gather_once()
+        hvd.barrier()
+        gc.collect()
+        gc.disable()
+        reset_sync_calls()
+        try:
+            for _ in range(20):
+                gather_once()
+            calls, report = sync_calls(), sync_report()
+        finally:
+            gc.enable()
+        hvd.barrier()
     finally:
         assert lib.cudaStreamDestroy(stream) == 0
     assert_same(summed, reduce([values(np.float32, r, (1000,)) for r in range(ctx.size)], "Sum",
@@ -722,3 +759,5 @@ def _(ctx):
     assert_same(gathered, np.concatenate([np.full((r + 1, 3), r, np.int32)
                                           for r in range(ctx.size)]))
     assert owners == 2, f"{owners} owners released for 2 ops"
+    assert calls == 0, f"{calls} device-synchronizing CUDA calls in 20 steady allgathers " \
+                       f"through the C entry points: {report}"

@@ -30,6 +30,15 @@ def wait_file(name: str, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
+def wait_others_entering(n: int, me: int) -> None:
+    """Waits until every other rank is about to submit its op (its ``entering`` file): the
+    op is theirs to wait in, whether or not they reached the wait itself first (a peer lost
+    before the submit fails it all the same)."""
+    for r in range(n):
+        if r != me:
+            wait_file(f"entering{r}", 60)
+
+
 def attempt(fn, *args, **kwargs) -> dict:
     """Runs one op; returns what happened and when."""
     t0 = time.monotonic()
@@ -49,9 +58,10 @@ def kill() -> None:
     n, me = hvd.size(), hvd.rank()
     hvd.allreduce(np.ones(4), name="warm")
     if me == n - 1:
-        time.sleep(0.5)  # the others are inside "victim" by now
+        wait_others_entering(n, me)
         save("killed_at", at=time.time())
         os.kill(os.getpid(), signal.SIGKILL)
+    save(f"entering{me}")
     save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="victim"))
 
 
@@ -157,11 +167,12 @@ def shutdown_early() -> None:
     n, me = hvd.size(), hvd.rank()
     hvd.allreduce(np.ones(4), name="warm")
     if me == n - 1:
-        time.sleep(0.5)
+        wait_others_entering(n, me)
         save("shutdown_at", at=time.time())
         hvd.shutdown()
         save(f"result{me}", error=None, shut_down=True)
         return
+    save(f"entering{me}")
     save(f"result{me}", **attempt(hvd.allreduce, np.ones(4), name="pending"))
 
 

@@ -388,3 +388,109 @@ def test_an_nccl_failure_of_this_rank_is_internal_and_no_abort_overlaps_a_call(g
         assert len(timed_out) == 1 and len(internal) == 1, res
         assert timed_out[0]["after_s"] < 4, res  # not held up by the stuck call
         assert internal[0]["after_s"] >= 6.5, res  # the stuck call's own error, after it
+
+
+# Rank 2 freezes (SIGSTOP, through the fake's SHVD_FAKE_NCCL_STOP_AT_CALL) as it makes its
+# 3rd NCCL call, after negotiating the op: alive, connected, silent. Ranks 0 and 1 make
+# that call, which waits for the missing peer (SHVD_FAKE_NCCL_HANG_CALL: as NCCL connecting
+# to a peer that never comes; on a blocking communicator it would never return).
+SILENT_PEER_SCRIPT = r"""
+import os
+os.environ["SPARK_HVD_TIMEOUT_S"] = "3"
+if os.environ["SPARK_HVD_RANK"] == "2":
+    os.environ["SHVD_FAKE_NCCL_STOP_AT_CALL"] = "3"
+else:
+    os.environ["SHVD_FAKE_NCCL_HANG_CALL"] = "3"
+""" + PRELUDE + r"""
+for i in range(2):  # the 1st and 2nd NCCL calls
+    g.wait_for(g.allreduce_async(np.ones(8, np.float32), f"warm.{i}"), 20, "warm-up")
+with open(os.path.join(out, f"pid{me}"), "w") as f:
+    f.write(str(os.getpid()))
+hvd.barrier()
+x = g.DeviceArray(np.ones(64, np.float32))
+started = time.time()
+h = _ops.submit(OpType.ALLREDUCE, "silent.grad", numpy_code(np.float32), (64,), x.ptr, x.ptr, x,
+                lambda r: None, reduce_op=hvd.Sum, device=g.device())
+report(h)  # rank 2 never gets here
+res = json.loads(open(os.path.join(out, f"result{me}")).read())
+res["after_s"] = res["at"] - started
+t = time.time()
+hvd.shutdown()
+res["shutdown_s"] = time.time() - t
+with open(os.path.join(out, f"result{me}"), "w") as f:
+    json.dump(res, f)
+if me == 0:
+    os.kill(int(open(os.path.join(out, "pid2")).read()), signal.SIGKILL)
+os._exit(0)
+"""
+
+
+def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path):
+    """A peer that negotiated a GPU op and then never makes its NCCL call (frozen) leaves
+    the others' call waiting for it: the communicator is non-blocking, so the call
+    returns ncclInProgress and the engine thread polls it; at SPARK_HVD_TIMEOUT_S (3 s)
+    each waiting rank aborts its communicator (from that thread: no overlapping call)
+    and raises CollectiveTimeoutError naming the silent rank 2 alone (rank 1 waited in
+    the call too, and said so in the store), then shuts down cleanly. On a blocking
+    communicator the call never returns and the job hangs."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    with script_job(3, SILENT_PEER_SCRIPT, tmp_path, env, DEADLINE_S + 40) as (codes, logs):
+        assert codes[2] == -signal.SIGKILL, (codes, logs[-4000:])
+        assert list(codes[:2]) == [0, 0], (codes, logs[-4000:])
+    assert "must not overlap" not in logs, logs
+    for r in (0, 1):
+        res = json.loads((tmp_path / f"result{r}").read_text())
+        print(f"rank {r}: {res}")
+        assert res["error"] == "CollectiveTimeoutError", (res, logs[-4000:])
+        assert res["ranks"] == [2], res
+        assert "rank(s) 2 never reached it" in res["message"], res
+        assert "SPARK_HVD_TIMEOUT_S=3 s" in res["message"], res
+        assert 3 <= res["after_s"] < 3 + DEADLINE_S, res
+        assert res["shutdown_s"] < DEADLINE_S, res
+
+
+# One rank, its GPU memory cache bounded at 1 MiB: allgathers whose core-allocated outputs
+# grow from 4 KiB to 1 MiB (about 50 size classes, 26 MiB in all), each dropped at once.
+POOL_SCRIPT = r"""
+import os
+os.environ["SPARK_HVD_GPU_CACHE_BYTES"] = str(1 << 20)
+""" + PRELUDE + r"""
+rt.shvd_fake_live_bytes.restype = ctypes.c_ulonglong
+dev = g.device()
+src = g.DeviceArray(np.ones((256, 1024), np.float32))
+own = rt.shvd_fake_live_bytes(dev)  # this script's own device memory
+total = 0
+for rows in range(1, 257, 5):
+    h = _ops.submit(OpType.ALLGATHER, f"grow.{rows}", numpy_code(np.float32), (rows, 1024),
+                    src.ptr, 0, src, lambda r: r, device=dev)
+    r = hvd.synchronize(h)
+    total += rows * 4096
+    del r, h  # the output's capsule: its block goes back to the pool
+deadline = time.time() + 10  # blocks beyond the bound are freed on the pool's own thread
+while rt.shvd_fake_live_bytes(dev) - own > 1 << 20 and time.time() < deadline:
+    time.sleep(0.01)
+held = rt.shvd_fake_live_bytes(dev) - own
+hvd.shutdown()
+deadline = time.time() + 10  # likewise at shutdown
+while rt.shvd_fake_live_bytes(dev) != own and time.time() < deadline:
+    time.sleep(0.01)
+with open(os.path.join(out, "result0"), "w") as f:
+    json.dump({"total": total, "held": held, "after": rt.shvd_fake_live_bytes(dev) - own,
+               "pinned_after": rt.shvd_fake_live_bytes(-1)}, f)
+os._exit(0)
+"""
+
+
+def test_the_gpu_memory_cache_is_bounded_and_freed_at_shutdown(gpu_env, tmp_path):
+    """The device memory the core keeps for reuse (outputs, fusion buffers) stays within
+    SPARK_HVD_GPU_CACHE_BYTES however many sizes the ops ask for (a block returned beyond
+    it goes back to CUDA), and none is left once hvd.shutdown() returned (the fake runtime
+    counts live cudaMalloc bytes)."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    with script_job(1, POOL_SCRIPT, tmp_path, env, DEADLINE_S + 30) as (codes, logs):
+        assert list(codes) == [0], (codes, logs[-4000:])
+    res = json.loads((tmp_path / "result0").read_text())
+    print(res)
+    assert res["total"] > 20 << 20, res  # the ops asked for far more than the bound
+    assert 0 < res["held"] <= 1 << 20, res
+    assert res["after"] == 0 and res["pinned_after"] == 0, res

@@ -468,20 +468,30 @@ def check_join_and_barrier():
 
 
 def check_process_set():
+    """Unnamed ops on a set only some ranks are in, then unnamed global ops, eagerly and
+    in a tf.function: the set's ops shift no global op's name (otherwise a hang)."""
     r, n = rn()
     evens = hvd.add_process_set(list(range(0, n, 2)))
-    try:
+
+    def step():
         out = None
         if evens.included():
             x = tf.constant([1.0, 2.0]) * (r + 1)
-            out = (hvd.allreduce(x, op=hvd.Sum, process_set=evens).numpy().tolist(),
-                   hvd.allgather(tf.constant([r]), process_set=evens).numpy().tolist())
+            out = (hvd.allreduce(x, op=hvd.Sum, process_set=evens),
+                   hvd.allgather(tf.constant([r]), process_set=evens))
+        return out, hvd.allreduce(tf.constant([1.0]), op=hvd.Sum)
+
+    try:
+        got = [step(), tf.function(step)()]
     finally:
         hvd.remove_process_set(evens)
     members = list(range(0, n, 2))
     total = sum(q + 1 for q in members)
-    if r in members:
-        assert out == ([1.0 * total, 2.0 * total], members), out
+    for (out, everyone), mode in zip(got, ("eager", "tf.function")):
+        assert everyone.numpy().tolist() == [float(n)], (mode, everyone)
+        if r in members:
+            out = (out[0].numpy().tolist(), out[1].numpy().tolist())
+            assert out == ([1.0 * total, 2.0 * total], members), (mode, out)
 
 
 def size_dependent_step():

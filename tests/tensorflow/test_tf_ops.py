@@ -1,5 +1,5 @@
 """Collectives on tf tensors at 1 and 2 ranks (rank checks in rank_ops.py), and the host
-functions they fall back to at 2 ranks (rank_host.py, SPARK_HVD_TF_KERNELS=host)."""
+functions they fall back to, at 2 ranks in the same launch (rank_host.py)."""
 
 import pytest
 
@@ -8,11 +8,16 @@ import tf_harness
 pytestmark = tf_harness.needs_tensorflow
 
 MODULE = "rank_ops.py"
+HOST = "rank_host.py"
+
+
+def _run(np: int):
+    return tf_harness.run_module(MODULE, np=np, also=(HOST,) if np == 2 else ())
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda n: f"np{n}")
 def ranks(request):
-    return tf_harness.run_module(MODULE, np=request.param)
+    return _run(request.param)
 
 
 @pytest.mark.parametrize("fn", tf_harness.functions(MODULE))
@@ -20,10 +25,6 @@ def test_rank_check(ranks, fn):
     ranks.check(f"{MODULE}::{fn}")
 
 
-HOST = "rank_host.py"
-
-
 @pytest.mark.parametrize("fn", tf_harness.functions(HOST))
 def test_host_functions(fn):
-    tf_harness.run_module(HOST, np=2, env=(("SPARK_HVD_TF_KERNELS", "host"),)).check(
-        f"{HOST}::{fn}")
+    _run(2).check(f"{HOST}::{fn}")

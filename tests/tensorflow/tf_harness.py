@@ -40,7 +40,9 @@ def functions(module: str) -> List[str]:
 
 @functools.lru_cache(maxsize=None)
 def run_module(module: str, np: int, timeout: float = 240,
-               env: Tuple[Tuple[str, str], ...] = ()) -> _ranks.ChecksRun:
-    """Launches the module's job once per (module, np, env) in this pytest session."""
-    return _ranks.run_checks_job([sys.executable, ENTRY], _ranks.specs(HERE, module), np,
-                                 timeout=timeout, env={**TF_ENV, **dict(env)})
+               also: Tuple[str, ...] = ()) -> _ranks.ChecksRun:
+    """Launches the module's job once per (module, np, also) in this pytest session; the
+    modules in ``also`` run in the same launch, after it."""
+    specs = [spec for m in (module, *also) for spec in _ranks.specs(HERE, m)]
+    return _ranks.run_checks_job([sys.executable, ENTRY], specs, np, timeout=timeout,
+                                 env=TF_ENV)

@@ -89,10 +89,27 @@ typedef struct {
 } ncclUniqueId;
 typedef struct ncclComm* ncclComm_t;
 
+// The leading fields of ncclConfig_t (NCCL 2.14, when it came): NCCL reads `size` bytes and
+// takes the fields a config of an older `version` lacks from its defaults, so this prefix
+// is a valid config for every later NCCL. `blocking` = 0 makes a non-blocking
+// communicator: no call blocks the host (each may return ncclInProgress until
+// ncclCommGetAsyncError says otherwise), so a call whose peers never come can be aborted
+// by the thread that made it.
+struct ncclConfig_t {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+};
+constexpr unsigned int kNcclConfigMagic = 0xcafebeef;
+constexpr unsigned int kNcclConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
+
 typedef ncclResult_t (*ncclGetVersion_t)(int* version);
 typedef ncclResult_t (*ncclGetUniqueId_t)(ncclUniqueId* id);
 typedef ncclResult_t (*ncclCommInitRank_t)(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                            int rank);
+typedef ncclResult_t (*ncclCommInitRankConfig_t)(ncclComm_t* comm, int nranks, ncclUniqueId id,
+                                                 int rank, ncclConfig_t* config);
 typedef ncclResult_t (*ncclCommDestroy_t)(ncclComm_t comm);
 typedef ncclResult_t (*ncclCommAbort_t)(ncclComm_t comm);
 typedef ncclResult_t (*ncclCommGetAsyncError_t)(ncclComm_t comm, ncclResult_t* async_error);

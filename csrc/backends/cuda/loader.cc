@@ -142,6 +142,10 @@ const NcclApi* Nccl(std::string* why) {
     SHVD_BIND(api, "nccl", GroupEnd);
     SHVD_BIND(api, "nccl", RedOpCreatePreMulSum);
     SHVD_BIND(api, "nccl", RedOpDestroy);
+    if (ok) {  // optional (NCCL 2.14+): without it communicators block
+      api.CommInitRankConfig =
+          reinterpret_cast<ncclCommInitRankConfig_t>(dlsym(lib, "ncclCommInitRankConfig"));
+    }
     state.ok = ok;
     if (!ok) state.why = "NCCL: " + state.why;
   }

@@ -42,6 +42,7 @@ struct NcclApi {
   ncclGetVersion_t GetVersion;
   ncclGetUniqueId_t GetUniqueId;
   ncclCommInitRank_t CommInitRank;
+  ncclCommInitRankConfig_t CommInitRankConfig;  // null before NCCL 2.14: blocking calls then
   ncclCommDestroy_t CommDestroy;
   ncclCommAbort_t CommAbort;
   ncclCommGetAsyncError_t CommGetAsyncError;

@@ -71,6 +71,11 @@ void CommHandle::Abort(const Status& why) {
   if (lock.owns_lock()) AbortHoldingLock();  // else the thread inside a call does it (2)
 }
 
+void CommHandle::RequestAbort(const Status& why) {
+  RecordFailure(why);
+  abort_requested_ = true;
+}
+
 void CommHandle::AbortHoldingLock() {
   if (aborted_ || comm == nullptr) return;
   aborted_ = true;

@@ -15,6 +15,12 @@
 //    communicator nobody asked to abort, and aborts one whose abort is still owed.
 // 4. AsyncFailure asks NCCL for an asynchronous error only when `mu` is free (try-lock):
 //    "no news" while a call is in progress, so its callers' deadlines keep running.
+// 5. A non-blocking communicator (`nonblocking`, NCCL 2.14+; settle.cc) never holds `mu`
+//    for long: a call whose peers do not come returns ncclInProgress, and the thread that
+//    made it waits by polling, within SPARK_HVD_TIMEOUT_S; past it, that thread asks the
+//    abort itself (RequestAbort, `mu` held), which Call performs as the calls return (2).
+//    With a blocking one (an older NCCL) such a call never returns, and nor does the
+//    engine thread inside it.
 #pragma once
 
 #include <atomic>
@@ -39,6 +45,7 @@ Status NcclError(const cuda::NcclApi* nccl, ncclResult_t err, const std::string&
 struct CommHandle {
   const cuda::NcclApi* nccl = nullptr;
   ncclComm_t comm = nullptr;
+  bool nonblocking = false;  // made with ncclConfig_t::blocking = 0 (5)
 
   // Runs `calls` (NCCL calls on comm) holding mu (1), unless an abort was asked (then
   // `aborted` is returned, and the abort performed if owed); performs an abort asked
@@ -51,6 +58,9 @@ struct CommHandle {
   // recorded by RecordFailure) for the ops that find it aborted.
   void Abort(const Status& why);
   void RecordFailure(const Status& why);
+  // Asks the abort without performing it: for the thread inside Call, which holds `mu`
+  // and performs it once its calls return (5).
+  void RequestAbort(const Status& why);
   Status failure();
   bool abort_requested() const { return abort_requested_; }
   ~CommHandle();

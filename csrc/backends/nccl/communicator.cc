@@ -104,6 +104,7 @@ std::vector<int32_t> NcclCommunicator::MembersLost() const {
 }
 
 Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
+  ++calls_made_;
   return comm_->Call(calls, [this] { return Aborted(); });
 }
 
@@ -143,6 +144,7 @@ Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
 }
 
 Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
+  if (err == ncclInProgress && comm_ && comm_->nonblocking && comm_->comm) return Settle(what);
   if (err == ncclSuccess || err == ncclInProgress) return Status::OK();
   return NcclError(nccl_, err, std::string("NCCL ") + what + " failed on rank " +
                                    std::to_string(options_.rank),

@@ -64,7 +64,17 @@ class NcclCommunicator : public Communicator {
   Status InitRank(const std::shared_ptr<CommHandle>& handle, int32_t device,
                   const ncclUniqueId& id);
   Status CudaCheck(cudaError_t err, const char* what) const;
+  // OK, the Status of an NCCL failure, or, for a call on a non-blocking communicator that
+  // returned ncclInProgress, what Settle says.
   Status NcclCheck(ncclResult_t err, const char* what) const;
+  // settle.cc: waits (polling, `mu` held) until the non-blocking communicator's last call
+  // is no longer in progress; within SPARK_HVD_TIMEOUT_S, else asks the abort (CommHandle
+  // 5) and says which members never reached this call (WaitingKey).
+  Status Settle(const char* what) const;
+  // The store key where member `member` (of this communicator) says it waits in call
+  // number `call`, written by a call in progress for a second (or half the timeout).
+  std::string WaitingKey(uint64_t call, int member) const;
+  std::vector<int32_t> SilentMembers(uint64_t call) const;  // job ranks that wrote no key
 
   // Runs `calls` (NCCL calls on the communicator, and their checks) through
   // CommHandle::Call (one thread at a time), unless an abort was asked: PeerLost then.
@@ -97,6 +107,7 @@ class NcclCommunicator : public Communicator {
   bool user_stream_known_ = false;          // the op's outputs are read on user_stream_
   cudaStream_t user_stream_ = nullptr;
   bool queued_ = false;                     // work queued since the last TakePending
+  uint64_t calls_made_ = 0;                 // OnComm calls, the same sequence on every member
   std::vector<std::vector<uint8_t>> keep_;  // host memory the queued copies read
 };
 

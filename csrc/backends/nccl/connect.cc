@@ -47,7 +47,9 @@ Status NcclCommunicator::Connect(int32_t device) {
 }
 
 // ncclCommInitRank blocks until every member joins, and a member that died (or
-// failed before it) never does. So it runs on a thread of its own while this one
+// failed before it) never does. So it runs on a thread of its own (which, with NCCL 2.14+,
+// makes a non-blocking communicator, polls its init and aborts it when the waiter gave
+// up, then exits; an older NCCL's init may keep its thread) while this one
 // watches: a member the rendezvous service reports lost, or the start deadline
 // (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang; the
 // abandoned init thread keeps what it uses alive and exits with the process, or, if
@@ -66,12 +68,37 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
   std::thread([init, handle, cuda = cuda_, nccl = nccl_, device, id, n = size(), r = rank_] {
     cuda->SetDevice(device);  // the current device is per thread; NCCL takes it from here
     ncclComm_t comm = nullptr;
-    const ncclResult_t result = nccl->CommInitRank(&comm, n, id, r);
+    ncclResult_t result;
+    const bool nonblocking = nccl->CommInitRankConfig != nullptr;
+    if (nonblocking) {
+      ncclConfig_t config{sizeof(ncclConfig_t), kNcclConfigMagic, kNcclConfigVersion, 0};
+      result = nccl->CommInitRankConfig(&comm, n, id, r, &config);
+      // The init goes on in NCCL's threads: poll it, and abort it if the waiter gave up.
+      while (result == ncclInProgress || (result == ncclSuccess && comm != nullptr)) {
+        ncclResult_t state = ncclSuccess;
+        if (nccl->CommGetAsyncError(comm, &state) != ncclSuccess) break;
+        if (state != ncclInProgress) {
+          result = state;
+          break;
+        }
+        {
+          std::lock_guard<std::mutex> lock(init->mu);
+          if (init->abandoned) {
+            nccl->CommAbort(comm);
+            return;
+          }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    } else {
+      result = nccl->CommInitRank(&comm, n, id, r);
+    }
     std::lock_guard<std::mutex> lock(init->mu);
     if (init->abandoned) {
       if (result == ncclSuccess) nccl->CommAbort(comm);
       return;
     }
+    handle->nonblocking = nonblocking;
     handle->comm = result == ncclSuccess ? comm : nullptr;
     init->result = result;
     init->done = true;

@@ -81,7 +81,8 @@ bool NcclCommunicator::WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
     if (!status->ok()) return true;
     *status = run(op);
     OnComm([&] {
-      nccl_->RedOpDestroy(op, comm_->comm);
+      const ncclResult_t d = nccl_->RedOpDestroy(op, comm_->comm);
+      if (d == ncclInProgress) NcclCheck(d, "ncclRedOpDestroy");  // settles; failures ignored
       return Status::OK();
     });
     return true;
