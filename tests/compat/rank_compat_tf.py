@@ -170,7 +170,8 @@ def _raised(call):
 def check_tf_errors_are_horovods_classes_eager_and_in_graphs():
     """A mismatch between ranks (shape, dtype, root rank, alltoall's trailing dimensions)
     is tf.errors.FailedPreconditionError and a bad argument found inside the op (alltoall
-    splits that do not add up, a first dimension that does not divide evenly)
+    splits adding up to more rows than the tensor has, a first dimension that does not
+    divide evenly)
     tf.errors.InvalidArgumentError, as Horovod's TF ops raise them; eagerly the spark_hvd
     exception is the cause, in a tf.function it travels in the error's payloads; a TF1
     session keeps the class. The ranks go on with collectives afterwards."""
@@ -190,8 +191,8 @@ def check_tf_errors_are_horovods_classes_eager_and_in_graphs():
                  TensorMismatchError),
         "a2a_dims": (lambda nm: hvd.alltoall(tf.ones([n, 3 if last else 2]), name=nm)[0],
                      failed, TensorMismatchError),
-        "a2a_sum": (lambda nm: hvd.alltoall(tf.ones([n + 1, 2]), splits=[1] * n, name=nm)[0],
-                    bad_arg, InvalidArgumentError),
+        "a2a_sum": (lambda nm: hvd.alltoall(tf.ones([n, 2]), splits=[2] + [1] * (n - 1),
+                                            name=nm)[0], bad_arg, InvalidArgumentError),
         "a2a_even": (lambda nm: hvd.alltoall(tf.ones([n + 1, 2]), name=nm)[0], bad_arg,
                      InvalidArgumentError),
     }
@@ -327,7 +328,8 @@ def check_tf_broadcast_inplace_leaves_the_roots_values():
 def check_tf_alltoall_takes_splits_of_any_integer_dtype():
     """Horovod's alltoall takes int32 and int64 splits whatever the tensor's dtype; lists,
     numpy arrays and the other integer dtypes work too, eagerly, in a tf.function and in a
-    TF1 session, and the received splits are int32."""
+    TF1 session, and the received splits are int32. As Horovod's, splits may cover fewer
+    rows than the tensor has (the rest are not sent; their gradient is zero)."""
     import numpy as np
 
     r, n = hvd.rank(), hvd.size()
@@ -359,6 +361,24 @@ def check_tf_alltoall_takes_splits_of_any_integer_dtype():
             if out.tolist() != want or received.tolist() != [r + 1] * n \
                     or received.dtype != np.int32:
                 problems.append(f"{kind} {where}: {out.tolist()} {received!r}")
+    # As Horovod's, splits may cover fewer rows than the tensor has: the rest are not sent,
+    # and their gradient is zero.
+    extra = tf.constant(np.concatenate([sent, np.full([2, 2], -1.0, np.float32)]))
+
+    def short(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out, received = hvd.alltoall(x, splits=counts, name="compat.a2a.short")
+            loss = tf.reduce_sum(out) * float(r + 1)
+        return out, received, tape.gradient(loss, x)
+
+    want_grad = [[float(j + 1)] * 2 for j in range(n) for _ in range(j + 1)] + [[0.0] * 2] * 2
+    for where, run in (("eager", short), ("tf.function", tf.function(short))):
+        out, received, grad = (np.asarray(t) for t in run(extra))
+        if out.tolist() != want or received.tolist() != [r + 1] * n \
+                or grad.tolist() != want_grad:
+            problems.append(f"fewer rows than the tensor {where}: {out.tolist()} "
+                            f"{received.tolist()} {grad.tolist()}")
     assert not problems, problems
 
 
