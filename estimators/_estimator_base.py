@@ -9,7 +9,7 @@ and what it found is passed on):
    With ``mlflow_log``, mlflow starts importing in the background (``_mlflow.preload``).
 2. Check the DataFrame's schema (``validate_dataframe``: columns exist, once each, types
    usable) and that the cluster can run ``num_proc`` ranks at once (spark.run's own launch
-   checks).
+   checks, ``plan_launch``: step 6's first launch runs on that plan, ``run_planned``).
 3. One small job: ``limit(num_proc)`` rows of the needed columns, which says whether the
    DataFrame is empty or too small and gives each column's per-row shape.
 4. Dry run on the driver (``_dry_run``): ``input_shapes``/``label_shapes`` checked against
@@ -152,7 +152,8 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
         wanted = p["num_proc"]
         if wanted is None and p["backend"] is not None:  # Horovod's SparkBackend(num_proc=...)
             wanted = int(p["backend"].num_processes())
-        num_proc = launch_plan(dataset.sparkSession, wanted, p["use_gpu"])
+        planned = launch_plan(dataset.sparkSession, wanted, p["use_gpu"])
+        num_proc = planned.num_proc
         columns = needed_columns(p)
         first = first_rows(dataset, columns, num_proc)
         zeros = zero_batch(dataset, first, columns)
@@ -182,11 +183,19 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             self._check_label_values(p, zeros, meta)
             clock.done("checks")
             from spark_hvd import spark as hvd_spark
+            from spark_hvd.spark.runner import run_planned
             config = self._train_config(p, run_id, seed, meta)
-            results = self._train(p, run_id, lambda: hvd_spark.run(
-                self._train_fn(), args=(config,), num_proc=num_proc, use_gpu=p["use_gpu"],
-                env={**self._train_env(), **(p["backend_env"] or {})},
-                verbose=1 if p["verbose"] else 0))
+            env = {**self._train_env(), **(p["backend_env"] or {})}
+            verbose = 1 if p["verbose"] else 0
+            unused = [planned]  # the first launch's plan is step 2's; a restart checks again
+
+            def launch() -> Any:
+                if unused:
+                    return run_planned(unused.pop(), self._train_fn(), args=(config,),
+                                       env=env, verbose=verbose)
+                return hvd_spark.run(self._train_fn(), args=(config,), num_proc=num_proc,
+                                     use_gpu=p["use_gpu"], env=env, verbose=verbose)
+            results = self._train(p, run_id, launch)
             clock.done("launch")
             ranks = (results[0] if results and isinstance(results[0], dict) else {})
             for phase, seconds in (ranks.get("seconds") or {}).items():
@@ -402,10 +411,11 @@ def restarts_exhausted(name: str, exc: RankFailedError, attempts: int, max_resta
                            cause=exc.cause, reason=exc.reason)
 
 
-def launch_plan(spark: Any, num_proc: Optional[int], use_gpu: Optional[bool]) -> int:
-    """spark.run's own launch checks, made before any data is written; the num_proc to use."""
-    from spark_hvd.spark import check_launch
-    return check_launch(num_proc, use_gpu, spark=spark)
+def launch_plan(spark: Any, num_proc: Optional[int], use_gpu: Optional[bool]) -> Any:
+    """spark.run's own launch checks, made before any data is written: the LaunchPlan the
+    first launch runs on (its ``num_proc`` the number of ranks)."""
+    from spark_hvd.spark.runner import plan_launch
+    return plan_launch(num_proc, use_gpu, spark=spark)
 
 
 def needed_columns(p: Dict[str, Any]) -> List[str]:

@@ -135,6 +135,26 @@ def nonfinite_loss_error(value: float, epoch: int, epochs: int, step: int, steps
         f"none unless allow_nonfinite=True), or pass terminate_on_nan=False to train on")
 
 
+def nonfinite_weights_error(names: Sequence[str], epoch: int, epochs: int, step: int,
+                            steps: int, checked: Tuple[int, int], rank: int
+                            ) -> TrainingInputError:
+    """The error when the model's weights are NaN or infinite after ``step`` (1-based) of
+    epoch ``epoch`` (0-based) though the loss was finite; ``checked`` is the (epoch, step)
+    after which they were last found finite."""
+    since = (f"finite after step {checked[1]}" if checked[0] == epoch and checked[1]
+             else "finite at the epoch's start")
+    shown = ", ".join(f"'{n}'" for n in names[:3]) + (f" and {len(names) - 3} more"
+                                                       if len(names) > 3 else "")
+    return TrainingInputError(
+        f"the model's weights are non-finite at epoch {epoch + 1}/{epochs}, step "
+        f"{step}/{steps} (rank {rank}; {since}): {shown}, though the training loss stayed "
+        f"finite (a layer such as ReLU can turn NaN inputs into finite outputs while their "
+        f"gradients are NaN); training stopped there (terminate_on_nan=True). Fix: check the "
+        f"data for NaN or infinite values (the training data holds none unless "
+        f"allow_nonfinite=True), lower the learning rate, or pass terminate_on_nan=False to "
+        f"train on")
+
+
 def label_error(exc: BaseException, label_cols: Sequence[str], labels: Sequence[np.ndarray],
                 output_shapes: Sequence[Tuple[int, ...]], epoch: int, step: int, split: str,
                 rank: int) -> TrainingInputError:

@@ -42,7 +42,7 @@ from ._tensorboard import open_events
 from ._trainer_common import (Readers, RunRecord, TrainConfig, announce_start,
                               apply_transformation, as_outputs, checkpoint_file, cpu_share,
                               label_error, load_objects, next_batch, nonfinite_loss_error,
-                              reshape_to, write_history)
+                              nonfinite_weights_error, reshape_to, write_history)
 
 CHECKPOINT_FORMAT = 1
 LAST_CHECKPOINT = "last.keras"
@@ -245,9 +245,17 @@ def _feed(reader: Any, start_epoch: int, steps: int, split: str,
 
 class _Coordinator(keras.callbacks.Callback):
     """Every rank stops together: ``model.stop_training`` set by any callback on any rank
-    (mid-epoch too) stops all of them at the end of the epoch.  With ``terminate_on_nan``
-    a non-finite training loss (Keras' running mean of the epoch: it turns non-finite at
-    the first bad step and stays so) is an error naming the epoch and step."""
+    (mid-epoch too) stops all of them at the end of the epoch.
+
+    With ``terminate_on_nan`` a non-finite training loss (Keras' running mean of the epoch:
+    it turns non-finite at the first bad step and stays so) is an error naming the epoch and
+    step.  The loss alone misses NaN inputs behind a ReLU (TensorFlow's CPU kernels give 0
+    for ReLU(NaN): the loss stays finite while the gradients, hence the weights, turn NaN),
+    so the trainable weights are looked at too, every :data:`CHECK_EVERY` steps and at the
+    epoch's end, before its checkpoint (one pass over the weights, not one per step); every
+    rank finds the same, as every rank applies the same averaged gradients."""
+
+    CHECK_EVERY = 64
 
     def __init__(self, hvd: Any, config: TrainConfig, rank: int, steps: int) -> None:
         super().__init__()
@@ -255,9 +263,11 @@ class _Coordinator(keras.callbacks.Callback):
         self.epochs, self.steps = config.epochs, steps
         self.pending = False
         self.epoch = self.step = 0  # where training is, for errors
+        self.checked = (0, 0)  # (epoch, step) after which the weights were last finite
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self.epoch, self.step = epoch, 0
+        self.checked = (epoch, 0)
 
     def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self.step = batch
@@ -265,13 +275,31 @@ class _Coordinator(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self.model.stop_training:  # not now: the other ranks are in this epoch's steps
             self.pending, self.model.stop_training = True, False
-        if self.terminate_on_nan and logs and "loss" in logs:
+        if not self.terminate_on_nan:
+            return
+        if logs and "loss" in logs:
             loss = float(logs["loss"])
             if not np.isfinite(loss):
                 raise nonfinite_loss_error(loss, self.epoch, self.epochs, batch + 1,
                                            self.steps, self.rank)
+        if batch + 1 - self.checked[1] >= self.CHECK_EVERY:
+            self._check_weights(batch + 1)
+
+    def _check_weights(self, step: int) -> None:
+        """An error when a trainable weight is NaN or infinite after ``step`` (1-based)."""
+        weights = self.model.trainable_weights
+        ops = keras.ops
+        if weights and not bool(ops.all(ops.stack([ops.all(ops.isfinite(w))
+                                                    for w in weights]))):
+            names = [getattr(w, "path", w.name) for w in weights
+                     if not bool(ops.all(ops.isfinite(w)))]
+            raise nonfinite_weights_error(names, self.epoch, self.epochs, step, self.steps,
+                                          self.checked, self.rank)
+        self.checked = (self.epoch, step)
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self.terminate_on_nan and self.checked[1] < self.steps:
+            self._check_weights(self.steps)
         stop = self.pending or bool(self.model.stop_training)
         agreed = self.hvd.allreduce(np.array([1.0 if stop else 0.0]), op=self.hvd.Max,
                                     name="estimator.stop_training")

@@ -353,7 +353,8 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
        "'prediction' without labels)"),
     _P("terminate_on_nan", True, _bool, JSON,
        "stop with an error naming the epoch and step as soon as the training loss is NaN or "
-       "infinite (Horovod's default is False: trains on with NaN weights)"),
+       "infinite (Keras: or the weights, looked at every 64 steps) (Horovod's default is "
+       "False: trains on with NaN weights)"),
     _P("allow_nonfinite", False, _flag, JSON,
        "let NaN and infinite values of float feature, label and weight columns into the "
        "training data; by default the data's write fails naming the column, the value and "

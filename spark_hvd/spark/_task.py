@@ -100,20 +100,52 @@ def _child_pythonpath(environ: Mapping[str, str]) -> str:
     """PYTHONPATH that lets the child import what this Python worker can.
 
     Spark adds --py-files and addPyFile() archives to the worker's sys.path, not
-    to its environment; the interpreter's own directories are left out.
+    to its environment; the interpreter's own directories are left out, and so are
+    the directories its start-up adds from ``.pth`` files (:func:`_site_added`): the
+    child's own start-up adds them again, after its site-packages.  On PYTHONPATH
+    they would come first, and a module both places hold (an editable install's
+    finder of another environment) would be imported from the wrong one.
     """
     own = tuple(os.path.realpath(p) + os.sep for p in {sys.prefix, sys.base_prefix,
                                                        sys.exec_prefix, sys.base_exec_prefix})
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__))))
+    added = _site_added()
     entries: List[str] = []
-    for p in [package_root] + environ.get("PYTHONPATH", "").split(os.pathsep) + sys.path:
+    given = environ.get("PYTHONPATH", "").split(os.pathsep)
+    for p in [package_root] + given + sys.path:
         if not p or p in entries or not os.path.exists(p):
             continue
-        if (os.path.realpath(p) + os.sep).startswith(own):
+        if (os.path.realpath(p) + os.sep).startswith(own) or (
+                p not in given and os.path.realpath(p) in added):
             continue
         entries.append(p)
     return os.pathsep.join(entries)
+
+
+def _site_added() -> frozenset:
+    """The real paths of the directories that ``.pth`` files in this interpreter's
+    site-packages add to sys.path at start-up (``import`` lines and comments skipped)."""
+    import site
+    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    added = set()
+    for d in dirs + ([user] if user else []):
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".pth"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(d, name), encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            for line in lines:
+                line = line.strip()
+                if line and not line.startswith(("#", "import ", "import\t")):
+                    added.add(os.path.realpath(os.path.join(d, line)))
+    return frozenset(added)
 
 
 class _Tagged(LineRouter):

@@ -56,8 +56,46 @@ def check_launch(num_proc: Optional[int] = None, use_gpu: Optional[bool] = None,
     start; raises what ``run`` raises for a bad ``num_proc``, fractional or missing GPU
     amounts, or too few task slots.
     """
+    return plan_launch(num_proc, use_gpu, spark).num_proc
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """A launch :func:`plan_launch` checked: the session, the conf it read and the plan,
+    for :func:`run_planned` to launch without reading and checking them again."""
+
+    spark: Any
+    conf: Mapping[str, Optional[str]]
+    plan: "_checks.Plan"
+
+    @property
+    def num_proc(self) -> int:
+        return self.plan.num_proc
+
+
+def plan_launch(num_proc: Optional[int] = None, use_gpu: Optional[bool] = None,
+                spark=None) -> LaunchPlan:
+    """:func:`check_launch`'s checks, keeping what they found for :func:`run_planned`."""
     spark = spark if spark is not None else _checks.active_session()
-    return _plan(spark, _checks.read_conf(spark), num_proc, use_gpu).num_proc
+    conf = _checks.read_conf(spark)
+    return LaunchPlan(spark, conf, _plan(spark, conf, num_proc, use_gpu))
+
+
+def run_planned(planned: LaunchPlan, fn: Callable, args: Sequence = (),
+                env: Optional[Mapping[str, str]] = None, verbose: int = 1) -> List[Any]:
+    """:func:`run` of ``fn(*args)`` on a launch :func:`plan_launch` checked (the estimators
+    check it before writing their data, and launch once that is done): the conf is not
+    read and the plan not made again."""
+    launch = _Launch.check(fn, args, None, env, None, None, verbose, False, None, None,
+                           DEFAULT_KILL_GRACE_S)
+    return _launch_planned(launch, planned, verbose)
+
+
+def _launch_planned(launch: "_Launch", planned: LaunchPlan, verbose: int) -> List[Any]:
+    spark = planned.spark
+    return launch.run(spark, planned.conf, planned.plan.num_proc, planned.plan.use_gpu,
+                      lambda server, spec: _Job(spark, server, spec, launch.output, verbose))
+
 
 def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] = None,
         num_proc: Optional[int] = None, start_timeout: Optional[float] = None,
@@ -136,11 +174,7 @@ def run(fn: Callable, args: Sequence = (), kwargs: Optional[Mapping[str, Any]] =
     _check_controller(use_mpi, use_gloo, extra_mpi_args, nics)
     launch = _Launch.check(fn, args, kwargs, env, stdout, stderr, verbose,
                            prefix_output_with_timestamp, executable, start_timeout, kill_grace_s)
-    spark = spark if spark is not None else _checks.active_session()
-    conf = _checks.read_conf(spark)
-    plan = _plan(spark, conf, num_proc, use_gpu)
-    return launch.run(spark, conf, plan.num_proc, plan.use_gpu,
-                      lambda server, spec: _Job(spark, server, spec, launch.output, verbose))
+    return _launch_planned(launch, plan_launch(num_proc, use_gpu, spark), verbose)
 
 
 @dataclass(frozen=True)

@@ -639,6 +639,53 @@ def test_keras_stops_at_the_first_nonfinite_loss_naming_epoch_and_step():
         coordinator.on_train_batch_end(11, {"loss": float("inf")})
 
 
+
+def test_keras_stops_when_the_weights_turn_nonfinite_behind_a_finite_loss():
+    """A NaN input behind a ReLU leaves Keras' loss finite and the weights NaN: the weights
+    are looked at every CHECK_EVERY steps and at the epoch's end (before its checkpoint),
+    and the error names the epoch, the step, the last step they were finite and the weight."""
+    keras = pytest.importorskip("keras")
+    from spark_hvd.estimators import _trainer_keras as ktrainer
+    from spark_hvd.estimators._trainer_common import TrainingInputError
+
+    class OneRank:
+        Max = "max"
+
+        @staticmethod
+        def allreduce(x, op, name):
+            return x
+    every = ktrainer._Coordinator.CHECK_EVERY
+    config = type("C", (), {"terminate_on_nan": True, "epochs": 2})()
+    model = make_keras_net()
+    model.stop_training = False
+    kernel = model.trainable_weights[0]
+    for steps, bad_after, found in ((every + 36, every + 5, every + 36), (150, 40, every)):
+        kernel.assign(np.zeros(kernel.shape, "float32"))
+        coordinator = ktrainer._Coordinator(OneRank(), config, rank=1, steps=steps)
+        coordinator.set_model(model)
+        coordinator.on_epoch_begin(1)
+        with pytest.raises(TrainingInputError) as err:
+            for batch in range(steps):
+                if batch == bad_after:
+                    kernel.assign(np.full(kernel.shape, np.nan, "float32"))
+                coordinator.on_train_batch_end(batch, {"loss": 0.5})
+            coordinator.on_epoch_end(1)
+        since = (f"finite after step {every}" if bad_after >= every
+                 else "finite at the epoch's start")
+        assert str(err.value).startswith(
+            f"the model's weights are non-finite at epoch 2/2, step {found}/{steps} (rank 1; "
+            f"{since}): '{kernel.path}', though the training loss stayed finite"), err.value
+        assert "terminate_on_nan=True" in str(err.value)
+    kernel.assign(np.zeros(kernel.shape, "float32"))  # finite: an epoch passes
+    coordinator = ktrainer._Coordinator(OneRank(), config, rank=0, steps=10)
+    coordinator.set_model(model)
+    coordinator.on_epoch_begin(0)
+    for batch in range(10):
+        coordinator.on_train_batch_end(batch, {"loss": 0.5})
+    coordinator.on_epoch_end(0)
+    assert coordinator.checked == (0, 10) and not model.stop_training
+
+
 def test_bad_input_a_rank_found_is_raised_as_invalid_argument(restartable):
     """A rank's TrainingInputError (NaN loss, labels refused) reaches the caller of fit as
     an InvalidArgumentError with the rank's message, not retried."""

@@ -3,6 +3,7 @@ local-cluster Spark (two executor JVMs, two ranks)."""
 
 import importlib.util
 import os
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ keras = pytest.importorskip("keras")
 
 from est_helpers import (assert_mlflow_history, assert_tensorboard_history,  # noqa: E402
                          bad_input, kill_at_batch, listing, make_keras_net, mlflow_runs,
-                         stop_mid_epoch)
+                         nan_rows, stop_mid_epoch)
 from spark_hvd.estimators import KerasEstimator, KerasModel, LocalStore  # noqa: E402
 from spark_hvd.estimators import _keras_io as keras_io  # noqa: E402
 from spark_hvd.estimators import _trainer_keras as trainer  # noqa: E402
@@ -283,3 +284,19 @@ def test_bad_input_errors_leave_the_store_untouched(estimator_spark, digits, sto
         assert not [p for p in listing(store.prefix) if p.startswith("runs")]
     else:
         assert listing(store.prefix) == []
+
+
+@pytest.mark.spark
+def test_nonfinite_data_let_in_stops_training_at_the_first_nan_loss(digits, store, capfd):
+    """As TorchEstimator's: with allow_nonfinite=True the NaN rows reach model.fit, and the
+    fit stops (terminate_on_nan, the default) with an InvalidArgumentError naming the epoch
+    and step, within the first epoch.  Keras' loss stays finite here (TensorFlow's CPU ReLU
+    turns the NaN into 0) while the weights turn NaN: that is what is found."""
+    with pytest.raises(InvalidArgumentError) as err:
+        _estimator(store, allow_nonfinite=True, epochs=3, validation=None,
+                   mlflow_log=False).fit(nan_rows(digits[0]))
+    msg = str(err.value)
+    assert re.match(r"KerasEstimator: the (training loss is nan|model's weights are "
+                    r"non-finite) at epoch 1/3, step ", msg), msg
+    assert "terminate_on_nan=True" in msg and "allow_nonfinite=True" in msg
+    assert "epoch 2/3" not in capfd.readouterr().out  # stopped within the first epoch

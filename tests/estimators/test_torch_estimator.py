@@ -3,6 +3,7 @@
 import contextlib
 import importlib.util
 import os
+import re
 
 import numpy as np
 import pytest
@@ -69,8 +70,26 @@ def _active_mlflow_run():
         yield run
 
 
-def test_fit_digits_and_resume(undisturbed, digits, capfd):
+def _counted(monkeypatch, targets):
+    """Each ``(object, name)`` wrapped so that its calls are counted: the counts by name."""
+    calls = {}
+    for obj, name in targets:
+        def counting(*args, _original=getattr(obj, name), _name=name, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(obj, name, counting)
+    return calls
+
+
+def test_fit_digits_and_resume(undisturbed, digits, capfd, monkeypatch):
+    """...and each of fit's checks runs once (the store probe, the schema check, the
+    launch plan: the first launch runs on the plan checked before the data), and fit
+    says where its time went."""
+    from spark_hvd.estimators import _estimator_base, materialize
+    from spark_hvd.spark import _checks
     store, model, acc = undisturbed
+    assert set(model.fit_seconds) >= {"checks", "data", "launch", "training",
+                                      "checkpoints", "total"}
     assert isinstance(model, TorchModel)
     history = model.getHistory()
     assert len(history["loss"]) == 4 and len(history["val_accuracy"]) == 4
@@ -79,6 +98,9 @@ def test_fit_digits_and_resume(undisturbed, digits, capfd):
 
     # Same run_id, more epochs: continues at the saved epoch, logging to the active MLflow
     # run, which fit leaves open.
+    calls = _counted(monkeypatch, [(type(store), "check_writable"), (_checks, "plan"),
+                                   (_estimator_base, "validate_dataframe"),
+                                   (materialize, "validate_dataframe")])
     with _active_mlflow_run() as active:
         model2 = _estimator(store, run_id="digits", epochs=6).fit(digits[0])
         if active is not None:
@@ -86,8 +108,13 @@ def test_fit_digits_and_resume(undisturbed, digits, capfd):
             assert mlflow.active_run().info.run_id == active.info.run_id
             tags = mlflow.MlflowClient().get_run(active.info.run_id).data.tags
             assert tags["spark_hvd.run_id"] == "digits"
+    assert calls == {"check_writable": 1, "validate_dataframe": 1, "plan": 1}, calls
+    monkeypatch.undo()
     out = capfd.readouterr().out
     assert "resuming run 'digits' at epoch 5/6" in out
+    assert re.search(r"^TorchEstimator\.fit: [0-9.]+ s \(checks [0-9.]+ s, data [0-9.]+ s, "
+                     r"launch [0-9.]+ s, training [0-9.]+ s, checkpoints [0-9.]+ s", out,
+                     re.MULTILINE), out
     assert "epoch 1/6" not in out and "[0] epoch 6/6" in out and "val_accuracy" in out
     h2 = model2.getHistory()
     assert len(h2["loss"]) == 6 and h2["loss"][:4] == history["loss"]

@@ -104,9 +104,28 @@ def _steps(client, run_id, key):
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
-def test_a_new_run_in_the_experiment_with_params_metrics_tag_and_model(mlflow):
+def test_a_new_run_in_the_experiment_with_params_metrics_tag_and_model(mlflow, monkeypatch):
+    """...and the model's pip requirements written from what the driver has loaded
+    (``_mlflow.requirements``): MLflow's own inference, which loads the model in a
+    subprocess (7-12 s a fit), is never called."""
+    from mlflow.utils import environment, requirements_utils
+    inferred = []
+
+    def infer(*args, **kwargs):
+        inferred.append(args)
+        raise AssertionError("MLflow inferred the requirements")
+    for module in (environment, requirements_utils):  # the one called, where it is bound
+        monkeypatch.setattr(module, "_infer_requirements", infer)
     est = _estimator(mlflow_experiment="tracking-unit")
     mlflow_run_id = _log(est)
+    assert inferred == []
+    expected = _mlflow.requirements("mlflow.pytorch", est.getModel().modules())
+    assert [r.split("==")[0] for r in expected] == ["torch", "cloudpickle"]
+    written = mlflow.artifacts.download_artifacts(
+        f"runs:/{mlflow_run_id}/{_mlflow.MODEL_NAME}/requirements.txt")
+    with open(written) as f:
+        lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+    assert [ln for ln in lines if not ln.startswith("mlflow")] == expected, lines
     client = mlflow.MlflowClient()
     run = client.get_run(mlflow_run_id)
     assert run.info.status == "FINISHED" and mlflow.active_run() is None
@@ -126,8 +145,7 @@ def test_a_new_run_in_the_experiment_with_params_metrics_tag_and_model(mlflow):
 
 
 def test_the_active_run_is_reused_and_a_resumed_fit_adds_only_its_epochs(mlflow, monkeypatch):
-    # The model's logging is the previous test's (each costs seconds: MLflow infers the
-    # model's pip requirements in a subprocess).
+    # The model's logging is the previous test's (the model's save costs a second here).
     monkeypatch.setattr(TorchEstimator, "_log_mlflow_model", lambda *args: None)
     client = mlflow.MlflowClient()
     with mlflow.start_run() as active:

@@ -229,6 +229,26 @@ def test_visible_devices_map_through_the_executors_list():
         _task.visible_devices(["2"], "3")
 
 
+def test_the_childs_pythonpath_leaves_out_what_pth_files_add(tmp_path, monkeypatch):
+    """A directory a .pth file of the worker's site-packages adds (another environment's
+    site-packages) is added again by the child's own start-up, after its site-packages; on
+    PYTHONPATH it would come first and shadow the child's own modules (an editable install's
+    finder of the same name). Spark's py-files and the worker's PYTHONPATH stay."""
+    import site
+    dirs = {n: tmp_path / n for n in ("site", "foreign", "pyfiles", "given")}
+    for d in dirs.values():
+        d.mkdir()
+    (dirs["site"] / "zz_other.pth").write_text(f"# a comment\nimport os\n{dirs['foreign']}\n")
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(dirs["site"])])
+    monkeypatch.setattr(sys, "path", sys.path + [str(dirs["foreign"]), str(dirs["pyfiles"])])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(_task.__file__)))
+    found = _task._child_pythonpath({"PYTHONPATH": str(dirs["given"])}).split(os.pathsep)
+    assert found[:2] == [root, str(dirs["given"])] and found[-1] == str(dirs["pyfiles"])
+    assert str(dirs["foreign"]) not in found, found
+    assert str(dirs["foreign"]) in _task._child_pythonpath(  # asked for: kept
+        {"PYTHONPATH": str(dirs["foreign"])}).split(os.pathsep)
+
+
 @pytest.mark.parametrize("conf, connect, bound, announced", [
     ({_checks.DRIVER_HOST: "localhost"}, False, "127.0.0.1", "127.0.0.1"),
     ({_checks.DRIVER_HOST: "localhost", _checks.DRIVER_BIND_ADDRESS: "0.0.0.0"}, False,
