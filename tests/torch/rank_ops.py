@@ -537,7 +537,7 @@ def check_invalid_arguments():
     for bad, words in ((lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), "complex"),
                        (lambda: hvd.allreduce([1, 2]), "torch.Tensor"),
                        (lambda: hvd.alltoall(torch.ones(n + 1)) if n > 1
-                        else hvd.alltoall(torch.ones(2), splits=[1]), "split"),
+                        else hvd.alltoall(torch.ones(2), splits=[3]), "split"),
                        (lambda: hvd.reducescatter(torch.tensor(1.0)), "dimension")):
         try:
             bad()
