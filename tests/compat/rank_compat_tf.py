@@ -246,8 +246,8 @@ def check_tf_indexed_slices_average_every_dtype_and_mixed_groups():
 
     r, n = hvd.rank(), hvd.size()
     problems = []
-    for dtype in (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
-                  tf.float64):
+    for dtype in (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+                  tf.bfloat16, tf.float32, tf.float64):
         values = tf.cast(tf.fill([2, 3], 2 * (r + 1)), dtype)
         avg = hvd.allreduce(tf.IndexedSlices(values, tf.constant([r, r]), tf.constant([n, 3])))
         want_dtype = (values / tf.cast(n, dtype)).dtype
@@ -285,14 +285,14 @@ def check_tf_indexed_slices_average_every_dtype_and_mixed_groups():
 
 def check_tf_broadcast_inplace_leaves_the_roots_values():
     """hvd.broadcast_(variables, root) on resource variables (eagerly and in a tf.function)
-    and on TF1 reference variables (in a session), every dtype (bool and float16 too),
+    and on TF1 reference and resource variables (in a session), every dtype (bool and float16 too),
     every root: each rank's variables hold the root's values, and so do the returned
     tensors."""
     import numpy as np
 
     r, n = hvd.rank(), hvd.size()
     dtypes = (tf.bool, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.uint8, tf.int8,
-              tf.int32, tf.int64)
+              tf.uint16, tf.int16, tf.int32, tf.int64)
 
     def value(q, dtype):
         return tf.cast(tf.constant([q % 2, q + 1, 3 * q + 2]), dtype)
@@ -308,15 +308,19 @@ def check_tf_broadcast_inplace_leaves_the_roots_values():
         with g.as_default():
             refs = [tf.compat.v1.Variable(value(r, d), use_resource=False) for d in dtypes]
             out = hvd.broadcast_(refs, root, name=f"compat.bi.ref.{root}")
+            resources = [tf.compat.v1.Variable(value(r, d), use_resource=True) for d in dtypes]
+            res_out = hvd.broadcast_(resources, root, name=f"compat.bi.res.{root}")
             with tf.compat.v1.Session(graph=g) as session:
                 session.run(tf.compat.v1.global_variables_initializer())
-                ref_out = session.run(out)
-                ref_vals = session.run(refs)
+                ref_out, res_out = session.run([out, res_out])
+                ref_vals, res_vals = session.run([refs, resources])
         for i, d in enumerate(dtypes):
             got = {"eager": eager[i].numpy().tolist(), "returned": returned[i].numpy().tolist(),
                    "tf.function": graph_vars[i].numpy().tolist(),
                    "reference": np.asarray(ref_vals[i]).tolist(),
-                   "reference returned": np.asarray(ref_out[i]).tolist()}
+                   "reference returned": np.asarray(ref_out[i]).tolist(),
+                   "TF1 resource": np.asarray(res_vals[i]).tolist(),
+                   "TF1 resource returned": np.asarray(res_out[i]).tolist()}
             for where, v in got.items():
                 if v != want[d]:
                     problems.append(f"root {root} {d.name} {where}: {v} != {want[d]}")
