@@ -366,9 +366,11 @@ void Engine::Validate(const Request& req) const {
       if (s < 0) bad("splits must not be negative");
       sum += s;
     }
-    if (sum != req.shape[0]) {
-      bad("splits add up to " + std::to_string(sum) + " but the first dimension is " +
-          std::to_string(req.shape[0]));
+    // Horovod's rule: the splits may cover fewer rows than the tensor has (the rest are
+    // not sent), never more.
+    if (sum > req.shape[0]) {
+      bad("splits add up to " + std::to_string(sum) + ", more rows than the first dimension (" +
+          std::to_string(req.shape[0]) + "); give splits whose sum is at most it");
     }
   }
 }
