@@ -243,14 +243,25 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   const bool equal = rem == 0 && !t.shape.empty();
   if (!equal || !comm->ReducescatterBlocks(args, my_rows * NumElements(Tail(t.shape)),
                                            e->state->output.data, &s)) {
-    Buffer full;  // freed once the work on it is done (cudaFree waits for the device)
-    s = comm->Allocate(n * dsize, &full);
-    if (!s.ok()) return s;
-    args.tensors[0].output = full.data;
+    // Host memory: this executor's scratch, reused. Device memory: a buffer of the op,
+    // freed once the work on it is done (cudaFree waits for the device).
+    Buffer full;
+    void* whole = nullptr;
+    if (e->state->output.device == kCpuDevice) {
+      if (host_scratch_.size() < static_cast<size_t>(n * dsize)) {
+        host_scratch_.resize(static_cast<size_t>(n * dsize));
+      }
+      whole = host_scratch_.data();
+    } else {
+      s = comm->Allocate(n * dsize, &full);
+      if (!s.ok()) return s;
+      whole = full.data;
+    }
+    args.tensors[0].output = whole;
     s = comm->Allreduce(args);
     if (s.ok()) {
       s = comm->Copy(e->state->output.data,
-                     static_cast<uint8_t*>(full.data) + first_row * row_bytes,
+                     static_cast<uint8_t*>(whole) + first_row * row_bytes,
                      my_rows * row_bytes);
     }
   }

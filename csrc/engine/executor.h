@@ -46,6 +46,9 @@ class Executor {
   Completions* completions_;
   InFlight* in_flight_;
   Timeline* timeline_;
+  // Reducescatter of uneven rows on host memory: the whole reduced tensor, kept for the
+  // next one (grown, never shrunk) so that steady state allocates nothing per op.
+  std::vector<uint8_t> host_scratch_;
 };
 
 }  // namespace spark_hvd

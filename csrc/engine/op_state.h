@@ -4,9 +4,12 @@
 // engine's TensorEntry. Either side may go first: a caller that drops its handle
 // before the op completes leaves the engine's entry (and with it the buffers the
 // entry owns) alive until the engine is done; an op nobody waits for is freed
-// when the engine finishes it. Waiters block on a condition variable (no spinning).
+// when the engine finishes it. A waiter spins briefly (common/spin.h: a small op is
+// often done within that, and a sleeper costs the completer a wake-up and itself a
+// time slice to come back), then blocks on a condition variable.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -21,7 +24,8 @@
 namespace spark_hvd {
 
 struct OpState {
-  bool done = false;  // guarded by Completions' mutex
+  // Written under Completions' mutex; read without it by a spinning waiter.
+  std::atomic<bool> done{false};
   Status status;
   // Outputs the core allocates (allgather, alltoall, reducescatter), in the memory of
   // the communicator that ran the op (host, or the rank's GPU).
@@ -54,6 +58,7 @@ class Completions {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
+  int sleepers_ = 0;  // waiters blocked on cv_ (guarded by mu_): none, no notify
 };
 
 }  // namespace spark_hvd

@@ -9,11 +9,13 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::set<std::string> keys;
   bool join = false;
   for (const auto& e : entries) {
-    const std::string where = "on rank " + std::to_string(e.req.rank) + " in process set " +
-                              std::to_string(e.req.process_set);
+    auto where = [&e] {  // built for an error only: no allocation per op
+      return "on rank " + std::to_string(e.req.rank) + " in process set " +
+             std::to_string(e.req.process_set);
+    };
     if (e.req.op == OpType::kJoin) {
       if (join_ || join) {
-        throw StatusError(Status::InvalidArgument("join() is already pending " + where));
+        throw StatusError(Status::InvalidArgument("join() is already pending " + where()));
       }
       join = true;
       continue;
@@ -21,7 +23,7 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
     const std::string key = TensorKey(e.req);
     if (entries_.count(key) || !keys.insert(key).second) {
       throw StatusError(Status::InvalidArgument(
-          "a tensor named '" + e.req.name + "' is already in flight " + where +
+          "a tensor named '" + e.req.name + "' is already in flight " + where() +
           "; names of concurrent operations must be unique (omit name= to get a generated "
           "one, or synchronize the first operation before reusing its name)"));
     }
@@ -36,17 +38,14 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
       entries_[key] = std::move(owned);
     }
   }
-}
-
-bool TensorQueue::HasNew() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !new_.empty();
+  has_new_.store(!new_.empty(), std::memory_order_seq_cst);
 }
 
 std::vector<Request> TensorQueue::TakeNew() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Request> out;
   out.swap(new_);
+  has_new_.store(false, std::memory_order_seq_cst);
   return out;
 }
 
@@ -72,6 +71,7 @@ void TensorQueue::FailAll(Completions* completions, const Status& status) {
     entries.swap(entries_);
     join = std::move(join_);
     new_.clear();
+    has_new_.store(false, std::memory_order_seq_cst);
   }
   for (auto& kv : entries) {
     completions->Complete(*kv.second->state, status.WithTensor(kv.second->req.name));

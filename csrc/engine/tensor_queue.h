@@ -7,6 +7,7 @@
 // themselves (for the executor). Every method locks; none blocks otherwise.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -39,7 +40,8 @@ class TensorQueue {
   // Adds every entry or none: throws StatusError (InvalidArgument) naming the
   // tensor when a name is already in flight on this rank, or appears twice.
   void Add(std::vector<TensorEntry> entries);
-  bool HasNew();
+  // Lock-free (the engine polls it while it spins); sequentially consistent with Add.
+  bool HasNew() const { return has_new_.load(std::memory_order_seq_cst); }
   // The requests added since the last call, in order of addition.
   std::vector<Request> TakeNew();
   // The entry for a negotiated tensor (null when this rank holds none: it joined,
@@ -54,6 +56,7 @@ class TensorQueue {
   std::map<std::string, std::unique_ptr<TensorEntry>> entries_;  // by TensorKey
   std::unique_ptr<TensorEntry> join_;
   std::vector<Request> new_;
+  std::atomic<bool> has_new_{false};  // !new_.empty(), stored under mu_
 };
 
 }  // namespace spark_hvd

@@ -462,7 +462,8 @@ def _alltoall_raw(tensor, splits, name, process_set):
 @_not_autograph
 def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set):
-    """Sends ``splits[i]`` rows to rank i (even split when None) and returns
+    """Sends ``splits[i]`` rows to rank i (even split when None; as Horovod's, splits may
+    cover fewer rows than the tensor has, and the rest are not sent) and returns
     ``(received rows, rows received from each rank)``. Differentiable: the gradient goes
     back by an alltoall with the received splits."""
     name = collective_name(name, "alltoall", process_set)
@@ -490,6 +491,10 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
         def grad(dy):
             with in_order(after=y):
                 back, _ = _alltoall_raw(dy, received, name + ".grad", process_set)
+            # rows after the splits' sum were not sent: their gradient is zero
+            unsent = tf.shape(x)[0] - tf.shape(back)[0]
+            back = tf.concat([back, tf.zeros(tf.concat([[unsent], tf.shape(x)[1:]], 0),
+                                             back.dtype)], 0)
             return tf.reshape(back, tf.shape(x))
         return y, grad
 

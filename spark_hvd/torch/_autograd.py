@@ -139,7 +139,7 @@ class BroadcastFn(torch.autograd.Function):
 class AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        ctx.args = (name, process_set)
+        ctx.args, ctx.rows = (name, process_set), tensor.shape[0]
         out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
         ctx.mark_non_differentiable(received)
@@ -150,6 +150,8 @@ class AlltoallFn(torch.autograd.Function):
         name, process_set = ctx.args
         g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received, _grad_name(name),
                                           process_set))
+        if g.shape[0] < ctx.rows:  # rows after the splits' sum were not sent
+            g = torch.cat([g, g.new_zeros((ctx.rows - g.shape[0],) + tuple(g.shape[1:]))])
         return g, None, None, None
 
 

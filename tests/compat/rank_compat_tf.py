@@ -170,7 +170,8 @@ def _raised(call):
 def check_tf_errors_are_horovods_classes_eager_and_in_graphs():
     """A mismatch between ranks (shape, dtype, root rank, alltoall's trailing dimensions)
     is tf.errors.FailedPreconditionError and a bad argument found inside the op (alltoall
-    splits that do not add up, a first dimension that does not divide evenly)
+    splits adding up to more rows than the tensor has, a first dimension that does not
+    divide evenly)
     tf.errors.InvalidArgumentError, as Horovod's TF ops raise them; eagerly the spark_hvd
     exception is the cause, in a tf.function it travels in the error's payloads; a TF1
     session keeps the class. The ranks go on with collectives afterwards."""
@@ -190,8 +191,8 @@ def check_tf_errors_are_horovods_classes_eager_and_in_graphs():
                  TensorMismatchError),
         "a2a_dims": (lambda nm: hvd.alltoall(tf.ones([n, 3 if last else 2]), name=nm)[0],
                      failed, TensorMismatchError),
-        "a2a_sum": (lambda nm: hvd.alltoall(tf.ones([n + 1, 2]), splits=[1] * n, name=nm)[0],
-                    bad_arg, InvalidArgumentError),
+        "a2a_sum": (lambda nm: hvd.alltoall(tf.ones([n, 2]), splits=[2] + [1] * (n - 1),
+                                            name=nm)[0], bad_arg, InvalidArgumentError),
         "a2a_even": (lambda nm: hvd.alltoall(tf.ones([n + 1, 2]), name=nm)[0], bad_arg,
                      InvalidArgumentError),
     }
@@ -245,8 +246,8 @@ def check_tf_indexed_slices_average_every_dtype_and_mixed_groups():
 
     r, n = hvd.rank(), hvd.size()
     problems = []
-    for dtype in (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
-                  tf.float64):
+    for dtype in (tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16,
+                  tf.bfloat16, tf.float32, tf.float64):
         values = tf.cast(tf.fill([2, 3], 2 * (r + 1)), dtype)
         avg = hvd.allreduce(tf.IndexedSlices(values, tf.constant([r, r]), tf.constant([n, 3])))
         want_dtype = (values / tf.cast(n, dtype)).dtype
@@ -284,14 +285,14 @@ def check_tf_indexed_slices_average_every_dtype_and_mixed_groups():
 
 def check_tf_broadcast_inplace_leaves_the_roots_values():
     """hvd.broadcast_(variables, root) on resource variables (eagerly and in a tf.function)
-    and on TF1 reference variables (in a session), every dtype (bool and float16 too),
+    and on TF1 reference and resource variables (in a session), every dtype (bool and float16 too),
     every root: each rank's variables hold the root's values, and so do the returned
     tensors."""
     import numpy as np
 
     r, n = hvd.rank(), hvd.size()
     dtypes = (tf.bool, tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.uint8, tf.int8,
-              tf.int32, tf.int64)
+              tf.uint16, tf.int16, tf.int32, tf.int64)
 
     def value(q, dtype):
         return tf.cast(tf.constant([q % 2, q + 1, 3 * q + 2]), dtype)
@@ -307,15 +308,19 @@ def check_tf_broadcast_inplace_leaves_the_roots_values():
         with g.as_default():
             refs = [tf.compat.v1.Variable(value(r, d), use_resource=False) for d in dtypes]
             out = hvd.broadcast_(refs, root, name=f"compat.bi.ref.{root}")
+            resources = [tf.compat.v1.Variable(value(r, d), use_resource=True) for d in dtypes]
+            res_out = hvd.broadcast_(resources, root, name=f"compat.bi.res.{root}")
             with tf.compat.v1.Session(graph=g) as session:
                 session.run(tf.compat.v1.global_variables_initializer())
-                ref_out = session.run(out)
-                ref_vals = session.run(refs)
+                ref_out, res_out = session.run([out, res_out])
+                ref_vals, res_vals = session.run([refs, resources])
         for i, d in enumerate(dtypes):
             got = {"eager": eager[i].numpy().tolist(), "returned": returned[i].numpy().tolist(),
                    "tf.function": graph_vars[i].numpy().tolist(),
                    "reference": np.asarray(ref_vals[i]).tolist(),
-                   "reference returned": np.asarray(ref_out[i]).tolist()}
+                   "reference returned": np.asarray(ref_out[i]).tolist(),
+                   "TF1 resource": np.asarray(res_vals[i]).tolist(),
+                   "TF1 resource returned": np.asarray(res_out[i]).tolist()}
             for where, v in got.items():
                 if v != want[d]:
                     problems.append(f"root {root} {d.name} {where}: {v} != {want[d]}")
@@ -327,7 +332,8 @@ def check_tf_broadcast_inplace_leaves_the_roots_values():
 def check_tf_alltoall_takes_splits_of_any_integer_dtype():
     """Horovod's alltoall takes int32 and int64 splits whatever the tensor's dtype; lists,
     numpy arrays and the other integer dtypes work too, eagerly, in a tf.function and in a
-    TF1 session, and the received splits are int32."""
+    TF1 session, and the received splits are int32. As Horovod's, splits may cover fewer
+    rows than the tensor has (the rest are not sent; their gradient is zero)."""
     import numpy as np
 
     r, n = hvd.rank(), hvd.size()
@@ -359,6 +365,24 @@ def check_tf_alltoall_takes_splits_of_any_integer_dtype():
             if out.tolist() != want or received.tolist() != [r + 1] * n \
                     or received.dtype != np.int32:
                 problems.append(f"{kind} {where}: {out.tolist()} {received!r}")
+    # As Horovod's, splits may cover fewer rows than the tensor has: the rest are not sent,
+    # and their gradient is zero.
+    extra = tf.constant(np.concatenate([sent, np.full([2, 2], -1.0, np.float32)]))
+
+    def short(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out, received = hvd.alltoall(x, splits=counts, name="compat.a2a.short")
+            loss = tf.reduce_sum(out) * float(r + 1)
+        return out, received, tape.gradient(loss, x)
+
+    want_grad = [[float(j + 1)] * 2 for j in range(n) for _ in range(j + 1)] + [[0.0] * 2] * 2
+    for where, run in (("eager", short), ("tf.function", tf.function(short))):
+        out, received, grad = (np.asarray(t) for t in run(extra))
+        if out.tolist() != want or received.tolist() != [r + 1] * n \
+                or grad.tolist() != want_grad:
+            problems.append(f"fewer rows than the tensor {where}: {out.tolist()} "
+                            f"{received.tolist()} {grad.tolist()}")
     assert not problems, problems
 
 

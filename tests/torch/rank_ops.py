@@ -460,13 +460,16 @@ def check_grad_broadcast():
 
 
 def check_grad_alltoall():
+    """Two rows more than the splits cover: as Horovod's, they are not sent, and their
+    gradient is zero."""
     r, n = rn()
     splits = [j + 1 for j in range(n)]
-    x = torch.randn(sum(splits), 3, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(sum(splits) + 2, 3, dtype=torch.float64, requires_grad=True)
     y, received = hvd.alltoall(x, splits=splits)
+    assert y.shape == (n * (r + 1), 3) and received.tolist() == [r + 1] * n, (y.shape, received)
     (y * (r + 1)).sum().backward()
     expected = torch.cat([torch.full((j + 1, 3), float(j + 1), dtype=torch.float64)
-                          for j in range(n)])
+                          for j in range(n)] + [torch.zeros(2, 3, dtype=torch.float64)])
     same(x.grad, expected, "alltoall grad")
 
 
@@ -534,7 +537,7 @@ def check_invalid_arguments():
     for bad, words in ((lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), "complex"),
                        (lambda: hvd.allreduce([1, 2]), "torch.Tensor"),
                        (lambda: hvd.alltoall(torch.ones(n + 1)) if n > 1
-                        else hvd.alltoall(torch.ones(2), splits=[1]), "split"),
+                        else hvd.alltoall(torch.ones(2), splits=[3]), "split"),
                        (lambda: hvd.reducescatter(torch.tensor(1.0)), "dimension")):
         try:
             bad()

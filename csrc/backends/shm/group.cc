@@ -12,6 +12,7 @@
 #include <climits>
 #include <sstream>
 
+#include "common/spin.h"
 #include "common/types.h"
 
 namespace spark_hvd {
@@ -20,20 +21,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Spinning this long catches a peer that is in step without a system call; beyond it
-// the waiter sleeps, so no core burns while a peer computes.
+// Spinning this long (common/spin.h) catches a peer that is in step without a system
+// call; beyond it the waiter sleeps, so no core burns while a peer computes.
 constexpr double kSpinUs = 30.0;
 // A sleeping waiter wakes this often to check its peers' sockets (a lost peer is
 // reported within this, well inside the second the tests allow).
 constexpr double kLiveCheckS = 0.05;
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 double Since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -136,10 +129,7 @@ Status Group::Wait(Counter c, uint64_t round, const char* what, int peer) {
   };
   if (Reached(c, round, peer)) return done();
   const auto start = Clock::now();
-  while (Since(start) * 1e6 < kSpinUs) {
-    for (int i = 0; i < 64; ++i) CpuRelax();
-    if (Reached(c, round, peer)) return done();
-  }
+  if (SpinUntil([&] { return Reached(c, round, peer); }, kSpinUs)) return done();
   Header* me = maps_[static_cast<size_t>(rank_)].header();
   auto checked = start;
   while (true) {

@@ -10,7 +10,7 @@
 //               before it is visible with it) and rings the bell of every peer that
 //               sleeps (FUTEX_WAKE on a word of the peer's segment).
 //   Wait(c, g)  returns once the peers' counters c reached g: it spins for up to
-//               kSpinUs (a peer in step arrives within microseconds), then sleeps on
+//               kSpinUs (common/spin.h; a peer in step arrives within microseconds), then sleeps on
 //               this rank's bell (FUTEX_WAIT), waking at least every kLiveCheckS to
 //               check that every peer's socket is still open.
 // A sleeper sets `sleeping` before reading its bell and the counters; a poster stores
