@@ -1,15 +1,16 @@
-// SpinUntil: a bounded busy wait, for the waits of a small op (a peer's round on shm,
-// the engine's next request, the caller's completion), whose answer often comes within
-// microseconds when the other side is on a core: a thread that sleeps on a futex pays a
-// wake-up instead, which on a loaded machine is a wait for a time slice.
+// SpinUntil: a bounded busy wait, for shm's rounds (backends/shm/group.h), where a peer
+// in step answers within microseconds: a thread that sleeps on a futex pays a wake-up
+// instead, which on a loaded machine is a wait for a time slice.
 //
 // It polls with the CPU's pause instruction and never yields: giving the core away
 // (sched_yield) between polls was measured worse on the shared 2-core machine (load 8,
 // 4 B allreduce: 150 us of yielding spins, median 395-1416 us per op, against 317-751 us
-// with none), as the yielder waits behind every other runnable thread to come back. So
-// every spin is short (tens of microseconds, bounded by its caller); beyond it the caller
-// blocks, and a machine with more runnable threads than cores (4 ranks on 2 cores) loses
-// at most that per wait.
+// with none). Spinning is no help anywhere on such a machine: 20 us pause spins in the
+// engine thread (polling for the next request) and in the caller (polling for its
+// completion) made a 4 B allreduce slower too (2 ranks: 263 against 183 us; 4 ranks on 2
+// cores: 2777-3093 against 1754-2154 us), as a spinner that is preempted mid-spin comes
+// back later than a sleeper the kernel wakes. So the engine and the caller block at once,
+// and every spin is short and bounded by its caller.
 #pragma once
 
 #include <chrono>

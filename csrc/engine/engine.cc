@@ -9,14 +9,10 @@
 #include "backends/host_adasum.h"
 #include "common/env.h"
 #include "common/logging.h"
-#include "common/spin.h"
 #include "engine/executor.h"
 
 namespace spark_hvd {
 namespace {
-
-// How long the engine polls for the next request after a busy cycle (common/spin.h).
-constexpr double kEngineSpinUs = 20.0;
 
 // A group comes whole, in one enqueue: the controller relies on every rank's
 // members reaching it in the same cycle (groups.h).
@@ -226,17 +222,6 @@ void Engine::Loop(std::promise<Status>* ready) {
     wait = cr.idle ? std::min(wait * 2, idle_cap) : cycle;
     const bool negotiating = controller_->HasPending();
     negotiating_ = negotiating;
-    // After a cycle that did work, the next request is often right behind (a caller
-    // that waited for this one): poll for it a moment before sleeping, bounded
-    // (common/spin.h). spinning_ (sequentially consistent, as the queue's flag) tells
-    // Enqueue that no wake-up is needed: either it sees spinning_ cleared, and
-    // notifies, or the poll below sees its request.
-    if (!negotiating && !cr.idle) {
-      spinning_.store(true);
-      SpinUntil([this] { return queue_.HasNew() || shutdown_requested_.load(); },
-                kEngineSpinUs);
-      spinning_.store(false);
-    }
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_until(lock, start + wait, [this, negotiating] {
       return shutdown_requested_.load() || (!negotiating && queue_.HasNew());
@@ -410,7 +395,7 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
     queue_.Add(std::move(entries));
   }
-  if (!negotiating_.load() && !spinning_.load()) cv_.notify_one();
+  if (!negotiating_.load()) cv_.notify_one();
   return states;
 }
 

@@ -91,9 +91,6 @@ class Engine {
   // This rank has tensors in negotiation: an enqueue then waits for the next
   // cycle (batching with others) instead of starting one at once.
   std::atomic<bool> negotiating_{false};
-  // The engine thread polls the queue (common/spin.h) instead of sleeping: an enqueue
-  // then needs no wake-up.
-  std::atomic<bool> spinning_{false};
 
   Completions completions_;
   TensorQueue queue_;
