@@ -82,6 +82,15 @@ class PendingWork {
   // buffers. After a failure or an abort the ops fail at once, but copies queued behind
   // the collective may still run; until this is true their buffers are kept.
   virtual bool Quiesced() { return true; }
+  // Called once the work has waited a second (or half SPARK_HVD_TIMEOUT_S): a backend
+  // whose peers can see it says so there (NCCL: its WaitMarks key). The slow path only.
+  virtual void NoteWaiting() {}
+  // At SPARK_HVD_TIMEOUT_S: who holds the work up, as far as this rank can tell ("" when
+  // it cannot), *ranks the job ranks it names.
+  virtual std::string WhoIsMissing(std::vector<int32_t>* ranks) {
+    (void)ranks;
+    return "";
+  }
 };
 
 class Communicator {

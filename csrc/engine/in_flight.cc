@@ -151,13 +151,23 @@ void InFlight::Loop() {
     Item& item = items_.front();
     Status status;
     bool done = item.work->Poll(&status);
-    if (!done && NowMicros() - item.started_us > env::TimeoutS() * 1e6) {
+    const double timeout_s = env::TimeoutS();
+    const int64_t waited_us = NowMicros() - item.started_us;
+    if (!done && !item.noted && waited_us > std::min(1.0, timeout_s / 2) * 1e6) {
+      item.noted = true;  // slow path: the peers may want to know who waits
+      item.work->NoteWaiting();
+    }
+    if (!done && waited_us > timeout_s * 1e6) {
       done = true;
-      status = Status::Timeout("a GPU collective (" + Describe(item) +
-                               ") did not finish within SPARK_HVD_TIMEOUT_S=" +
-                               FormatSeconds(env::TimeoutS()) +
-                               " s; its communicator was aborted (a peer, or this rank's GPU, "
-                               "may be stuck)");
+      std::vector<int32_t> ranks;
+      std::string who = item.work->WhoIsMissing(&ranks);
+      if (who.empty()) who = "a peer, or this rank's GPU, may be stuck";
+      status = Status(StatusCode::kTimeout,
+                      "a GPU collective (" + Describe(item) +
+                          ") did not finish within SPARK_HVD_TIMEOUT_S=" +
+                          FormatSeconds(timeout_s) + " s: " + who +
+                          "; its communicator was aborted",
+                      ranks);
     }
     if (!done) {
       cv_.wait_for(lock, pause, [this] { return stop_; });
@@ -191,7 +201,11 @@ void InFlight::AbortAll(const Status& why) {
   items_.clear();
   for (auto& item : items) {
     item.work->Abort();
-    Finish(item, why);
+    // The op's error says which of its collectives was cut short, whatever the reason.
+    Finish(item, Status(why.code(),
+                        why.message() + " (the GPU collective " + Describe(item) +
+                            " was in flight and was aborted)",
+                        why.ranks()));
   }
   cv_.notify_all();
 }

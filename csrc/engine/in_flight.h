@@ -2,7 +2,9 @@
 // thread of its own (`shvd_inflight`) polls them without blocking the engine,
 // completes each op when its work is done and only then releases its entry (and
 // the buffers its owner keeps alive). Work older than SPARK_HVD_TIMEOUT_S, or that
-// reports a failure, aborts its communicator and fails its ops; the first such
+// reports a failure, aborts its communicator and fails its ops (a timeout names them and
+// the peers the backend knows never reached the work: PendingWork::NoteWaiting after a
+// second, WhoIsMissing at the timeout); the first such
 // failure is the engine's reason to stop. A failed item's buffers (the caller's
 // tensors among them) are kept until its queued work can no longer touch them
 // (PendingWork::Quiesced), or, if that never comes within SPARK_HVD_TIMEOUT_S, never
@@ -37,7 +39,8 @@ class InFlight {
   Status failure();
   // Waits for everything in flight (up to timeout_s, then aborts the rest).
   void Drain(double timeout_s);
-  // Aborts everything in flight and fails its ops with `why`.
+  // Aborts everything in flight and fails its ops with `why` (its code and ranks; the
+  // message says which collective was aborted).
   void AbortAll(const Status& why);
 
  private:
@@ -45,6 +48,7 @@ class InFlight {
     std::unique_ptr<PendingWork> work;
     std::vector<std::unique_ptr<TensorEntry>> entries;
     int64_t started_us;  // NowMicros(); for a draining item, when it failed
+    bool noted = false;  // PendingWork::NoteWaiting was called
   };
   void Loop();
   // Completes the item's ops with `status`; a failed item then drains (draining_).

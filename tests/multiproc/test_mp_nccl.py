@@ -413,14 +413,15 @@ os._exit(0)
 
 # Rank 2 freezes (SIGSTOP, through the fake's SHVD_FAKE_NCCL_STOP_AT_CALL) as it makes its
 # 3rd NCCL call, after negotiating the op: alive, connected, silent. Ranks 0 and 1 make
-# that call, which waits for the missing peer (SHVD_FAKE_NCCL_HANG_CALL: as NCCL connecting
-# to a peer that never comes; on a blocking communicator it would never return).
+# that call. "in_call": it waits for the missing peer (SHVD_FAKE_NCCL_HANG_CALL: as NCCL
+# connecting to a peer that never comes; on a blocking communicator it would never
+# return). "on_stream": it is queued, and their GPU streams wait for rank 2's part.
 SILENT_PEER_SCRIPT = r"""
 import os
 os.environ["SPARK_HVD_TIMEOUT_S"] = "3"
 if os.environ["SPARK_HVD_RANK"] == "2":
     os.environ["SHVD_FAKE_NCCL_STOP_AT_CALL"] = "3"
-else:
+elif os.environ["SHVD_TEST_WAIT"] == "in_call":
     os.environ["SHVD_FAKE_NCCL_HANG_CALL"] = "3"
 """ + PRELUDE + r"""
 for i in range(2):  # the 1st and 2nd NCCL calls
@@ -431,15 +432,18 @@ hvd.barrier()
 """ + FROZEN_RANK_2_TAIL
 
 
-def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path):
+@pytest.mark.parametrize("wait", ["in_call", "on_stream"])
+def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path, wait):
     """A peer that negotiated a GPU op and then never makes its NCCL call (frozen) leaves
-    the others' call waiting for it: the communicator is non-blocking, so the call
+    the others waiting for it. in_call: the communicator is non-blocking, so the call
     returns ncclInProgress and the engine thread polls it; at SPARK_HVD_TIMEOUT_S (3 s)
-    each waiting rank aborts its communicator (from that thread: no overlapping call)
-    and raises CollectiveTimeoutError naming the silent rank 2 alone (rank 1 waited in
-    the call too, and said so in the store), then shuts down cleanly. On a blocking
-    communicator the call never returns and the job hangs."""
-    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    each waiting rank aborts its communicator (from that thread: no overlapping call).
+    On a blocking communicator the call never returns and the job hangs. on_stream: the
+    call was queued and the GPU stream waits; InFlight's timeout aborts it. Either way
+    each waiting rank raises CollectiveTimeoutError naming the op and the silent rank 2
+    alone (rank 1 waited too, and said so in the store), then shuts down cleanly."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)),
+               SHVD_TEST_WAIT=wait)
     with script_job(3, SILENT_PEER_SCRIPT, tmp_path, env, DEADLINE_S + 40) as (codes, logs):
         assert codes[2] == -signal.SIGKILL, (codes, logs[-4000:])
         assert list(codes[:2]) == [0, 0], (codes, logs[-4000:])
@@ -449,8 +453,14 @@ def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path)
         print(f"rank {r}: {res}")
         assert res["error"] == "CollectiveTimeoutError", (res, logs[-4000:])
         assert res["ranks"] == [2], res
-        assert "rank(s) 2 never reached it" in res["message"], res
-        assert "SPARK_HVD_TIMEOUT_S=3 s" in res["message"], res
+        if wait == "in_call":
+            assert "ncclAllReduce on rank" in res["message"], res
+            assert "rank(s) 2 never reached it" in res["message"], res
+        else:  # InFlight's timeout, or the control plane's (it waits for rank 2 too) if
+            # that one fires first: either way the op is named, rank 2 too
+            assert "allreduce 'frozen.grad'" in res["message"], res
+            assert "rank(s) 2 " in res["message"], res
+        assert "SPARK_HVD_TIMEOUT_S" in res["message"], res
         assert 3 <= res["after_s"] < 3 + DEADLINE_S, res
         assert res["shutdown_s"] < DEADLINE_S, res
 

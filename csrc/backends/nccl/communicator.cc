@@ -16,9 +16,10 @@ namespace {
 class Work : public PendingWork {
  public:
   Work(const cuda::CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device,
-       cuda::PooledEvent event, std::vector<std::vector<uint8_t>> keep)
+       cuda::PooledEvent event, std::vector<std::vector<uint8_t>> keep, const WaitMarks& marks,
+       uint64_t call)
       : cuda_(cuda), comm_(std::move(comm)), device_(device), event_(std::move(event)),
-        keep_(std::move(keep)) {}
+        keep_(std::move(keep)), marks_(marks), call_(std::to_string(call)) {}
 
   bool Poll(Status* status) override {
     const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_.get());
@@ -48,6 +49,20 @@ class Work : public PendingWork {
   bool Quiesced() override {
     return cuda::QueryOnDevice(cuda_, device_, event_.get()) != cudaErrorNotReady;
   }
+  // The op's last NCCL call (numbered as Settle numbers it) is the one its peers queued
+  // too when they wait for it on their streams.
+  void NoteWaiting() override {
+    marks_.Note(call_, "rank " + std::to_string(marks_.members[marks_.self]) +
+                           " waiting for its GPU collective");
+  }
+  std::string WhoIsMissing(std::vector<int32_t>* ranks) override {
+    return "rank " + std::to_string(marks_.members[marks_.self]) + " queued it, and " +
+           marks_.WhoIsMissing(call_,
+                               "every other member queued it too and waits for it (a GPU of "
+                               "one of them is stuck, or the network between them: "
+                               "NCCL_DEBUG=WARN)",
+                               ranks);
+  }
 
  private:
   const cuda::CudaApi* cuda_;
@@ -55,6 +70,8 @@ class Work : public PendingWork {
   int32_t device_;
   cuda::PooledEvent event_;  // behind the op's work
   std::vector<std::vector<uint8_t>> keep_;  // host memory queued copies read or write
+  WaitMarks marks_;
+  std::string call_;  // the number of the op's last NCCL call
 };
 
 }  // namespace
@@ -66,7 +83,12 @@ NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<in
       set_id_(set_id),
       rank_(MemberRank(members_, options.rank)),
       cuda_(cuda),
-      nccl_(nccl) {}
+      nccl_(nccl) {
+  marks_.store = options_.store;
+  marks_.prefix = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/waiting/";
+  marks_.members = members_;
+  marks_.self = rank_;
+}
 
 NcclCommunicator::~NcclCommunicator() {
   // No wait here: the stream's resources go once its work is done (work in flight holds
@@ -186,7 +208,8 @@ std::unique_ptr<PendingWork> NcclCommunicator::TakePending() {
     keep_.clear();
     return nullptr;
   }
-  return std::make_unique<Work>(cuda_, comm_, device_, std::move(done), std::move(keep_));
+  return std::make_unique<Work>(cuda_, comm_, device_, std::move(done), std::move(keep_), marks_,
+                                calls_made_);
 }
 
 Status NcclCommunicator::Allocate(int64_t bytes, Buffer* out) {

@@ -27,7 +27,9 @@
 #include "backends/communicator.h"
 #include "backends/cuda/loader.h"
 #include "backends/cuda/memory_pool.h"
+#include "backends/nccl/wait_marks.h"
 #include "backends/nccl/comm_handle.h"
+#include "backends/nccl/wait_marks.h"
 
 namespace spark_hvd {
 namespace nccl {
@@ -69,16 +71,8 @@ class NcclCommunicator : public Communicator {
   Status NcclCheck(ncclResult_t err, const char* what) const;
   // settle.cc: waits (polling, `mu` held) until the non-blocking communicator's last call
   // is no longer in progress; within SPARK_HVD_TIMEOUT_S, else asks the abort (CommHandle
-  // 5) and says which members never reached this call (WaitingKey).
+  // 5) and says which members never reached this call (marks_).
   Status Settle(const char* what) const;
-  // The store key where member `member` (of this communicator) says it waits in `call`
-  // (the call's number, or "init" for ncclCommInitRank), written by a call or an init in
-  // progress for a second (or half its timeout).
-  std::string WaitingKey(const std::string& call, int member) const;
-  std::vector<int32_t> SilentMembers(const std::string& call) const;  // job ranks, no key
-  // "rank(s) R never reached it (...)", or what else explains the wait when every other
-  // member wrote its key (or none can be read); `silent` gets the ranks named.
-  std::string WhoIsMissing(const std::string& call, std::vector<int32_t>* silent) const;
 
   // Runs `calls` (NCCL calls on the communicator, and their checks) through
   // CommHandle::Call (one thread at a time), unless an abort was asked: PeerLost then.
@@ -112,6 +106,7 @@ class NcclCommunicator : public Communicator {
   cudaStream_t user_stream_ = nullptr;
   bool queued_ = false;                     // work queued since the last TakePending
   uint64_t calls_made_ = 0;                 // OnComm calls, the same sequence on every member
+  WaitMarks marks_;                         // who waits in which call (wait_marks.h)
   std::vector<std::vector<uint8_t>> keep_;  // host memory the queued copies read
 };
 

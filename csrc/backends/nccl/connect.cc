@@ -55,7 +55,7 @@ Status NcclCommunicator::Connect(int32_t device) {
 // watches: a member the rendezvous service reports lost, or the start deadline
 // (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang. After a
 // second (or half the deadline) of waiting, this rank writes the store key saying it waits
-// in the init (WaitingKey "init"), once; at the deadline the members that wrote none
+// in the init (WaitMarks, call "init"), once; at the deadline the members that wrote none
 // (never reached their first GPU op, or frozen in it) are named in the Timeout. The
 // abandoned init thread keeps what it uses alive and exits with the process, or, if
 // its init still completes, aborts that communicator (nobody will use it, and
@@ -119,15 +119,9 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
   bool marked = false;
   std::unique_lock<std::mutex> lock(init->mu);
   while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
-    if (!marked && Clock::now() >= mark_at && options_.store) {
+    if (!marked && Clock::now() >= mark_at) {
       marked = true;
-      try {
-        options_.store->Set(WaitingKey("init", rank_), "1");
-      } catch (const std::exception& e) {
-        SHVD_LOG(kWarning, "nccl") << "ncclCommInitRank on rank " << options_.rank
-                                   << " could not note its wait in the rendezvous store: "
-                                   << e.what();
-      }
+      marks_.Note("init", "ncclCommInitRank on rank " + std::to_string(options_.rank));
     }
     const std::vector<int32_t> lost = MembersLost();
     if (!lost.empty()) {
@@ -141,7 +135,9 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
       init->abandoned = true;
       lock.unlock();  // the store lookups take a while; the init thread may finish meanwhile
       std::vector<int32_t> silent;
-      const std::string who = WhoIsMissing("init", &silent);
+      const std::string who = marks_.WhoIsMissing(
+          "init",
+          kAllWaitInTheCall, &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,

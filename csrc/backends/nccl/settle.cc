@@ -8,7 +8,7 @@
 //    ends the wait: Call performs it as the calls return.
 // 3. Lost members (the rendezvous service, every 100 ms) end it as PeerLost.
 // 4. After a second (or half of SPARK_HVD_TIMEOUT_S, if less) this rank writes, once,
-//    that it waits in call number N (WaitingKey): the slow path only, no store traffic
+//    that it waits in call number N (WaitMarks): the slow path only, no store traffic
 //    in steady state.
 // 5. At SPARK_HVD_TIMEOUT_S the wait ends as a Timeout that names the members which
 //    wrote no such key (those that never reached the call: stuck before it, in their own
@@ -25,36 +25,6 @@
 
 namespace spark_hvd {
 namespace nccl {
-
-std::string NcclCommunicator::WaitingKey(const std::string& call, int member) const {
-  return options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/waiting/" + call +
-         "/" + std::to_string(member);
-}
-
-std::vector<int32_t> NcclCommunicator::SilentMembers(const std::string& call) const {
-  std::vector<int32_t> silent;
-  for (int m = 0; m < size(); ++m) {
-    if (m == rank_) continue;
-    try {
-      options_.store->Get(WaitingKey(call, m), 0.05);
-    } catch (const std::exception&) {  // no key (or no answer): no sign of it
-      silent.push_back(members_[m]);
-    }
-  }
-  return silent;
-}
-
-std::string NcclCommunicator::WhoIsMissing(const std::string& call,
-                                           std::vector<int32_t>* silent) const {
-  if (!options_.store) return "which peer is missing cannot be told here (no rendezvous store)";
-  *silent = SilentMembers(call);
-  if (silent->empty()) {
-    return "every other member waits in it too (check the network between them: "
-           "NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN)";
-  }
-  return "rank(s) " + JoinRanks(*silent) + " never reached it (stuck before it, in their "
-         "own work or on their GPU)";
-}
 
 Status NcclCommunicator::Settle(const char* what) const {
   using Clock = std::chrono::steady_clock;
@@ -82,12 +52,7 @@ Status NcclCommunicator::Settle(const char* what) const {
     const auto now = Clock::now();
     if (!marked && now >= mark_at && options_.store) {  // (4)
       marked = true;
-      try {
-        options_.store->Set(WaitingKey(std::to_string(calls_made_), rank_), "1");
-      } catch (const std::exception& e) {
-        SHVD_LOG(kWarning, "nccl") << where << " could not note its wait in the rendezvous "
-                                   << "store: " << e.what();
-      }
+      marks_.Note(std::to_string(calls_made_), where);
     }
     if (now >= next_lost_check) {  // (3)
       next_lost_check = now + std::chrono::milliseconds(100);
@@ -101,7 +66,9 @@ Status NcclCommunicator::Settle(const char* what) const {
     }
     if (now > deadline) {  // (5)
       std::vector<int32_t> silent;
-      const std::string who = WhoIsMissing(std::to_string(calls_made_), &silent);
+      const std::string who = marks_.WhoIsMissing(
+          std::to_string(calls_made_),
+          kAllWaitInTheCall, &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,
