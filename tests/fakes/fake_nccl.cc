@@ -76,6 +76,8 @@
 //   returns ncclInProgress, and ncclCommGetAsyncError says ncclInProgress, until abort.
 //   SHVD_FAKE_NCCL_STOP_AT_CALL=<n>: the process stops (SIGSTOP) as it makes its n-th
 //   call (accepted or not): a rank frozen before its collective, silent but alive.
+//   SHVD_FAKE_NCCL_STOP_AT_INIT=<n>: the same as it enters its n-th ncclCommInitRank
+//   (or ...Config): a rank frozen at its first GPU op, before it joins the communicator.
 //   SHVD_FAKE_NCCL_STUCK_CALL_MS=<ms> makes each
 //   call on a communicator that has an async error block that long before returning it
 //   (as a real call stuck on a broken connection).
@@ -309,6 +311,9 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  static std::atomic<unsigned long long> inits{0};
+  static const unsigned long long stop_at = EnvCount("SHVD_FAKE_NCCL_STOP_AT_INIT");
+  if (++inits == stop_at) ::raise(SIGSTOP);
   if (!comm) return Fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks) {
     return Fail(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) +

@@ -390,6 +390,27 @@ def test_an_nccl_failure_of_this_rank_is_internal_and_no_abort_overlaps_a_call(g
         assert internal[0]["after_s"] >= 6.5, res  # the stuck call's own error, after it
 
 
+# The end of the scripts where rank 2 freezes: a GPU allreduce that ranks 0 and 1 report
+# (result<me>, with after_s and shutdown_s) before shutting down; rank 0 then kills rank 2.
+FROZEN_RANK_2_TAIL = r"""
+x = g.DeviceArray(np.ones(64, np.float32))
+started = time.time()
+h = _ops.submit(OpType.ALLREDUCE, "frozen.grad", numpy_code(np.float32), (64,), x.ptr, x.ptr, x,
+                lambda r: None, reduce_op=hvd.Sum, device=g.device())
+report(h)  # rank 2 never gets here
+res = json.loads(open(os.path.join(out, f"result{me}")).read())
+res["after_s"] = res["at"] - started
+t = time.time()
+hvd.shutdown()
+res["shutdown_s"] = time.time() - t
+with open(os.path.join(out, f"result{me}"), "w") as f:
+    json.dump(res, f)
+if me == 0:
+    os.kill(int(open(os.path.join(out, "pid2")).read()), signal.SIGKILL)
+os._exit(0)
+"""
+
+
 # Rank 2 freezes (SIGSTOP, through the fake's SHVD_FAKE_NCCL_STOP_AT_CALL) as it makes its
 # 3rd NCCL call, after negotiating the op: alive, connected, silent. Ranks 0 and 1 make
 # that call, which waits for the missing peer (SHVD_FAKE_NCCL_HANG_CALL: as NCCL connecting
@@ -407,22 +428,7 @@ for i in range(2):  # the 1st and 2nd NCCL calls
 with open(os.path.join(out, f"pid{me}"), "w") as f:
     f.write(str(os.getpid()))
 hvd.barrier()
-x = g.DeviceArray(np.ones(64, np.float32))
-started = time.time()
-h = _ops.submit(OpType.ALLREDUCE, "silent.grad", numpy_code(np.float32), (64,), x.ptr, x.ptr, x,
-                lambda r: None, reduce_op=hvd.Sum, device=g.device())
-report(h)  # rank 2 never gets here
-res = json.loads(open(os.path.join(out, f"result{me}")).read())
-res["after_s"] = res["at"] - started
-t = time.time()
-hvd.shutdown()
-res["shutdown_s"] = time.time() - t
-with open(os.path.join(out, f"result{me}"), "w") as f:
-    json.dump(res, f)
-if me == 0:
-    os.kill(int(open(os.path.join(out, "pid2")).read()), signal.SIGKILL)
-os._exit(0)
-"""
+""" + FROZEN_RANK_2_TAIL
 
 
 def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path):
@@ -446,6 +452,41 @@ def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path)
         assert "rank(s) 2 never reached it" in res["message"], res
         assert "SPARK_HVD_TIMEOUT_S=3 s" in res["message"], res
         assert 3 <= res["after_s"] < 3 + DEADLINE_S, res
+        assert res["shutdown_s"] < DEADLINE_S, res
+
+
+# Rank 2 freezes (SIGSTOP, through the fake's SHVD_FAKE_NCCL_STOP_AT_INIT) as it enters
+# ncclCommInitRank at its first GPU op, after negotiating it: ranks 0 and 1 wait in their
+# init for it until SPARK_HVD_START_TIMEOUT_S.
+FROZEN_INIT_SCRIPT = r"""
+import os
+os.environ["SPARK_HVD_START_TIMEOUT_S"] = "5"
+if os.environ["SPARK_HVD_RANK"] == "2":
+    os.environ["SHVD_FAKE_NCCL_STOP_AT_INIT"] = "1"
+""" + PRELUDE + r"""
+with open(os.path.join(out, f"pid{me}"), "w") as f:
+    f.write(str(os.getpid()))
+""" + FROZEN_RANK_2_TAIL
+
+
+def test_a_rank_frozen_at_nccl_init_is_named_in_the_timeout(gpu_env, tmp_path):
+    """A peer that negotiated its first GPU op and froze entering ncclCommInitRank leaves
+    the others' init waiting for it: at SPARK_HVD_START_TIMEOUT_S (5 s) each waiting rank
+    gives up and raises CollectiveTimeoutError naming rank 2 alone (rank 1 waited in the
+    init too, and said so in the store), in .ranks and in the message, then shuts down."""
+    env = dict(gpu_env, SHVD_TESTS_MULTIPROC=os.path.dirname(os.path.abspath(__file__)))
+    with script_job(3, FROZEN_INIT_SCRIPT, tmp_path, env, DEADLINE_S + 40) as (codes, logs):
+        assert codes[2] == -signal.SIGKILL, (codes, logs[-4000:])
+        assert list(codes[:2]) == [0, 0], (codes, logs[-4000:])
+    for r in (0, 1):
+        res = json.loads((tmp_path / f"result{r}").read_text())
+        print(f"rank {r}: {res}")
+        assert res["error"] == "CollectiveTimeoutError", (res, logs[-4000:])
+        assert res["ranks"] == [2], res
+        assert "ncclCommInitRank" in res["message"], res
+        assert "rank(s) 2 never reached it" in res["message"], res
+        assert "SPARK_HVD_START_TIMEOUT_S=5 s" in res["message"], res
+        assert 5 <= res["after_s"] < 5 + DEADLINE_S, res
         assert res["shutdown_s"] < DEADLINE_S, res
 
 

@@ -233,6 +233,15 @@ def _vectors(spark, sizes, nulls=()):
     return spark.createDataFrame(rows, ["id", "features", "label"]).repartition(2)
 
 
+def _nan_at(element):
+    """The features Vector of row 3 with NaN at ``element`` (as a Vector again)."""
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.sql import functions as F
+    return array_to_vector(F.transform(
+        vector_to_array("features"), lambda x, i: F.when((i == element) & (F.col("id") == 3),
+                                                         F.lit(float("nan"))).otherwise(x)))
+
+
 _RAGGED = (lambda s: _vectors(s, [4] * 10 + [5] + [4] * 9),
            r"^column 'features' has a row of length 5, expected 4 \(the length of the first "
            r"row\)")
@@ -252,12 +261,25 @@ _NULL_INSIDE = (lambda s: s.createDataFrame([(i, [float(i), None if i == 6 else 
      r"^column 'features' has a row with an array of length 1 at depth 2, expected 2 ", "spark"),
     _NULL_INSIDE + ("spark",),
     _NULL_INSIDE + ("arrow",),
+    (lambda s: s.createDataFrame([(float("-inf") if i == 5 else float(i), [1.0, 2.0])
+                                  for i in range(8)], "id double, features array<double>"),
+     r"^column 'id' has the non-finite value -Infinity in a row of partition \d+ of the "
+     r"DataFrame \(as Spark numbers them\); training on them gives a NaN loss\. .*"
+     r"allow_nonfinite=True", "spark"),
+    (lambda s: _vectors(s, [4] * 6).withColumn("features", _nan_at(2)),
+     r"^column 'features' has the non-finite value NaN at element 2 in a row of partition",
+     "arrow"),
+    (lambda s: s.createDataFrame([(i, [[1.0, 2.0], [3.0, float("inf") if i == 3 else 4.0]])
+                                  for i in range(8)], "id long, features array<array<float>>"),
+     r"^column 'features' has the non-finite value Infinity at element \(in row-major order\) "
+     r"3 in a row of partition", "spark"),
 ], ids=["ragged-spark", "ragged-arrow", "null-vector", "ragged-nested", "null-inside-spark",
-        "null-inside-arrow"])
+        "null-inside-arrow", "inf-label", "nan-vector", "inf-nested"])
 def test_ragged_rows_and_nulls_fail_the_write_naming_the_column(spark_local, store, writes,
                                                                  make, message, writer):
     """Caught while materializing, not by a rank seconds into training: the error names the
-    column, the row's length and the expected one; nothing is left in the store."""
+    column, the row's length and the expected one, or the non-finite value (a float label,
+    a Vector's element, a nested array's) and where it is; nothing is left in the store."""
     with pytest.raises(InvalidArgumentError, match=message) as err:
         prepare_data(make(spark_local), store, ["features"], ["id"], writer=writer)
     assert "Py4J" not in str(err.value) and "at org.apache" not in str(err.value)

@@ -71,10 +71,14 @@ class NcclCommunicator : public Communicator {
   // is no longer in progress; within SPARK_HVD_TIMEOUT_S, else asks the abort (CommHandle
   // 5) and says which members never reached this call (WaitingKey).
   Status Settle(const char* what) const;
-  // The store key where member `member` (of this communicator) says it waits in call
-  // number `call`, written by a call in progress for a second (or half the timeout).
-  std::string WaitingKey(uint64_t call, int member) const;
-  std::vector<int32_t> SilentMembers(uint64_t call) const;  // job ranks that wrote no key
+  // The store key where member `member` (of this communicator) says it waits in `call`
+  // (the call's number, or "init" for ncclCommInitRank), written by a call or an init in
+  // progress for a second (or half its timeout).
+  std::string WaitingKey(const std::string& call, int member) const;
+  std::vector<int32_t> SilentMembers(const std::string& call) const;  // job ranks, no key
+  // "rank(s) R never reached it (...)", or what else explains the wait when every other
+  // member wrote its key (or none can be read); `silent` gets the ranks named.
+  std::string WhoIsMissing(const std::string& call, std::vector<int32_t>* silent) const;
 
   // Runs `calls` (NCCL calls on the communicator, and their checks) through
   // CommHandle::Call (one thread at a time), unless an abort was asked: PeerLost then.

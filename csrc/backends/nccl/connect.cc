@@ -1,7 +1,9 @@
 // NcclCommunicator's set-up (communicator.h): the NCCL communicator among the members,
 // made at their first GPU op, with rank 0's unique id passed through the rendezvous store.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <sstream>
 #include <thread>
 
 #include "backends/nccl/communicator.h"
@@ -51,7 +53,10 @@ Status NcclCommunicator::Connect(int32_t device) {
 // makes a non-blocking communicator, polls its init and aborts it when the waiter gave
 // up, then exits; an older NCCL's init may keep its thread) while this one
 // watches: a member the rendezvous service reports lost, or the start deadline
-// (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang; the
+// (SPARK_HVD_START_TIMEOUT_S), ends the wait with an error instead of a hang. After a
+// second (or half the deadline) of waiting, this rank writes the store key saying it waits
+// in the init (WaitingKey "init"), once; at the deadline the members that wrote none
+// (never reached their first GPU op, or frozen in it) are named in the Timeout. The
 // abandoned init thread keeps what it uses alive and exits with the process, or, if
 // its init still completes, aborts that communicator (nobody will use it, and
 // destroying it would wait for the other local ranks).
@@ -104,10 +109,26 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
     init->done = true;
     init->cv.notify_all();
   }).detach();
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(options_.connect_timeout_s);
+  using Clock = std::chrono::steady_clock;
+  const double timeout_s = options_.connect_timeout_s;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(timeout_s));
+  const auto mark_at = start + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(std::min(1.0, timeout_s / 2)));
+  bool marked = false;
   std::unique_lock<std::mutex> lock(init->mu);
   while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
+    if (!marked && Clock::now() >= mark_at && options_.store) {
+      marked = true;
+      try {
+        options_.store->Set(WaitingKey("init", rank_), "1");
+      } catch (const std::exception& e) {
+        SHVD_LOG(kWarning, "nccl") << "ncclCommInitRank on rank " << options_.rank
+                                   << " could not note its wait in the rendezvous store: "
+                                   << e.what();
+      }
+    }
     const std::vector<int32_t> lost = MembersLost();
     if (!lost.empty()) {
       init->abandoned = true;
@@ -116,12 +137,20 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
                                   JoinRanks(lost),
                               lost);
     }
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (Clock::now() > deadline) {
       init->abandoned = true;
-      return Status::Timeout("ncclCommInitRank on rank " + std::to_string(options_.rank) +
-                             " waited " + std::to_string(options_.connect_timeout_s) +
-                             " s (SPARK_HVD_START_TIMEOUT_S) for the other ranks of the GPU "
-                             "communicator; one failed before its first GPU op or is stuck");
+      lock.unlock();  // the store lookups take a while; the init thread may finish meanwhile
+      std::vector<int32_t> silent;
+      const std::string who = WhoIsMissing("init", &silent);
+      std::ostringstream secs;
+      secs << timeout_s;
+      Status s(StatusCode::kTimeout,
+               "ncclCommInitRank on rank " + std::to_string(options_.rank) + " (process set " +
+                   std::to_string(set_id_) + ") waited SPARK_HVD_START_TIMEOUT_S=" + secs.str() +
+                   " s for the other ranks of the GPU communicator: " + who,
+               silent);
+      SHVD_LOG(kWarning, "nccl") << s.message();
+      return s;
     }
   }
   return NcclCheck(init->result, "ncclCommInitRank");

@@ -26,12 +26,12 @@
 namespace spark_hvd {
 namespace nccl {
 
-std::string NcclCommunicator::WaitingKey(uint64_t call, int member) const {
-  return options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/waiting/" +
-         std::to_string(call) + "/" + std::to_string(member);
+std::string NcclCommunicator::WaitingKey(const std::string& call, int member) const {
+  return options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/waiting/" + call +
+         "/" + std::to_string(member);
 }
 
-std::vector<int32_t> NcclCommunicator::SilentMembers(uint64_t call) const {
+std::vector<int32_t> NcclCommunicator::SilentMembers(const std::string& call) const {
   std::vector<int32_t> silent;
   for (int m = 0; m < size(); ++m) {
     if (m == rank_) continue;
@@ -42,6 +42,18 @@ std::vector<int32_t> NcclCommunicator::SilentMembers(uint64_t call) const {
     }
   }
   return silent;
+}
+
+std::string NcclCommunicator::WhoIsMissing(const std::string& call,
+                                           std::vector<int32_t>* silent) const {
+  if (!options_.store) return "which peer is missing cannot be told here (no rendezvous store)";
+  *silent = SilentMembers(call);
+  if (silent->empty()) {
+    return "every other member waits in it too (check the network between them: "
+           "NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN)";
+  }
+  return "rank(s) " + JoinRanks(*silent) + " never reached it (stuck before it, in their "
+         "own work or on their GPU)";
 }
 
 Status NcclCommunicator::Settle(const char* what) const {
@@ -71,7 +83,7 @@ Status NcclCommunicator::Settle(const char* what) const {
     if (!marked && now >= mark_at && options_.store) {  // (4)
       marked = true;
       try {
-        options_.store->Set(WaitingKey(calls_made_, rank_), "1");
+        options_.store->Set(WaitingKey(std::to_string(calls_made_), rank_), "1");
       } catch (const std::exception& e) {
         SHVD_LOG(kWarning, "nccl") << where << " could not note its wait in the rendezvous "
                                    << "store: " << e.what();
@@ -88,17 +100,8 @@ Status NcclCommunicator::Settle(const char* what) const {
       }
     }
     if (now > deadline) {  // (5)
-      std::string who;
       std::vector<int32_t> silent;
-      if (!options_.store) {
-        who = "which peer is missing cannot be told here (no rendezvous store)";
-      } else if ((silent = SilentMembers(calls_made_)).empty()) {
-        who = "every other member waits in it too (check the network between them: "
-              "NCCL_SOCKET_IFNAME, NCCL_DEBUG=WARN)";
-      } else {
-        who = "rank(s) " + JoinRanks(silent) + " never reached it (stuck before it, in their "
-              "own work or on their GPU)";
-      }
+      const std::string who = WhoIsMissing(std::to_string(calls_made_), &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,
