@@ -198,7 +198,7 @@ def main(argv=None) -> int:
         for name, target in (("warm", 0.35), ("cold", 0.6)):
             ratio = statistics.median(t for t, _ in runs[name]) / base
             print(f"{name} fit (MLflow {'on' if mlflow_on else 'not installed'}) / "
-                  f"TorchDistributor = {ratio:.2f} median (target <= {target}): "
+                  f"TorchDistributor = {ratio:.3f} median (target <= {target}): "
                   f"{'met' if ratio <= target else 'NOT met'}")
         print(f"load at the end {os.getloadavg()[0]:.1f}")
     finally:
