@@ -78,7 +78,7 @@ TensorEntry EntryOf(const shvd_op& op, std::shared_ptr<void> owner) {
     }
     e.ready = std::move(ready);
   }
-  e.state = std::make_shared<OpState>();
+  e.state = TheEngine().NewOpState();
   if (op.done != nullptr) {
     auto done = op.done;
     void* arg = op.done_arg;

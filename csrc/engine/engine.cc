@@ -313,12 +313,13 @@ void Engine::Validate(const Request& req) const {
                          : ""));
   }
   auto* self = const_cast<Engine*>(this);
-  std::vector<int32_t> members = self->sets_.Ranks(req.process_set);
-  if (members.empty()) {
+  bool member = false;
+  const size_t set_size = self->sets_.Membership(req.process_set, rank_, &member);
+  if (set_size == 0) {
     bad("process set " + std::to_string(req.process_set) +
         " does not exist; create it with add_process_set() on every rank first");
   }
-  if (!std::binary_search(members.begin(), members.end(), rank_)) {
+  if (!member) {
     bad("rank " + std::to_string(rank_) + " is not a member of process set " +
         std::to_string(req.process_set));
   }
@@ -330,7 +331,7 @@ void Engine::Validate(const Request& req) const {
   }
   if (is_reduction && req.reduce_op == ReduceOp::kAdasum) {
     // Horovod's rules for Adasum on CPU; host_adasum.h has the algorithm.
-    const size_t n = members.size();
+    const size_t n = set_size;
     if (req.op == OpType::kReducescatter) bad("reducescatter does not support op=Adasum");
     if (!AdasumDataType(req.dtype)) {
       bad("op=Adasum needs a floating-point tensor (float16, bfloat16, float32 or float64), "
@@ -347,9 +348,9 @@ void Engine::Validate(const Request& req) const {
     }
   }
   if (req.op == OpType::kBroadcast &&
-      (req.root < 0 || req.root >= static_cast<int32_t>(members.size()))) {
+      (req.root < 0 || req.root >= static_cast<int32_t>(set_size))) {
     bad("root_rank " + std::to_string(req.root) + " is out of range for " +
-        std::to_string(members.size()) + " ranks");
+        std::to_string(set_size) + " ranks");
   }
   if ((req.op == OpType::kAllgather || req.op == OpType::kAlltoall ||
        req.op == OpType::kReducescatter) &&
@@ -357,9 +358,9 @@ void Engine::Validate(const Request& req) const {
     bad("needs a tensor with at least one dimension (got a scalar)");
   }
   if (req.op == OpType::kAlltoall) {
-    if (req.splits.size() != members.size()) {
+    if (req.splits.size() != set_size) {
       bad("splits has " + std::to_string(req.splits.size()) + " entries; it needs one per rank (" +
-          std::to_string(members.size()) + ")");
+          std::to_string(set_size) + ")");
     }
     int64_t sum = 0;
     for (int64_t s : req.splits) {
@@ -385,7 +386,7 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
   for (auto& e : entries) {
     e.req.rank = rank_;
     Validate(e.req);
-    if (!e.state) e.state = std::make_shared<OpState>();  // the C API brings its own
+    if (!e.state) e.state = op_states_.New();  // the C API brings its own
     e.enqueue_us = now;
     states.push_back(e.state);
   }

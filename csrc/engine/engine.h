@@ -59,6 +59,11 @@ class Engine {
   // flight, before init, or after the engine stopped (with the reason).
   std::vector<std::shared_ptr<OpState>> Enqueue(std::vector<TensorEntry> entries);
   Completions& completions() { return completions_; }
+  // An op's state from the engine's free list (the C API's, which sets on_done).
+  std::shared_ptr<OpState> NewOpState() { return op_states_.New(); }
+  // Heap allocations of op states, queue entries and queue nodes since the process
+  // started: flat over the steps of a job in steady state (tests read it).
+  int64_t OpAllocations() const { return op_states_.made() + queue_.made(); }
   std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
   std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
 
@@ -94,6 +99,7 @@ class Engine {
 
   Completions completions_;
   TensorQueue queue_;
+  OpStates op_states_;
   BackendRegistry registry_;
   std::vector<Backend*> backends_;  // the ones this job uses, in priority order
   ProcessSetTable sets_;

@@ -32,7 +32,7 @@ class Executor {
   Status Execute(const Response& r);
 
  private:
-  using Entries = std::vector<std::unique_ptr<TensorEntry>>;
+  using Entries = std::vector<EntryPtr>;
   Status Allreduce(const Response& r, Entries& es, Communicator* comm);
   Status Allgather(const Response& r, Entries& es, Communicator* comm);
   Status Broadcast(const Response& r, Entries& es, Communicator* comm);

@@ -41,7 +41,7 @@ InFlight::~InFlight() {
 }
 
 void InFlight::Add(std::unique_ptr<PendingWork> work,
-                   std::vector<std::unique_ptr<TensorEntry>> entries) {
+                   std::vector<EntryPtr> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     items_.push_back(Item{std::move(work), std::move(entries), NowMicros()});
@@ -50,7 +50,7 @@ void InFlight::Add(std::unique_ptr<PendingWork> work,
 }
 
 void InFlight::Retain(std::unique_ptr<PendingWork> work,
-                      std::vector<std::unique_ptr<TensorEntry>> entries) {
+                      std::vector<EntryPtr> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     KeepUntilQuiesced(Item{std::move(work), std::move(entries), 0});

@@ -30,11 +30,11 @@ class InFlight {
   explicit InFlight(Completions* completions);
   ~InFlight();
 
-  void Add(std::unique_ptr<PendingWork> work, std::vector<std::unique_ptr<TensorEntry>> entries);
+  void Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries);
   // Entries of ops already failed whose buffers `work`, queued before the failure, may
   // still use: kept (draining) until it quiesces.
   void Retain(std::unique_ptr<PendingWork> work,
-              std::vector<std::unique_ptr<TensorEntry>> entries);
+              std::vector<EntryPtr> entries);
   // The first failure of any work so far, or OK.
   Status failure();
   // Waits for everything in flight (up to timeout_s, then aborts the rest).
@@ -46,7 +46,7 @@ class InFlight {
  private:
   struct Item {
     std::unique_ptr<PendingWork> work;
-    std::vector<std::unique_ptr<TensorEntry>> entries;
+    std::vector<EntryPtr> entries;
     int64_t started_us;  // NowMicros(); for a draining item, when it failed
     bool noted = false;  // PendingWork::NoteWaiting was called
   };

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "common/free_list.h"
 #include "common/status.h"
 #include "common/types.h"
 
@@ -36,6 +37,20 @@ struct OpState {
   // the engine: the C API (csrc/capi) sets it for framework adapters, which hand the
   // completion to a thread of their own. Set before the op is enqueued.
   std::function<void()> on_done;
+};
+
+// Makes op states from a free list: in steady state no op allocates its state
+// (free_list.h). A state's memory goes back to the list only when its last reference
+// (the caller's handle or the engine's entry) is gone.
+class OpStates {
+ public:
+  std::shared_ptr<OpState> New() {
+    return std::allocate_shared<OpState>(FreeListAllocator<OpState>(list_));
+  }
+  int64_t made() const { return list_->made(); }  // heap allocations so far
+
+ private:
+  std::shared_ptr<FreeList> list_ = std::make_shared<FreeList>(1024);
 };
 
 // One mutex and condition variable for every op's completion.

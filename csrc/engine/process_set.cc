@@ -42,6 +42,13 @@ std::vector<int32_t> ProcessSetTable::Ranks(int32_t id) {
   return it == sets_.end() ? std::vector<int32_t>{} : it->second->ranks;
 }
 
+size_t ProcessSetTable::Membership(int32_t id, int32_t global_rank, bool* member) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sets_.find(id);
+  *member = it != sets_.end() && it->second->Contains(global_rank);
+  return it == sets_.end() ? 0 : it->second->ranks.size();
+}
+
 std::vector<int32_t> ProcessSetTable::Ids() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int32_t> ids;

@@ -38,6 +38,9 @@ class ProcessSetTable {
   void Remove(int32_t id);
   ProcessSet* Get(int32_t id);  // background thread only
   std::vector<int32_t> Ranks(int32_t id);  // empty when unknown
+  // The set's size (0 when unknown) and whether `global_rank` is a member, read under the
+  // lock without copying the ranks (validation of every op).
+  size_t Membership(int32_t id, int32_t global_rank, bool* member);
   std::vector<int32_t> Ids();
   int32_t NextId();
   void Clear();

@@ -1,42 +1,64 @@
 #include "engine/tensor_queue.h"
 
-#include <set>
+#include <algorithm>
 
 namespace spark_hvd {
 
 void TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::set<std::string> keys;
+  auto where = [](const Request& r) {  // built for an error only: no allocation per op
+    return "on rank " + std::to_string(r.rank) + " in process set " +
+           std::to_string(r.process_set);
+  };
+  auto in_flight = [&](const Request& r) {
+    return StatusError(Status::InvalidArgument(
+        "a tensor named '" + r.name + "' is already in flight " + where(r) +
+        "; names of concurrent operations must be unique (omit name= to get a generated "
+        "one, or synchronize the first operation before reusing its name)"));
+  };
+  // 1. Refuse the whole submission before adding anything: a second join, a name already
+  //    queued, or a name twice in this submission (sorted, then neighbours compared).
   bool join = false;
+  seen_.clear();
   for (const auto& e : entries) {
-    auto where = [&e] {  // built for an error only: no allocation per op
-      return "on rank " + std::to_string(e.req.rank) + " in process set " +
-             std::to_string(e.req.process_set);
-    };
     if (e.req.op == OpType::kJoin) {
       if (join_ || join) {
-        throw StatusError(Status::InvalidArgument("join() is already pending " + where()));
+        throw StatusError(Status::InvalidArgument("join() is already pending " + where(e.req)));
       }
       join = true;
       continue;
     }
-    const std::string key = TensorKey(e.req);
-    if (entries_.count(key) || !keys.insert(key).second) {
-      throw StatusError(Status::InvalidArgument(
-          "a tensor named '" + e.req.name + "' is already in flight " + where() +
-          "; names of concurrent operations must be unique (omit name= to get a generated "
-          "one, or synchronize the first operation before reusing its name)"));
+    if (entries_.count(KeyRef{e.req.process_set, e.req.name})) throw in_flight(e.req);
+    seen_.push_back(&e.req);
+  }
+  if (seen_.size() > 1) {
+    auto less = [](const Request* a, const Request* b) { return KeyLess()(*a, *b); };
+    std::sort(seen_.begin(), seen_.end(), less);
+    for (size_t i = 1; i < seen_.size(); ++i) {
+      if (!less(seen_[i - 1], seen_[i])) throw in_flight(*seen_[i]);
     }
   }
+  // 2. Add them, each in a node and an entry kept from an earlier op where there is one.
   for (auto& e : entries) {
     new_.push_back(e.req);
-    auto owned = std::make_unique<TensorEntry>(std::move(e));
+    EntryPtr owned(new (entry_list_->Get(sizeof(TensorEntry))) TensorEntry(std::move(e)),
+                   EntryRecycler(entry_list_));
     if (owned->req.op == OpType::kJoin) {
       join_ = std::move(owned);
-    } else {
-      const std::string key = TensorKey(owned->req);
-      entries_[key] = std::move(owned);
+      continue;
     }
+    if (spare_.empty()) {
+      nodes_made_.fetch_add(1, std::memory_order_relaxed);
+      Key key{owned->req.process_set, owned->req.name};
+      entries_.emplace(std::move(key), std::move(owned));
+      continue;
+    }
+    Map::node_type node = std::move(spare_.back());
+    spare_.pop_back();
+    node.key().process_set = owned->req.process_set;
+    node.key().name = owned->req.name;  // within the kept capacity for names as long
+    node.mapped() = std::move(owned);
+    entries_.insert(std::move(node));
   }
   has_new_.store(!new_.empty(), std::memory_order_seq_cst);
 }
@@ -49,23 +71,27 @@ std::vector<Request> TensorQueue::TakeNew() {
   return out;
 }
 
-std::unique_ptr<TensorEntry> TensorQueue::Take(int32_t process_set, const std::string& name) {
+EntryPtr TensorQueue::Take(int32_t process_set, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = entries_.find(TensorKey(process_set, name));
+  auto it = entries_.find(KeyRef{process_set, name});
   if (it == entries_.end()) return nullptr;
-  auto e = std::move(it->second);
-  entries_.erase(it);
+  Map::node_type node = entries_.extract(it);
+  EntryPtr e = std::move(node.mapped());
+  if (spare_.size() < kKeep) {
+    if (spare_.capacity() == 0) spare_.reserve(kKeep);
+    spare_.push_back(std::move(node));
+  }
   return e;
 }
 
-std::unique_ptr<TensorEntry> TensorQueue::TakeJoin() {
+EntryPtr TensorQueue::TakeJoin() {
   std::lock_guard<std::mutex> lock(mu_);
   return std::move(join_);
 }
 
 void TensorQueue::FailAll(Completions* completions, const Status& status) {
-  std::map<std::string, std::unique_ptr<TensorEntry>> entries;
-  std::unique_ptr<TensorEntry> join;
+  Map entries;
+  EntryPtr join;
   {
     std::lock_guard<std::mutex> lock(mu_);
     entries.swap(entries_);

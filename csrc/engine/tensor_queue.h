@@ -5,6 +5,10 @@
 // API threads add; the engine thread takes new requests each cycle (for the
 // controller to negotiate) and, once a response names them, the entries
 // themselves (for the executor). Every method locks; none blocks otherwise.
+//
+// No heap allocation per op in steady state: entries come from a free list
+// (EntryPtr gives them back when the engine drops them), the map's nodes taken by
+// Take are kept and refilled by Add, and names are looked up without building a key.
 #pragma once
 
 #include <atomic>
@@ -15,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/free_list.h"
 #include "engine/message.h"
 #include "engine/op_state.h"
 
@@ -35,6 +40,22 @@ struct TensorEntry {
   int64_t enqueue_us = 0;
 };
 
+// Destroys an entry (releasing its buffers' owner at once) and gives its memory back to
+// the queue's free list.
+class EntryRecycler {
+ public:
+  EntryRecycler() = default;
+  explicit EntryRecycler(std::shared_ptr<FreeList> list) : list_(std::move(list)) {}
+  void operator()(TensorEntry* e) const {
+    e->~TensorEntry();
+    list_->Put(e, sizeof(TensorEntry));
+  }
+
+ private:
+  std::shared_ptr<FreeList> list_;
+};
+using EntryPtr = std::unique_ptr<TensorEntry, EntryRecycler>;
+
 class TensorQueue {
  public:
   // Adds every entry or none: throws StatusError (InvalidArgument) naming the
@@ -46,15 +67,40 @@ class TensorQueue {
   std::vector<Request> TakeNew();
   // The entry for a negotiated tensor (null when this rank holds none: it joined,
   // or is not in the process set).
-  std::unique_ptr<TensorEntry> Take(int32_t process_set, const std::string& name);
-  std::unique_ptr<TensorEntry> TakeJoin();
+  EntryPtr Take(int32_t process_set, const std::string& name);
+  EntryPtr TakeJoin();
   // Completes every queued op with `status` (engine stop) and empties the queue.
   void FailAll(Completions* completions, const Status& status);
+  // Heap allocations of entries and map nodes so far (flat in steady state; tests read it).
+  int64_t made() const { return entry_list_->made() + nodes_made_.load(); }
 
  private:
+  // (process set, name): scoped names, compared without building a string.
+  struct Key {
+    int32_t process_set;
+    std::string name;
+  };
+  struct KeyRef {
+    int32_t process_set;
+    const std::string& name;
+  };
+  struct KeyLess {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return a.process_set != b.process_set ? a.process_set < b.process_set : a.name < b.name;
+    }
+  };
+  using Map = std::map<Key, EntryPtr, KeyLess>;
+  static constexpr size_t kKeep = 1024;  // free entries and nodes kept for reuse
+
   std::mutex mu_;
-  std::map<std::string, std::unique_ptr<TensorEntry>> entries_;  // by TensorKey
-  std::unique_ptr<TensorEntry> join_;
+  Map entries_;
+  std::vector<Map::node_type> spare_;  // nodes of taken entries, refilled by Add
+  std::vector<const Request*> seen_;   // Add's duplicate check, reused
+  std::shared_ptr<FreeList> entry_list_ = std::make_shared<FreeList>(kKeep);
+  std::atomic<int64_t> nodes_made_{0};
+  EntryPtr join_;
   std::vector<Request> new_;
   std::atomic<bool> has_new_{false};  // !new_.empty(), stored under mu_
 };

@@ -365,6 +365,10 @@ PYBIND11_MODULE(_core, m) {
       },
       "This rank's requests since init that the response cache answered (hits: sent as one "
       "bit) or not (misses: cacheable ops sent in full).");
+  m.def(
+      "op_allocations", [] { return TheEngine().OpAllocations(); },
+      "Heap allocations of op states and queue entries since the process started: flat "
+      "over the steps of a job in steady state (the engine reuses them).");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {

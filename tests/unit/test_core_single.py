@@ -167,6 +167,30 @@ def test_many_async_allreduces_in_flight():
         same(hvd.synchronize(h), x)
 
 
+def test_steady_steps_allocate_no_op_state_or_queue_entry():
+    """Issue 24's rule "no allocation per op in steady state", on the engine's own objects:
+    the op states, queue entries and queue nodes it heap-allocates stop growing once a
+    training-like step (8 async allreduces and a blocking one) has run a few times."""
+    from spark_hvd import _core
+
+    x = np.ones(4, np.float32)
+
+    def step():
+        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"single.steady.{j}") for j in range(8)]
+        for h in hs:
+            same(hvd.synchronize(h), x)
+        same(hvd.allreduce(x, op=hvd.Sum, name="single.steady.loss"), x)
+
+    for _ in range(20):
+        step()
+    before = _core.op_allocations()
+    for _ in range(200):
+        step()
+    assert _core.op_allocations() == before, (
+        f"{_core.op_allocations() - before} op states/queue entries allocated over 1800 "
+        "steady ops: the engine's free lists (csrc/common/free_list.h) are not reused")
+
+
 def test_repeated_steps_with_changing_shape_and_op():
     for s in range(20):
         x = sample(np.float32, (4,), s)
