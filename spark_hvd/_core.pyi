@@ -140,6 +140,9 @@ def tuned_parameters() -> Dict[str, Any]:
 def cache_stats() -> Dict[str, int]:
     """This rank's requests since init that the response cache answered (``hits``: sent
     as one bit) or not (``misses``: cacheable ops sent in full)."""
+def op_allocations() -> int:
+    """Heap allocations of op states and queue entries since the process started: flat
+    over the steps of a job in steady state (the engine reuses them)."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...
