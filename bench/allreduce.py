@@ -266,7 +266,7 @@ def driver(args) -> None:
                  f"{busbw(nbytes, t['torch'], args.np) / 1e9:>8.3f}")
         vs = " ".join(f"{med[first] / med[b]:>8.2f}x" for b in backends[1:])
         print(f"{human(nbytes):>8} | {' | '.join(cells)} | {tcell} | {' '.join(vs_torch)} {vs}")
-    print(f"# latency of one 4 B allreduce through the API (median): " + ", ".join(
+    print("# latency of one 4 B allreduce through the API (median): " + ", ".join(
         f"{b} {runs[b][0][4]['hvd'] * 1e6:.0f} us" for b in backends if 4 in runs[b][0])
         + f"; torch gloo {runs[first][0][4]['torch'] * 1e6:.0f} us" if 4 in runs[first][0] else "")
     for b in backends:

@@ -193,7 +193,8 @@ def main(argv=None) -> int:
               f"({breakdown([first_cold[1]])})")
         for name, found in runs.items():
             times = [t for t, _ in found]
-            print(f"{name:<17} {summary(times)}  median/median {statistics.median(times) / base:5.2f}"
+            ratio = statistics.median(times) / base
+            print(f"{name:<17} {summary(times)}  median/median {ratio:5.2f}"
                   f"  min/min {min(times) / base_min:5.2f}   ({breakdown([p for _, p in found])})")
         for name, target in (("warm", 0.35), ("cold", 0.6)):
             ratio = statistics.median(t for t, _ in runs[name]) / base

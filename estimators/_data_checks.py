@@ -6,8 +6,8 @@ and a NaN or an infinity would train the model into NaN weights.  Each column th
 is therefore wrapped in ``CASE WHEN`` branches that call Spark's ``raise_error`` with a
 message naming the column, the row's length and the expected one, or the non-finite value,
 its place in the row and the task's partition (``checked_column``; the non-finite check is
-skipped with ``allow_nonfinite``).  The checks run on the executors as the rows are written: no extra pass
-over the data, and only ``size()`` for one-dimensional arrays (nested arrays also need
+skipped with ``allow_nonfinite``).  The checks run on the executors as the rows are written:
+no extra pass over the data, and only ``size()`` for one-dimensional arrays (nested arrays also need
 Spark's higher-order functions).  ``data_error`` turns the failed job back into one
 InvalidArgumentError on the driver, without Spark's stack trace.  Nulls *inside* arrays are
 counted from the Parquet footers after the write (materialize.py), which costs nothing.

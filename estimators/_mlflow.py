@@ -10,8 +10,8 @@ is done (:func:`log_fit`):
 2. Params: every param of the estimator as text (objects by class or function name, an
    optimizer with its learning rate, a Store by its URL, ``backend_env`` by its variables'
    names only; for a param left unset that fit filled in, such as Keras' optimizer, loss and
-   metrics from the compiled model, what fit used).  A param the run already has is left as it is: MLflow refuses to change one, and
-   a run reused by several fits keeps the first fit's values.
+   metrics from the compiled model, what fit used).  A param the run already has is left as it
+   is: MLflow refuses to change one, and a run reused by several fits keeps the first fit's values.
 3. Metrics: the history of the run's last checkpoint, one value per epoch with ``step`` the
    epoch index (0 = the first epoch, as in the TensorBoard events); the epochs the MLflow
    run already has (a resumed fit logging into the same run) are not logged again.
@@ -116,8 +116,8 @@ def _preload(flavor: str) -> None:
 def requirements(flavor: str, objects: Iterable[Any]) -> List[str]:
     """The pip requirements of a model logged in ``flavor``: the flavor's frameworks
     (:data:`FLAVOR_FRAMEWORKS`) and the top-level packages the classes of ``objects`` (the
-    model's modules or layers) and their base classes come from, each as ``name==version`` of the distribution
-    installed here (a local label such as ``+cpu`` dropped); packages that are not
+    model's modules or layers) and their base classes come from, each as ``name==version`` of
+    the distribution installed here (a local label such as ``+cpu`` dropped); packages that are not
     installed distributions (``__main__``, a notebook, the standard library) are left out."""
     modules = list(FLAVOR_FRAMEWORKS.get(flavor, ()))
     for cls in dict.fromkeys(c for obj in objects for c in type(obj).__mro__):

@@ -145,7 +145,8 @@ def _callback_class(pl: Any) -> Any:
             for name, value in logs.items():
                 self.history.setdefault(name, []).append(value)
             path = os.path.join(self.local, LAST_CHECKPOINT)
-            trainer.save_checkpoint(path, weights_only=False)  # every rank (a barrier); rank 0 writes
+            # every rank (a barrier); rank 0 writes
+            trainer.save_checkpoint(path, weights_only=False)
             if trainer.global_rank != 0:
                 return
             import torch

@@ -16,7 +16,6 @@ What makes it distributed (the same steps as with Horovod):
 """
 
 import argparse
-import os
 
 import numpy as np
 import tensorflow as tf

@@ -18,7 +18,6 @@ from typing import List, Optional
 
 import mxnet as mx
 
-from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.mxnet import mpi_ops

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 from spark_hvd import _config
 from spark_hvd.exceptions import InvalidArgumentError

@@ -120,7 +120,7 @@ def test_estimators_under_spark_connect(tmp_path):
                           capture_output=True, text=True, timeout=840)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
     assert proc.returncode == 0, tail
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, tail
     out = json.loads(lines[-1][len("RESULT "):])
 

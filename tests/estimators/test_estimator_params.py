@@ -644,7 +644,7 @@ def test_keras_stops_when_the_weights_turn_nonfinite_behind_a_finite_loss():
     """A NaN input behind a ReLU leaves Keras' loss finite and the weights NaN: the weights
     are looked at every CHECK_EVERY steps and at the epoch's end (before its checkpoint),
     and the error names the epoch, the step, the last step they were finite and the weight."""
-    keras = pytest.importorskip("keras")
+    pytest.importorskip("keras")
     from spark_hvd.estimators import _trainer_keras as ktrainer
     from spark_hvd.estimators._trainer_common import TrainingInputError
 

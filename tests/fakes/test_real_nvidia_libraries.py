@@ -137,7 +137,8 @@ def test_the_override_names_the_real_runtime(libs):
 
 REAL_NCCL_SCRIPT = r'''
 import json, os, sys, time
-sys.path[:0] = [os.environ["SHVD_TESTS_MULTIPROC"], os.path.dirname(os.environ["SHVD_TESTS_MULTIPROC"])]
+multiproc = os.environ["SHVD_TESTS_MULTIPROC"]
+sys.path[:0] = [multiproc, os.path.dirname(multiproc)]
 import numpy as np
 import spark_hvd as hvd
 import cases_nccl as g

@@ -16,7 +16,7 @@ import numpy as np
 import spark_hvd as hvd
 from harness import (POST_SHUTDOWN, PRE_INIT, CaseTimeout, Registry, Skip, expect_error,
                      wait_for)
-from refdata import assert_same, values
+from refdata import assert_same
 
 CASES = Registry()
 HANG_S = 3.0  # an error is decided within a few 1 ms cycles; this is a hang
@@ -272,7 +272,7 @@ def _mismatch_case(kind: str, grouped: bool = False):
             outcomes = [outcomes]
         assert isinstance(outcomes, list), f"submitting the group raised: {outcomes!r}"
         wrong = [o for o in outcomes if not isinstance(o, hvd.TensorMismatchError)]
-        assert not wrong, f"expected TensorMismatchError on every rank (and member), got " \
+        assert not wrong, "expected TensorMismatchError on every rank (and member), got " \
             + ", ".join(f"{type(o).__name__}: {o}" for o in wrong)
         msg = str(outcomes[0])
         assert all(str(o) == msg and o.ranks == outcomes[0].ranks for o in outcomes), \

@@ -22,7 +22,7 @@ import numpy as np
 
 import spark_hvd as hvd
 from harness import Registry, Skip, expect_error, wait_for
-from refdata import BF16, Checks, assert_same, dname, is_bool, is_float, reduce, values
+from refdata import BF16, Checks, assert_same, dname, is_bool, reduce, values
 from spark_hvd import _core, _ops
 from spark_hvd._types import OpType, numpy_code
 
@@ -647,9 +647,10 @@ class _SteadyStep:
 @CASES.case("nccl_steady/no_device_wide_sync_in_steady_steps_of_every_op", timeout_s=90.0)
 def _(ctx):
     """After a warm-up, 100 steps (at 2 ranks; 10 at 1 and 3) of every GPU op make no
-    device-synchronizing CUDA call in this process (cudaMalloc/cudaFree, cudaMallocHost/cudaFreeHost, cudaDeviceSynchronize,
-    a cudaStreamSynchronize of a stream the core does not own): the core reuses its device
-    and pinned memory across steps, and a dropped output goes back to it, not to cudaFree.
+    device-synchronizing CUDA call in this process (cudaMalloc/cudaFree,
+    cudaMallocHost/cudaFreeHost, cudaDeviceSynchronize, a cudaStreamSynchronize of a stream
+    the core does not own): the core reuses its device and pinned memory across steps, and a
+    dropped output goes back to it, not to cudaFree.
     The fake's streams run each item 20 us late here (200 elsewhere), to keep 100 steps
     short."""
     lib = _lib()
@@ -670,7 +671,8 @@ def _(ctx):
         finally:
             gc.enable()
         hvd.barrier()
-        assert calls == 0, f"{calls} device-synchronizing CUDA calls in {steps} steady steps: {report}"
+        assert calls == 0, (f"{calls} device-synchronizing CUDA calls in {steps} steady steps: "
+                            f"{report}")
     finally:
         lib.shvd_fake_set_delay_us(200)
 

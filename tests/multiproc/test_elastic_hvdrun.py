@@ -211,7 +211,7 @@ def test_cli_argument_errors_exit_2():
     for flags, message in cases:
         proc = subprocess.run([sys.executable, "-m", "spark_hvd.runner", *flags, "true"],
                               env=ENV, capture_output=True, timeout=TIMEOUT_S)
-        assert proc.returncode == 2 and f"spark-hvdrun: error: " in proc.stderr.decode()
+        assert proc.returncode == 2 and "spark-hvdrun: error: " in proc.stderr.decode()
         assert message in proc.stderr.decode(), proc.stderr.decode()
 
 

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 
-import pytest
 
 from _ranks import PYTHON, DirectJob, wait_gone
 from test_mp_faults import WORKER, load, names_rank, survivors

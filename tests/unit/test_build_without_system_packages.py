@@ -4,9 +4,10 @@ spark_hvd is built from a copy of this checkout (so this checkout's build/ folde
 reused nor disturbed) with SPARK_HVD_WITHOUT_GLOO=1 SPARK_HVD_WITHOUT_MPI=1
 SPARK_HVD_WITHOUT_NCCL=1 and installed into a folder of its own; every check runs in a fresh
 process with that folder first on PYTHONPATH (and a working directory outside the checkout,
-which would shadow it). That build uses this venv's build tools (--no-build-isolation), the CI-time stand-in for a fresh venv;
-``test_isolated_wheel_builds_with_the_build_requirements`` builds once the way a user's
-``pip wheel .`` does, with pip's build isolation fetching CMake, ninja and pybind11.
+which would shadow it). That build uses this venv's build tools (--no-build-isolation), the
+CI-time stand-in for a fresh venv; ``test_isolated_wheel_builds_with_the_build_requirements``
+builds once the way a user's ``pip wheel .`` does, with pip's build isolation fetching CMake,
+ninja and pybind11.
 """
 
 import json
