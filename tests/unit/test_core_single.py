@@ -169,8 +169,10 @@ def test_many_async_allreduces_in_flight():
 
 def test_steady_steps_allocate_no_op_state_or_queue_entry():
     """Issue 24's rule "no allocation per op in steady state", on the engine's own objects:
-    the op states, queue entries and queue nodes it heap-allocates stop growing once a
-    training-like step (8 async allreduces and a blocking one) has run a few times."""
+    the op states, queue entries and queue nodes it heap-allocates grow with the most ops
+    alive at once (a free list's high-water mark: the engine may drop a step's entries
+    after the next step is submitted), never with the number of ops run. Without reuse
+    the count grows by 3 per op (5,400 here)."""
     from spark_hvd import _core
 
     x = np.ones(4, np.float32)
@@ -186,9 +188,11 @@ def test_steady_steps_allocate_no_op_state_or_queue_entry():
     before = _core.op_allocations()
     for _ in range(200):
         step()
-    assert _core.op_allocations() == before, (
-        f"{_core.op_allocations() - before} op states/queue entries allocated over 1800 "
-        "steady ops: the engine's free lists (csrc/common/free_list.h) are not reused")
+    grown = _core.op_allocations() - before
+    # At most two steps' ops (18) alive at once, each with a state, an entry and a node.
+    assert grown <= 54, (
+        f"{grown} op states/queue entries/nodes allocated over 1800 steady ops: the "
+        "engine's free lists (csrc/common/free_list.h) are not reused")
 
 
 def test_repeated_steps_with_changing_shape_and_op():
