@@ -28,7 +28,7 @@ STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench clean wheel docs
+.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench clean wheel docs lint format
 
 setup: apt $(STAMP_BUILD)
 
@@ -117,6 +117,19 @@ $(STAMP_WHEEL): $(STAMP_DEPS) $(CORE_SOURCES) $(PY_SOURCES) README.md
 docs: $(STAMP_DEPS)
 	NO_MKDOCS_2_WARNING=1 $(VPY) -m mkdocs build --strict --site-dir site
 
+# The linters' settings: pyproject.toml [tool.ruff] (pyflakes and pycodestyle, 100 columns) and
+# .clang-format (Google's style, 100 columns) for every tracked C++ file. `make format` applies
+# what they can fix by themselves.
+CXX_FILES = $(shell git ls-files '*.cc' '*.h')
+
+lint: $(STAMP_DEPS)
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FILES)
+
+format: $(STAMP_DEPS)
+	$(VENV)/bin/ruff check --quiet --fix .
+	$(VENV)/bin/clang-format -i $(CXX_FILES)
+
 # Suites that start a SparkSession run in their own pytest process (one JVM each:
 # a local-cluster session and a local[N] one cannot share a driver). `make test` runs the
 # groups one after the other and prints each one's wall time; LANES=2 runs them in two
@@ -126,7 +139,7 @@ docs: $(STAMP_DEPS)
 # in turn, never at once), the wheel, the compat environment. `docs` and `compat_env` name
 # the docs build and tests/compat_env.
 TEST_LANE_1 := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic"
-TEST_LANE_2 := docs "tests/spark" "tests/estimators" "tests/wheel" compat_env
+TEST_LANE_2 := lint docs "tests/spark" "tests/estimators" "tests/wheel" compat_env
 TEST_GROUPS := $(TEST_LANE_1) $(TEST_LANE_2)
 LANES ?= 1
 
@@ -156,6 +169,7 @@ test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	  echo "== TensorFlow kernels"; $(VPY) -m spark_hvd.tensorflow.build_kernels || exit 1; fi
 	@group() { case "$$1" in \
 	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
+	    lint) echo "== make lint"; $(MAKE) --no-print-directory lint;; \
 	    compat_env) echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
 	      $(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
 	        $(PYTEST_ARGS);; \

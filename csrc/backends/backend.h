@@ -28,14 +28,14 @@ struct BackendOptions {
   // Which backend runs CPU ops: a backend's name, or "" for the controller's default
   // (SPARK_HVD_CPU_OPERATIONS).
   std::string cpu_operations;
-  std::shared_ptr<Store> store;  // null in a one-rank job without a launcher
-  std::string store_prefix;      // this init's namespace in the store
+  std::shared_ptr<Store> store;         // null in a one-rank job without a launcher
+  std::string store_prefix;             // this init's namespace in the store
   std::string bind_host = "127.0.0.1";  // the address peers reach this rank at
   // This rank's host as the launcher names it (SPARK_HVD_HOSTNAME, else the host name;
   // "" = the host name): shm shares memory among ranks of the same host.
   std::string host;
-  double timeout_s = 30.0;              // a silent peer is lost after this
-  double connect_timeout_s = 60.0;      // rendezvous at connect
+  double timeout_s = 30.0;          // a silent peer is lost after this
+  double connect_timeout_s = 60.0;  // rendezvous at connect
   // Ranks of the job the rendezvous service has seen vanish (asked while connecting).
   std::function<std::vector<int32_t>()> lost_ranks;
   // The job's heartbeats (liveness.h), owned by the engine, alive until every

@@ -38,7 +38,8 @@ struct ReduceTensor {
 
 // An allreduce as the engine asks for it: every tensor is prescaled, reduced
 // with `op` (Average: summed, then divided by `ranks`, every member of the set,
-// as Horovod: ranks that have joined add zeros and still count), then postscaled. Tensors are in the memory of the communicator's device.
+// as Horovod: ranks that have joined add zeros and still count), then postscaled. Tensors are in
+// the memory of the communicator's device.
 struct ReduceArgs {
   std::vector<ReduceTensor> tensors;
   DataType dtype = DataType::kFloat32;

@@ -13,8 +13,7 @@ Status FusionBuffer::Allreduce(
     const std::function<int64_t(int64_t)>& round_up,
     const std::function<Status(void* buf, int64_t count, bool stable)>& reduce) {
   const size_t dsize = DataTypeSize(dtype);
-  if (segments.size() == 1 &&
-      segments[0].count * static_cast<int64_t>(dsize) >= direct_min_bytes) {
+  if (segments.size() == 1 && segments[0].count * static_cast<int64_t>(dsize) >= direct_min_bytes) {
     const Segment& s = segments[0];
     Status st = reduce(s.data, s.count, /*stable=*/false);
     if (st.ok() && scale != 1.0) ScaleBuffer(s.data, static_cast<size_t>(s.count), dtype, scale);

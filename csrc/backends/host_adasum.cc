@@ -83,19 +83,28 @@ Kernels KernelsOf() {
 
 bool KernelsFor(DataType dtype, Kernels* k) {
   switch (dtype) {
-    case DataType::kFloat64: *k = KernelsOf<F64>(); return true;
-    case DataType::kFloat32: *k = KernelsOf<F32>(); return true;
-    case DataType::kFloat16: *k = KernelsOf<F16>(); return true;
-    case DataType::kBFloat16: *k = KernelsOf<BF16>(); return true;
-    default: return false;
+    case DataType::kFloat64:
+      *k = KernelsOf<F64>();
+      return true;
+    case DataType::kFloat32:
+      *k = KernelsOf<F32>();
+      return true;
+    case DataType::kFloat16:
+      *k = KernelsOf<F16>();
+      return true;
+    case DataType::kBFloat16:
+      *k = KernelsOf<BF16>();
+      return true;
+    default:
+      return false;
   }
 }
 
 // Sends send_bytes to peer and receives recv_bytes from it: an Alltoallv in which
 // every other rank gets nothing. Every rank calls it at the same step, each with its
 // own partner (the pairing is symmetric). tcp moves bytes only between the pair.
-Status PairExchange(Communicator* comm, int peer, const void* send, int64_t send_bytes,
-                    void* recv, int64_t recv_bytes) {
+Status PairExchange(Communicator* comm, int peer, const void* send, int64_t send_bytes, void* recv,
+                    int64_t recv_bytes) {
   std::vector<int64_t> s(static_cast<size_t>(comm->size()), 0);
   std::vector<int64_t> r(s.size(), 0);
   s[static_cast<size_t>(peer)] = send_bytes;
@@ -127,8 +136,8 @@ class Vhdd {
       const int64_t mid = mine.lo + mine.size() / 2;
       const Range keep = lower ? Range{mine.lo, mid} : Range{mid, mine.hi};
       const Range give = lower ? Range{mid, mine.hi} : Range{mine.lo, mid};
-      Status s = PairExchange(comm_, rank ^ d, At(give.lo), Bytes(give), theirs.data(),
-                              Bytes(keep));
+      Status s =
+          PairExchange(comm_, rank ^ d, At(give.lo), Bytes(give), theirs.data(), Bytes(keep));
       if (!s.ok()) return s;
       held.push_back(mine);
       mine = keep;
@@ -140,10 +149,9 @@ class Vhdd {
     for (int d = size / 2; d >= 1; d >>= 1) {
       const Range whole = held.back();
       held.pop_back();
-      const Range other =
-          (rank & d) == 0 ? Range{mine.hi, whole.hi} : Range{whole.lo, mine.lo};
-      Status s = PairExchange(comm_, rank ^ d, At(mine.lo), Bytes(mine), At(other.lo),
-                              Bytes(other));
+      const Range other = (rank & d) == 0 ? Range{mine.hi, whole.hi} : Range{whole.lo, mine.lo};
+      Status s =
+          PairExchange(comm_, rank ^ d, At(mine.lo), Bytes(mine), At(other.lo), Bytes(other));
       if (!s.ok()) return s;
       mine = whole;
     }
@@ -186,8 +194,7 @@ class Vhdd {
   }
 
   // Step 4: W = ca a + cb b on this rank's part, tensor by tensor.
-  void Combine(const Range& mine, const char* theirs, bool lower,
-               const std::vector<double>& sums) {
+  void Combine(const Range& mine, const char* theirs, bool lower, const std::vector<double>& sums) {
     for (size_t i = 0; i + 1 < offsets_.size(); ++i) {
       const Range p = Part(i, mine);
       if (p.lo >= p.hi) continue;

@@ -52,7 +52,8 @@ Status ReducePrepared(const ReduceArgs& a, const std::vector<Segment>& segments,
   Status s = reduce(segments, in_backend ? post : 1.0);
   if (!s.ok()) return s;
   if (!in_backend && post != 1.0) {
-    for (const auto& seg : segments) ScaleBuffer(seg.data, static_cast<size_t>(seg.count), a.dtype, post);
+    for (const auto& seg : segments)
+      ScaleBuffer(seg.data, static_cast<size_t>(seg.count), a.dtype, post);
   }
   return Status::OK();
 }

@@ -90,8 +90,8 @@ void BackendRegistry::AddPlugin(const std::string& path) {
   using Make = Backend* (*)();
   auto make = reinterpret_cast<Make>(dlsym(lib, "spark_hvd_make_backend"));
   if (make == nullptr) {
-    throw StatusError(Status::InvalidArgument(
-        "backend plugin '" + path + "' does not export spark_hvd_make_backend()"));
+    throw StatusError(Status::InvalidArgument("backend plugin '" + path +
+                                              "' does not export spark_hvd_make_backend()"));
   }
   Add(std::unique_ptr<Backend>(make()));
 }

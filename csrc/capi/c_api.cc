@@ -73,8 +73,8 @@ TensorEntry EntryOf(const shvd_op& op, std::shared_ptr<void> owner) {
     cuda::PooledEvent ready;
     Status s = cuda::RecordReady(api, op.device, op.stream, &ready);
     if (!s.ok()) {
-      throw StatusError(Status(s.code(), std::string(OpTypeName(r.op)) + " '" + r.name + "': " +
-                                             s.message()));
+      throw StatusError(
+          Status(s.code(), std::string(OpTypeName(r.op)) + " '" + r.name + "': " + s.message()));
     }
     e.ready = std::move(ready);
   }
@@ -169,7 +169,6 @@ const shvd_api kApi = {SHVD_C_API_VERSION, static_cast<int32_t>(sizeof(shvd_api)
 }  // namespace
 }  // namespace spark_hvd
 
-extern "C" __attribute__((visibility("default"))) const shvd_api* spark_hvd_c_api(
-    int32_t version) {
+extern "C" __attribute__((visibility("default"))) const shvd_api* spark_hvd_c_api(int32_t version) {
   return version == SHVD_C_API_VERSION ? &spark_hvd::kApi : nullptr;
 }

@@ -83,9 +83,9 @@ const std::vector<Setting>& Settings() {
 
 bool Effective(const std::string& name, Value* value) {
 #define SHVD_SETTING(getter, name_, type, default_value, unit, meaning, alias) \
-  if (name == name_) {                                                        \
+  if (name == name_) {                                                         \
     *value = AsValue(getter());                                                \
-    return true;                                                              \
+    return true;                                                               \
   }
 #include "spark_hvd/settings.def"
 #undef SHVD_SETTING

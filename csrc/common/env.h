@@ -55,10 +55,10 @@ bool IsSet(const char* name, const char* alias);
 // One getter per setting, e.g. env::FusionThresholdBytes(), and one saying whether the
 // value was chosen rather than defaulted, e.g. env::FusionThresholdBytesIsSet().
 #define SHVD_SETTING(getter, name, type, default_value, unit, meaning, alias) \
-  inline const type& getter() {                                              \
-    static const type v = Read(name, alias, type(default_value));            \
-    return v;                                                                \
-  }                                                                          \
+  inline const type& getter() {                                               \
+    static const type v = Read(name, alias, type(default_value));             \
+    return v;                                                                 \
+  }                                                                           \
   inline bool getter##IsSet() { return IsSet(name, alias); }
 #include "spark_hvd/settings.def"
 #undef SHVD_SETTING

@@ -82,9 +82,13 @@ class FreeListAllocator {
   const std::shared_ptr<FreeList>& list() const { return list_; }
 
   template <class U>
-  bool operator==(const FreeListAllocator<U>& o) const { return list_ == o.list(); }
+  bool operator==(const FreeListAllocator<U>& o) const {
+    return list_ == o.list();
+  }
   template <class U>
-  bool operator!=(const FreeListAllocator<U>& o) const { return list_ != o.list(); }
+  bool operator!=(const FreeListAllocator<U>& o) const {
+    return list_ != o.list();
+  }
 
  private:
   std::shared_ptr<FreeList> list_;

@@ -27,7 +27,7 @@ class LogMessage {
 
 }  // namespace spark_hvd
 
-#define SHVD_LOG(level, subsystem)                                           \
-  if (::spark_hvd::LogLevel::level < ::spark_hvd::CurrentLogLevel()) {       \
-  } else                                                                     \
+#define SHVD_LOG(level, subsystem)                                     \
+  if (::spark_hvd::LogLevel::level < ::spark_hvd::CurrentLogLevel()) { \
+  } else                                                               \
     ::spark_hvd::LogMessage(::spark_hvd::LogLevel::level, subsystem).stream()

@@ -28,10 +28,30 @@ struct BHalf {
   static uint16_t Store(float v) { return FloatToBFloat16(v); }
 };
 
-struct OpSum { template <typename V> static V Apply(V a, V b) { return a + b; } };
-struct OpProd { template <typename V> static V Apply(V a, V b) { return a * b; } };
-struct OpMin { template <typename V> static V Apply(V a, V b) { return b < a ? b : a; } };
-struct OpMax { template <typename V> static V Apply(V a, V b) { return a < b ? b : a; } };
+struct OpSum {
+  template <typename V>
+  static V Apply(V a, V b) {
+    return a + b;
+  }
+};
+struct OpProd {
+  template <typename V>
+  static V Apply(V a, V b) {
+    return a * b;
+  }
+};
+struct OpMin {
+  template <typename V>
+  static V Apply(V a, V b) {
+    return b < a ? b : a;
+  }
+};
+struct OpMax {
+  template <typename V>
+  static V Apply(V a, V b) {
+    return a < b ? b : a;
+  }
+};
 
 template <typename Conv, typename Op>
 void Kernel(void* xv, const void* yv, size_t n) {
@@ -45,7 +65,12 @@ void Kernel(void* xv, const void* yv, size_t n) {
 
 // Op with its operands swapped: Kernel<Conv, Swapped<Op>> computes x = op(y, x).
 template <typename Op>
-struct Swapped { template <typename V> static V Apply(V a, V b) { return Op::Apply(b, a); } };
+struct Swapped {
+  template <typename V>
+  static V Apply(V a, V b) {
+    return Op::Apply(b, a);
+  }
+};
 
 // bool: Sum/Max are logical or, Product/Min logical and.
 void BoolOr(void* xv, const void* yv, size_t n) {
@@ -61,7 +86,12 @@ void BoolAnd(void* xv, const void* yv, size_t n) {
 
 // W<Op> wraps an op (identity, or Swapped for the reversed kernels).
 template <typename Op>
-struct Same { template <typename V> static V Apply(V a, V b) { return Op::Apply(a, b); } };
+struct Same {
+  template <typename V>
+  static V Apply(V a, V b) {
+    return Op::Apply(a, b);
+  }
+};
 
 template <typename Conv, template <typename> class W = Same>
 ReduceFn ForOp(ReduceOp op) {
@@ -70,9 +100,12 @@ ReduceFn ForOp(ReduceOp op) {
     case ReduceOp::kAverage:
     case ReduceOp::kAdasum:
       return &Kernel<Conv, W<OpSum>>;
-    case ReduceOp::kProduct: return &Kernel<Conv, W<OpProd>>;
-    case ReduceOp::kMin: return &Kernel<Conv, W<OpMin>>;
-    case ReduceOp::kMax: return &Kernel<Conv, W<OpMax>>;
+    case ReduceOp::kProduct:
+      return &Kernel<Conv, W<OpProd>>;
+    case ReduceOp::kMin:
+      return &Kernel<Conv, W<OpMin>>;
+    case ReduceOp::kMax:
+      return &Kernel<Conv, W<OpMax>>;
   }
   return &Kernel<Conv, W<OpSum>>;
 }
@@ -80,15 +113,24 @@ ReduceFn ForOp(ReduceOp op) {
 template <template <typename> class W>
 ReduceFn ForDtype(DataType dtype, ReduceOp op) {
   switch (dtype) {
-    case DataType::kUInt8: return ForOp<Plain<uint8_t>, W>(op);
-    case DataType::kInt8: return ForOp<Plain<int8_t>, W>(op);
-    case DataType::kInt16: return ForOp<Plain<int16_t>, W>(op);
-    case DataType::kInt32: return ForOp<Plain<int32_t>, W>(op);
-    case DataType::kInt64: return ForOp<Plain<int64_t>, W>(op);
-    case DataType::kFloat16: return ForOp<Half, W>(op);
-    case DataType::kBFloat16: return ForOp<BHalf, W>(op);
-    case DataType::kFloat32: return ForOp<Plain<float>, W>(op);
-    case DataType::kFloat64: return ForOp<Plain<double>, W>(op);
+    case DataType::kUInt8:
+      return ForOp<Plain<uint8_t>, W>(op);
+    case DataType::kInt8:
+      return ForOp<Plain<int8_t>, W>(op);
+    case DataType::kInt16:
+      return ForOp<Plain<int16_t>, W>(op);
+    case DataType::kInt32:
+      return ForOp<Plain<int32_t>, W>(op);
+    case DataType::kInt64:
+      return ForOp<Plain<int64_t>, W>(op);
+    case DataType::kFloat16:
+      return ForOp<Half, W>(op);
+    case DataType::kBFloat16:
+      return ForOp<BHalf, W>(op);
+    case DataType::kFloat32:
+      return ForOp<Plain<float>, W>(op);
+    case DataType::kFloat64:
+      return ForOp<Plain<double>, W>(op);
     case DataType::kBool:  // symmetric either way round
       return (op == ReduceOp::kProduct || op == ReduceOp::kMin) ? &BoolAnd : &BoolOr;
   }
@@ -126,16 +168,35 @@ ReduceFn GetReduceFnReversed(DataType dtype, ReduceOp op) { return ForDtype<Swap
 void ScaleBuffer(void* x, size_t n, DataType dtype, double factor) {
   if (factor == 1.0) return;
   switch (dtype) {
-    case DataType::kUInt8: ScaleTyped<uint8_t>(x, n, factor); return;
-    case DataType::kInt8: ScaleTyped<int8_t>(x, n, factor); return;
-    case DataType::kInt16: ScaleTyped<int16_t>(x, n, factor); return;
-    case DataType::kInt32: ScaleTyped<int32_t>(x, n, factor); return;
-    case DataType::kInt64: ScaleTyped<int64_t>(x, n, factor); return;
-    case DataType::kFloat16: ScaleHalf<Half>(x, n, factor); return;
-    case DataType::kBFloat16: ScaleHalf<BHalf>(x, n, factor); return;
-    case DataType::kFloat32: ScaleTyped<float>(x, n, factor); return;
-    case DataType::kFloat64: ScaleTyped<double>(x, n, factor); return;
-    case DataType::kBool: return;
+    case DataType::kUInt8:
+      ScaleTyped<uint8_t>(x, n, factor);
+      return;
+    case DataType::kInt8:
+      ScaleTyped<int8_t>(x, n, factor);
+      return;
+    case DataType::kInt16:
+      ScaleTyped<int16_t>(x, n, factor);
+      return;
+    case DataType::kInt32:
+      ScaleTyped<int32_t>(x, n, factor);
+      return;
+    case DataType::kInt64:
+      ScaleTyped<int64_t>(x, n, factor);
+      return;
+    case DataType::kFloat16:
+      ScaleHalf<Half>(x, n, factor);
+      return;
+    case DataType::kBFloat16:
+      ScaleHalf<BHalf>(x, n, factor);
+      return;
+    case DataType::kFloat32:
+      ScaleTyped<float>(x, n, factor);
+      return;
+    case DataType::kFloat64:
+      ScaleTyped<double>(x, n, factor);
+      return;
+    case DataType::kBool:
+      return;
   }
 }
 
@@ -149,11 +210,15 @@ void ScaleCopyTyped(void* dv, const void* sv, size_t n, double factor) {
 
 bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor) {
   switch (dtype) {
-    case DataType::kFloat32: ScaleCopyTyped<float>(dst, src, n, factor); return true;
-    case DataType::kFloat64: ScaleCopyTyped<double>(dst, src, n, factor); return true;
-    default: return false;
+    case DataType::kFloat32:
+      ScaleCopyTyped<float>(dst, src, n, factor);
+      return true;
+    case DataType::kFloat64:
+      ScaleCopyTyped<double>(dst, src, n, factor);
+      return true;
+    default:
+      return false;
   }
 }
-
 
 }  // namespace spark_hvd

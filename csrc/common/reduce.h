@@ -28,5 +28,4 @@ void ScaleBuffer(void* x, size_t n, DataType dtype, double factor);
 // nothing is written.
 bool ScaleCopy(void* dst, const void* src, size_t n, DataType dtype, double factor);
 
-
 }  // namespace spark_hvd

@@ -38,9 +38,13 @@ class Status {
       : code_(code), message_(std::move(message)), ranks_(std::move(ranks)) {}
 
   static Status OK() { return Status(); }
-  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status InvalidArgument(std::string m) {
+    return {StatusCode::kInvalidArgument, std::move(m)};
+  }
   static Status Mismatch(std::string m) { return {StatusCode::kMismatch, std::move(m)}; }
-  static Status NotInitialized(std::string m) { return {StatusCode::kNotInitialized, std::move(m)}; }
+  static Status NotInitialized(std::string m) {
+    return {StatusCode::kNotInitialized, std::move(m)};
+  }
   static Status Timeout(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
   // `lost`: the peers that are gone, when the caller knows them.
   static Status PeerLost(std::string m, std::vector<int32_t> lost = {}) {
@@ -83,23 +87,23 @@ class StatusError : public std::runtime_error {
 }  // namespace spark_hvd
 
 // Internal invariant: prints both values and file:line. A failure is a bug.
-#define SHVD_CHECK_OP(a, op, b)                                                          \
-  do {                                                                                   \
-    if (!((a)op(b))) {                                                                   \
-      std::ostringstream shvd_os_;                                                       \
-      shvd_os_ << "internal check failed at " << __FILE__ << ":" << __LINE__ << ": " #a  \
-               << " " #op " " #b " (" << (a) << " vs " << (b) << ")";                    \
-      throw ::spark_hvd::StatusError(::spark_hvd::Status::Internal(shvd_os_.str()));     \
-    }                                                                                    \
+#define SHVD_CHECK_OP(a, op, b)                                                         \
+  do {                                                                                  \
+    if (!((a)op(b))) {                                                                  \
+      std::ostringstream shvd_os_;                                                      \
+      shvd_os_ << "internal check failed at " << __FILE__ << ":" << __LINE__ << ": " #a \
+               << " " #op " " #b " (" << (a) << " vs " << (b) << ")";                   \
+      throw ::spark_hvd::StatusError(::spark_hvd::Status::Internal(shvd_os_.str()));    \
+    }                                                                                   \
   } while (0)
 #define SHVD_CHECK_EQ(a, b) SHVD_CHECK_OP(a, ==, b)
 #define SHVD_CHECK_LE(a, b) SHVD_CHECK_OP(a, <=, b)
 #define SHVD_CHECK_LT(a, b) SHVD_CHECK_OP(a, <, b)
-#define SHVD_CHECK(cond)                                                                 \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      std::ostringstream shvd_os_;                                                       \
+#define SHVD_CHECK(cond)                                                                    \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::ostringstream shvd_os_;                                                          \
       shvd_os_ << "internal check failed at " << __FILE__ << ":" << __LINE__ << ": " #cond; \
-      throw ::spark_hvd::StatusError(::spark_hvd::Status::Internal(shvd_os_.str()));     \
-    }                                                                                    \
+      throw ::spark_hvd::StatusError(::spark_hvd::Status::Internal(shvd_os_.str()));        \
+    }                                                                                       \
   } while (0)

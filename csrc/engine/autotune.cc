@@ -21,8 +21,8 @@ double Median(std::vector<double> v) {
 
 std::string Describe(const TunedParams& p) {
   std::ostringstream os;
-  os << "fusion threshold " << p.fusion_threshold_bytes << " bytes, cycle time "
-     << p.cycle_time_ms << " ms";
+  os << "fusion threshold " << p.fusion_threshold_bytes << " bytes, cycle time " << p.cycle_time_ms
+     << " ms";
   return os.str();
 }
 

@@ -39,8 +39,7 @@ struct TunedParams {
   int64_t fusion_threshold_bytes = 0;
   double cycle_time_ms = 0.0;
   bool operator==(const TunedParams& o) const {
-    return fusion_threshold_bytes == o.fusion_threshold_bytes &&
-           cycle_time_ms == o.cycle_time_ms;
+    return fusion_threshold_bytes == o.fusion_threshold_bytes && cycle_time_ms == o.cycle_time_ms;
   }
   bool operator!=(const TunedParams& o) const { return !(*this == o); }
 };
@@ -91,7 +90,7 @@ class Autotuner {
 
   // Every rank, written by the engine thread under mu_ (Snapshot reads them).
   mutable std::mutex mu_;
-  TunedParams own_;     // this rank's settings
+  TunedParams own_;  // this rank's settings
   TunedParams current_;
   bool tuned_ = false;
   bool searching_view_ = false;

@@ -74,7 +74,8 @@ std::vector<int32_t> Controller::Active(const ProcessSet& set) const {
   return active;
 }
 
-Response Controller::Build(const std::map<int32_t, Request>& requests, const ProcessSet* set) const {
+Response Controller::Build(const std::map<int32_t, Request>& requests,
+                           const ProcessSet* set) const {
   const Request& first = requests.begin()->second;
   Response r;
   r.op = first.op;
@@ -130,7 +131,9 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
       std::vector<int32_t> b(q.splits.begin(), q.splits.end());
       mismatch("process set ranks", RankList(a), q.rank, RankList(b));
     } else if (q.group != first.group) {
-      auto group = [](const std::string& g) { return g.empty() ? "no group" : "group '" + g + "'"; };
+      auto group = [](const std::string& g) {
+        return g.empty() ? "no group" : "group '" + g + "'";
+      };
       mismatch("group", group(first.group), q.rank, group(q.group));
     } else if (q.group_size != first.group_size) {
       mismatch("group size (tensors in group '" + first.group + "')",
@@ -154,8 +157,8 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
     }
     if (first.reduce_op == ReduceOp::kAdasum) {
       r.error = StatusCode::kInvalidArgument;
-      r.error_message = what + ": Adasum is not supported while ranks " + RankList(joined) +
-                        " have joined";
+      r.error_message =
+          what + ": Adasum is not supported while ranks " + RankList(joined) + " have joined";
       return r;
     }
   }
@@ -181,7 +184,8 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
                           std::to_string(n) + " ranks";
         return r;
       }
-      for (size_t j = 0; j < n; ++j) t.rank_dims[static_cast<size_t>(sr) * n + j] = kv.second.splits[j];
+      for (size_t j = 0; j < n; ++j)
+        t.rank_dims[static_cast<size_t>(sr) * n + j] = kv.second.splits[j];
     }
   } else if (first.op == kAddProcessSet || first.op == kRemoveProcessSet) {
     r.extra = first.splits;
@@ -189,8 +193,7 @@ Response Controller::Build(const std::map<int32_t, Request>& requests, const Pro
   return r;
 }
 
-CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incoming,
-                              bool shutdown) {
+CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incoming, bool shutdown) {
   ++cycle_;
   for (auto& r : incoming) File(std::move(r));
   CycleRecords records = Exchange(control, shutdown);
@@ -214,8 +217,8 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incomi
   stalls_.Inspect(records.headers[0].stall_cutoff, records, joined_, &table_, &cache_, &ready);
   FailWholeGroups(&table_, &ready, before_stalls);
   Answered(ready);
-  result.idle = !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() &&
-                table_.empty();
+  result.idle =
+      !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() && table_.empty();
   result.responses = FuseResponses(std::move(ready), tuner_->fusion_threshold_bytes());
   tuner_->Measure(result.responses);
   return result;
@@ -232,8 +235,8 @@ CycleRecords Controller::Exchange(Communicator* control, bool shutdown) {
   const int64_t bit_bytes = ((cache_.capacity() + 63) / 64) * 8;
   x.record_bytes = static_cast<int64_t>(sizeof(CycleHeader)) + bit_bytes;
   std::vector<char> mine(static_cast<size_t>(x.record_bytes), 0);
-  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_),
-                0, 0};
+  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_), 0,
+                0};
   tuner_->Publish(&h);
   if (shutdown) h.flags |= kFlagShutdown;
   if (join_pending_) h.flags |= kFlagJoined;

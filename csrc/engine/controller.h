@@ -73,13 +73,13 @@ class Controller {
   bool HasPending() const { return !local_.empty() || join_pending_; }
 
  private:
-  void File(Request req);                                   // step 1
+  void File(Request req);                                       // step 1
   CycleRecords Exchange(Communicator* control, bool shutdown);  // steps 2-3
-  void ApplyJoins(const CycleRecords& records);             // step 4
-  void ApplyRequests(const CycleRecords& records);          // step 4
+  void ApplyJoins(const CycleRecords& records);                 // step 4
+  void ApplyRequests(const CycleRecords& records);              // step 4
   void ReadyCached(const CycleRecords& records, std::vector<Response>* ready);
-  void ReadyTable(std::vector<Response>* ready);            // steps 4-5 (groups)
-  void ReadyJoin(std::vector<Response>* ready);             // step 5
+  void ReadyTable(std::vector<Response>* ready);  // steps 4-5 (groups)
+  void ReadyJoin(std::vector<Response>* ready);   // step 5
   // Forgets this rank's record of every tensor a response answers.
   void Answered(const std::vector<Response>& responses);
 
@@ -102,8 +102,8 @@ class Controller {
   std::vector<int64_t> join_cycle_;
 
   // This rank only.
-  std::map<std::string, Request> local_;  // unanswered requests, by TensorKey
-  std::deque<std::string> to_send_;       // TensorKeys to send in full
+  std::map<std::string, Request> local_;         // unanswered requests, by TensorKey
+  std::deque<std::string> to_send_;              // TensorKeys to send in full
   std::map<int64_t, std::string> cached_local_;  // slot -> TensorKey (sent as a bit)
   bool join_pending_ = false;
 };

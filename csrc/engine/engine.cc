@@ -24,12 +24,13 @@ void CheckGroupsWhole(const std::vector<TensorEntry>& entries) {
   for (const auto& e : entries) {
     const Request& q = e.req;
     if (q.group.empty() || count[TensorKey(q.process_set, q.group)] == q.group_size) continue;
-    throw StatusError(Status::InvalidArgument(
-        "group '" + q.group + "': this call holds " +
-        std::to_string(count[TensorKey(q.process_set, q.group)]) + " of its tensors but '" +
-        q.name + "' says the group has " + std::to_string(q.group_size) +
-        "; submit every tensor of a group in one call (spark_hvd's grouped_* ops do)")
-                          .WithTensor(q.name));
+    throw StatusError(
+        Status::InvalidArgument(
+            "group '" + q.group + "': this call holds " +
+            std::to_string(count[TensorKey(q.process_set, q.group)]) + " of its tensors but '" +
+            q.name + "' says the group has " + std::to_string(q.group_size) +
+            "; submit every tensor of a group in one call (spark_hvd's grouped_* ops do)")
+            .WithTensor(q.name));
   }
 }
 
@@ -98,7 +99,8 @@ void Engine::Connect() {
     Backend* b = registry_.Find(name);
     if (b == nullptr || !TakesCpuOps(*b)) {
       throw StatusError(Status::InvalidArgument(
-          "'" + name + "' is not a CPU backend to stage GPU tensors on (SPARK_HVD_GPU_OPERATIONS"
+          "'" + name +
+          "' is not a CPU backend to stage GPU tensors on (SPARK_HVD_GPU_OPERATIONS"
           " takes nccl, or a CPU backend: tcp, gloo, mpi)"));
     }
     return b->Connect(o);
@@ -179,17 +181,19 @@ void Engine::Loop(std::promise<Status>* ready) {
     }
     if (cr.shutdown) {
       if (want_shutdown) break;  // our own shutdown(): ops after it are "not initialized"
-      stop = Status::PeerLost("rank(s) " + JoinRanks(cr.shutdown_ranks) +
-                              " shut down (called shutdown() or exited) while this operation "
-                              "was pending on rank " + std::to_string(rank_) +
-                              "; every rank must run the same collectives",
-                              cr.shutdown_ranks);
+      stop =
+          Status::PeerLost("rank(s) " + JoinRanks(cr.shutdown_ranks) +
+                               " shut down (called shutdown() or exited) while this operation "
+                               "was pending on rank " +
+                               std::to_string(rank_) + "; every rank must run the same collectives",
+                           cr.shutdown_ranks);
       break;
     }
     for (const Response& r : cr.responses) {
       SHVD_LOG(kTrace, "engine") << "cycle response " << OpTypeName(r.op) << " "
                                  << (r.tensors.empty() ? std::string("-") : r.tensors[0].name)
-                                 << " x" << r.tensors.size() << " error=" << static_cast<int>(r.error);
+                                 << " x" << r.tensors.size()
+                                 << " error=" << static_cast<int>(r.error);
       try {
         if (r.op == kAddProcessSet || r.op == kRemoveProcessSet) {
           ChangeProcessSets(r);
@@ -237,8 +241,8 @@ void Engine::Loop(std::promise<Status>* ready) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    failure_ = stop.ok() ? Status::NotInitialized("spark_hvd was shut down; call init() again")
-                         : stop;
+    failure_ =
+        stop.ok() ? Status::NotInitialized("spark_hvd was shut down; call init() again") : stop;
     running_ = false;
   }
   // No enqueue gets past the running_ check from here on.
@@ -295,8 +299,9 @@ Status Engine::Stopped() const {
 
 void Engine::Validate(const Request& req) const {
   auto bad = [&](const std::string& m) {
-    throw StatusError(Status::InvalidArgument(std::string(OpTypeName(req.op)) + " '" + req.name +
-                                              "': " + m).WithTensor(req.name));
+    throw StatusError(
+        Status::InvalidArgument(std::string(OpTypeName(req.op)) + " '" + req.name + "': " + m)
+            .WithTensor(req.name));
   };
   if (req.op == OpType::kJoin || req.op == kAddProcessSet || req.op == kRemoveProcessSet) return;
   for (int64_t d : req.shape) {
@@ -335,7 +340,8 @@ void Engine::Validate(const Request& req) const {
     if (req.op == OpType::kReducescatter) bad("reducescatter does not support op=Adasum");
     if (!AdasumDataType(req.dtype)) {
       bad("op=Adasum needs a floating-point tensor (float16, bfloat16, float32 or float64), "
-          "got " + std::string(DataTypeName(req.dtype)));
+          "got " +
+          std::string(DataTypeName(req.dtype)));
     }
     if ((n & (n - 1)) != 0) {
       bad("op=Adasum needs a power-of-two number of ranks, as in Horovod; process set " +
@@ -344,7 +350,8 @@ void Engine::Validate(const Request& req) const {
     }
     if (req.device != kCpuDevice) {
       bad("op=Adasum runs on host memory; GPU tensors go through spark_hvd.torch, which "
-          "stages them through host memory (device " + std::to_string(req.device) + ")");
+          "stages them through host memory (device " +
+          std::to_string(req.device) + ")");
     }
   }
   if (req.op == OpType::kBroadcast &&

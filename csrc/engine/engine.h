@@ -17,8 +17,8 @@
 #include "engine/autotune.h"
 #include "engine/controller.h"
 #include "engine/op_state.h"
-#include "engine/tensor_queue.h"
 #include "engine/process_set.h"
+#include "engine/tensor_queue.h"
 #include "engine/timeline.h"
 #include "rendezvous/store.h"
 

@@ -55,9 +55,9 @@ Status Executor::Execute(const Response& r) {
   const bool adasum = r.op == OpType::kAllreduce && r.reduce_op == ReduceOp::kAdasum;
   Communicator* comm = set->For(r.device, adasum ? OpType::kAlltoall : r.op, r.dtype);
   if (comm == nullptr) {
-    fail_all(Status::InvalidArgument(
-        "no communicator of process set " + std::to_string(r.process_set) +
-        " executes this op on device " + std::to_string(r.device)));
+    fail_all(Status::InvalidArgument("no communicator of process set " +
+                                     std::to_string(r.process_set) +
+                                     " executes this op on device " + std::to_string(r.device)));
     return Status::OK();
   }
   const int64_t start = NowMicros();
@@ -75,7 +75,8 @@ Status Executor::Execute(const Response& r) {
     // A backend's own stream waits for each input's ready event (recorded on its producer
     // stream, the null one included, at submit), not for what was queued there since.
     if (e->ready) inputs.ready.push_back(e->ready.get());
-    if (std::find(inputs.streams.begin(), inputs.streams.end(), e->stream) == inputs.streams.end()) {
+    if (std::find(inputs.streams.begin(), inputs.streams.end(), e->stream) ==
+        inputs.streams.end()) {
       inputs.streams.push_back(e->stream);
     }
   }
@@ -85,11 +86,21 @@ Status Executor::Execute(const Response& r) {
     return s;
   }
   switch (r.op) {
-    case OpType::kAllreduce: s = Allreduce(r, es, comm); break;
-    case OpType::kAllgather: s = Allgather(r, es, comm); break;
-    case OpType::kBroadcast: s = Broadcast(r, es, comm); break;
-    case OpType::kAlltoall: s = Alltoall(r, es, comm); break;
-    case OpType::kReducescatter: s = Reducescatter(r, es, comm); break;
+    case OpType::kAllreduce:
+      s = Allreduce(r, es, comm);
+      break;
+    case OpType::kAllgather:
+      s = Allgather(r, es, comm);
+      break;
+    case OpType::kBroadcast:
+      s = Broadcast(r, es, comm);
+      break;
+    case OpType::kAlltoall:
+      s = Alltoall(r, es, comm);
+      break;
+    case OpType::kReducescatter:
+      s = Reducescatter(r, es, comm);
+      break;
     case OpType::kBarrier: {
       s = comm->Barrier();
       Phase(es, "BARRIER", start);
@@ -140,7 +151,8 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
 
 Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
   const ResponseTensor& t = r.tensors[0];
-  const int64_t row_bytes = NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  const int64_t row_bytes =
+      NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
   std::vector<int64_t> bytes(t.rank_dims.size());
   int64_t rows = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
@@ -191,7 +203,8 @@ Status Executor::Alltoall(const Response& r, Entries& es, Communicator* comm) {
   const ResponseTensor& t = r.tensors[0];
   const size_t n = static_cast<size_t>(comm->size());
   const size_t me = static_cast<size_t>(comm->rank());
-  const int64_t row_bytes = NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  const int64_t row_bytes =
+      NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
   std::vector<int64_t> send(n), recv(n), recv_rows(n);
   int64_t rows = 0;
   for (size_t j = 0; j < n; ++j) {
@@ -260,8 +273,7 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
     args.tensors[0].output = whole;
     s = comm->Allreduce(args);
     if (s.ok()) {
-      s = comm->Copy(e->state->output.data,
-                     static_cast<uint8_t*>(whole) + first_row * row_bytes,
+      s = comm->Copy(e->state->output.data, static_cast<uint8_t*>(whole) + first_row * row_bytes,
                      my_rows * row_bytes);
     }
   }

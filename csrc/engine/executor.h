@@ -8,9 +8,9 @@
 #include <memory>
 #include <vector>
 
+#include "engine/in_flight.h"
 #include "engine/message.h"
 #include "engine/process_set.h"
-#include "engine/in_flight.h"
 #include "engine/tensor_queue.h"
 #include "engine/timeline.h"
 

@@ -3,9 +3,7 @@
 namespace spark_hvd {
 namespace {
 
-bool Fusable(const Response& r) {
-  return r.op == OpType::kAllreduce && r.error == StatusCode::kOk;
-}
+bool Fusable(const Response& r) { return r.op == OpType::kAllreduce && r.error == StatusCode::kOk; }
 
 bool SameKind(const Response& a, const Response& b) {
   return a.dtype == b.dtype && a.reduce_op == b.reduce_op && a.prescale == b.prescale &&

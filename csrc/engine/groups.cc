@@ -54,20 +54,18 @@ Response Incomplete(const ReadyGroup& g, const std::string& key, const MessageTa
       r.error_ranks = {std::min(got[0], missing[0]), std::max(got[0], missing[0])};
     }
   }
-  r.error_message = "its members differ between ranks: every rank submitted " +
-                    Quoted(everyone) +
-                    (partial.empty() ? "; the other " +
-                                           std::to_string(g.size - static_cast<int32_t>(
-                                                                       g.members.size())) +
-                                           " never came"
-                                     : partial) +
-                    ". Every rank must submit the same tensors in a group.";
+  r.error_message =
+      "its members differ between ranks: every rank submitted " + Quoted(everyone) +
+      (partial.empty()
+           ? "; the other " + std::to_string(g.size - static_cast<int32_t>(g.members.size())) +
+                 " never came"
+           : partial) +
+      ". Every rank must submit the same tensors in a group.";
   return r;
 }
 
 std::string GroupPrefix(const std::string& name, size_t tensors) {
-  return "grouped op '" + name + "' (" + std::to_string(tensors) +
-         " tensors) failed as a whole: ";
+  return "grouped op '" + name + "' (" + std::to_string(tensors) + " tensors) failed as a whole: ";
 }
 
 }  // namespace

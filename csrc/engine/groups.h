@@ -34,8 +34,8 @@ namespace spark_hvd {
 
 // The members of one group that became ready this cycle.
 struct ReadyGroup {
-  std::string name;      // as submitted (the response's `group` is its TensorKey)
-  int32_t size = 0;      // group_size of the first member's first request
+  std::string name;  // as submitted (the response's `group` is its TensorKey)
+  int32_t size = 0;  // group_size of the first member's first request
   std::vector<Response> members;
 };
 

@@ -40,8 +40,7 @@ InFlight::~InFlight() {
   Sweep(0);
 }
 
-void InFlight::Add(std::unique_ptr<PendingWork> work,
-                   std::vector<EntryPtr> entries) {
+void InFlight::Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     items_.push_back(Item{std::move(work), std::move(entries), NowMicros()});
@@ -49,8 +48,7 @@ void InFlight::Add(std::unique_ptr<PendingWork> work,
   cv_.notify_all();
 }
 
-void InFlight::Retain(std::unique_ptr<PendingWork> work,
-                      std::vector<EntryPtr> entries) {
+void InFlight::Retain(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     KeepUntilQuiesced(Item{std::move(work), std::move(entries), 0});
@@ -162,12 +160,12 @@ void InFlight::Loop() {
       std::vector<int32_t> ranks;
       std::string who = item.work->WhoIsMissing(&ranks);
       if (who.empty()) who = "a peer, or this rank's GPU, may be stuck";
-      status = Status(StatusCode::kTimeout,
-                      "a GPU collective (" + Describe(item) +
-                          ") did not finish within SPARK_HVD_TIMEOUT_S=" +
-                          FormatSeconds(timeout_s) + " s: " + who +
-                          "; its communicator was aborted",
-                      ranks);
+      status =
+          Status(StatusCode::kTimeout,
+                 "a GPU collective (" + Describe(item) +
+                     ") did not finish within SPARK_HVD_TIMEOUT_S=" + FormatSeconds(timeout_s) +
+                     " s: " + who + "; its communicator was aborted",
+                 ranks);
     }
     if (!done) {
       cv_.wait_for(lock, pause, [this] { return stop_; });

@@ -33,8 +33,7 @@ class InFlight {
   void Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries);
   // Entries of ops already failed whose buffers `work`, queued before the failure, may
   // still use: kept (draining) until it quiesces.
-  void Retain(std::unique_ptr<PendingWork> work,
-              std::vector<EntryPtr> entries);
+  void Retain(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries);
   // The first failure of any work so far, or OK.
   Status failure();
   // Waits for everything in flight (up to timeout_s, then aborts the rest).

@@ -35,9 +35,21 @@ void Reader::Raw(void* out, size_t n) {
   p_ += n;
 }
 
-int32_t Reader::I32() { int32_t v; Raw(&v, sizeof(v)); return v; }
-int64_t Reader::I64() { int64_t v; Raw(&v, sizeof(v)); return v; }
-double Reader::F64() { double v; Raw(&v, sizeof(v)); return v; }
+int32_t Reader::I32() {
+  int32_t v;
+  Raw(&v, sizeof(v));
+  return v;
+}
+int64_t Reader::I64() {
+  int64_t v;
+  Raw(&v, sizeof(v));
+  return v;
+}
+double Reader::F64() {
+  double v;
+  Raw(&v, sizeof(v));
+  return v;
+}
 
 std::string Reader::Str() {
   int64_t n = I64();

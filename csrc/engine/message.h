@@ -39,7 +39,7 @@ struct Request {
 // One tensor inside a response.
 struct ResponseTensor {
   std::string name;
-  std::vector<int64_t> shape;      // the agreed shape (allgather/alltoall: of the lowest active rank)
+  std::vector<int64_t> shape;  // the agreed shape (allgather/alltoall: of the lowest active rank)
   std::vector<int64_t> rank_dims;  // allgather: first dim per set rank;
                                    // alltoall: size x size split matrix, row = sender
 };
@@ -58,7 +58,7 @@ struct Response {
   std::vector<int64_t> extra;           // process-set members; join: {last joined rank}
   StatusCode error = StatusCode::kOk;   // != kOk: every rank fails these tensors
   std::string error_message;
-  std::vector<int32_t> error_ranks;     // the evidence: stall: missing; mismatch: disagreeing
+  std::vector<int32_t> error_ranks;  // the evidence: stall: missing; mismatch: disagreeing
   std::string group;  // grouped ops: the group's name; a failure fails the whole group (groups.h)
 
   int64_t TotalElements() const;

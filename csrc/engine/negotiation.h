@@ -31,17 +31,16 @@ constexpr uint32_t kKeepOwn = 0xFFFFFFFFu;
 
 // What every rank sent in one cycle (steps 2 and 3).
 struct CycleRecords {
-  int64_t record_bytes = 0;  // header + cache bit vector
+  int64_t record_bytes = 0;   // header + cache bit vector
   std::vector<char> records;  // size * record_bytes, in rank order
   std::vector<CycleHeader> headers;
   std::vector<int64_t> uncached_bytes;  // by rank
-  std::string uncached;                  // every rank's serialized requests, in rank order
+  std::string uncached;                 // every rank's serialized requests, in rank order
 
   // Did `rank` set the cache bit of `slot` this cycle?
   bool Bit(int32_t rank, int64_t slot) const {
-    const char byte = records[static_cast<size_t>(rank * record_bytes +
-                                                  static_cast<int64_t>(sizeof(CycleHeader)) +
-                                                  slot / 8)];
+    const char byte = records[static_cast<size_t>(
+        rank * record_bytes + static_cast<int64_t>(sizeof(CycleHeader)) + slot / 8)];
     return ((byte >> (slot % 8)) & 1) != 0;
   }
   // Did any rank raise a flag or set any cache bit?

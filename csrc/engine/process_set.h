@@ -36,7 +36,7 @@ class ProcessSetTable {
  public:
   void Add(std::unique_ptr<ProcessSet> set);
   void Remove(int32_t id);
-  ProcessSet* Get(int32_t id);  // background thread only
+  ProcessSet* Get(int32_t id);             // background thread only
   std::vector<int32_t> Ranks(int32_t id);  // empty when unknown
   // The set's size (0 when unknown) and whether `global_rank` is a member, read under the
   // lock without copying the ranks (validation of every op).

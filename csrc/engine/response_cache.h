@@ -19,7 +19,7 @@ struct CacheSlot {
   bool valid = false;
   int32_t process_set = 0;
   std::map<int32_t, Request> requests;  // by global rank, every member
-  int64_t first_bit_cycle = -1;  // first cycle any rank set this bit (stall inspection)
+  int64_t first_bit_cycle = -1;         // first cycle any rank set this bit (stall inspection)
   int64_t first_bit_us = 0;
   bool reported = false;
 };

@@ -32,8 +32,8 @@ void StallInspector::Report(const Request& first, int32_t process_set,
                             std::vector<Response>* out) const {
   const std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) +
                            ", process set " + std::to_string(process_set) +
-                           ") was submitted by ranks " + RankList(got) +
-                           " but not yet by ranks " + RankList(missing);
+                           ") was submitted by ranks " + RankList(got) + " but not yet by ranks " +
+                           RankList(missing);
   if (warn) {
     SHVD_LOG(kWarning, "stall")
         << text << " after " << (NowMicros() - since_us) / 1000000
@@ -68,8 +68,10 @@ void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
     ProcessSet* set = sets_->Get(set_id);
     if (set == nullptr) return;
     for (int32_t m : set->ranks) {
-      if (has(m)) got->push_back(m);
-      else if (!joined[static_cast<size_t>(m)]) missing->push_back(m);
+      if (has(m))
+        got->push_back(m);
+      else if (!joined[static_cast<size_t>(m)])
+        missing->push_back(m);
     }
   };
 
@@ -84,8 +86,7 @@ void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
       continue;
     }
     std::vector<int32_t> got, missing;
-    split(first.process_set, [&](int32_t m) { return te.requests.count(m) > 0; }, &got,
-          &missing);
+    split(first.process_set, [&](int32_t m) { return te.requests.count(m) > 0; }, &got, &missing);
     te.reported = te.reported || warn;
     Report(first, first.process_set, got, missing, te.first_us, warn, expire, out);
     if (expire) {
@@ -104,8 +105,8 @@ void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
     std::vector<int32_t> got, missing;
     split(cs.process_set, [&](int32_t m) { return records.Bit(m, slot); }, &got, &missing);
     cs.reported = cs.reported || warn;
-    Report(cs.requests.begin()->second, cs.process_set, got, missing, cs.first_bit_us, warn,
-           expire, out);
+    Report(cs.requests.begin()->second, cs.process_set, got, missing, cs.first_bit_us, warn, expire,
+           out);
     if (expire) cs.first_bit_cycle = -1;
   }
 }

@@ -7,8 +7,7 @@ namespace spark_hvd {
 void TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::lock_guard<std::mutex> lock(mu_);
   auto where = [](const Request& r) {  // built for an error only: no allocation per op
-    return "on rank " + std::to_string(r.rank) + " in process set " +
-           std::to_string(r.process_set);
+    return "on rank " + std::to_string(r.rank) + " in process set " + std::to_string(r.process_set);
   };
   auto in_flight = [&](const Request& r) {
     return StatusError(Status::InvalidArgument(

@@ -83,8 +83,8 @@ struct Op {
 };
 
 Op MakeOp(OpType op, const std::string& name, DataType dtype, std::vector<int64_t> shape,
-          uintptr_t input, uintptr_t output, ReduceOp reduce_op, double prescale,
-          double postscale, int root, int process_set, int device, std::vector<int64_t> splits,
+          uintptr_t input, uintptr_t output, ReduceOp reduce_op, double prescale, double postscale,
+          int root, int process_set, int device, std::vector<int64_t> splits,
           const std::string& group, int group_size, py::object owner, uintptr_t stream) {
   Op o;
   TensorEntry& e = o.entry;
@@ -112,8 +112,8 @@ Op MakeOp(OpType op, const std::string& name, DataType dtype, std::vector<int64_
   if (api != nullptr) {
     cuda::PooledEvent ready;
     Status s = cuda::RecordReady(api, device, e.stream, &ready);
-    if (!s.ok()) Raise(Status(s.code(), std::string(OpTypeName(op)) + " '" + name + "': " +
-                                            s.message()));
+    if (!s.ok())
+      Raise(Status(s.code(), std::string(OpTypeName(op)) + " '" + name + "': " + s.message()));
     e.ready = std::move(ready);
   }
   return o;
@@ -216,8 +216,8 @@ PYBIND11_MODULE(_core, m) {
       [](const std::string& name) {
         env::Value value;
         if (!env::Effective(name, &value)) {
-          Raise(Status::InvalidArgument("no setting is named " + name +
-                                        " (spark_hvd/settings.def)"));
+          Raise(
+              Status::InvalidArgument("no setting is named " + name + " (spark_hvd/settings.def)"));
         }
         return value;
       },
@@ -302,10 +302,11 @@ PYBIND11_MODULE(_core, m) {
   // An enqueued op, as the caller holds it (c10d's Work): dropping it never
   // frees what the op is still using; a result nobody claims is freed with it.
   py::class_<Work>(m, "Work")
-      .def("poll", [](const Work& w) {
-        DrainReleases();
-        return TheEngine().completions().Done(*w.state);
-      })
+      .def("poll",
+           [](const Work& w) {
+             DrainReleases();
+             return TheEngine().completions().Done(*w.state);
+           })
       .def(
           "wait",
           [](const Work& w, double timeout_s) {
@@ -341,13 +342,14 @@ PYBIND11_MODULE(_core, m) {
       "tuned_parameters",
       [] {
         if (!TheEngine().initialized()) {
-          Raise(Status::NotInitialized("spark_hvd is not initialized: call spark_hvd.init() first"));
+          Raise(
+              Status::NotInitialized("spark_hvd is not initialized: call spark_hvd.init() first"));
         }
         const TuneState s = TheEngine().Tuned();
         py::list history;
         for (const auto& h : s.history) {
-          history.append(py::make_tuple(h.cycle, h.params.fusion_threshold_bytes,
-                                        h.params.cycle_time_ms));
+          history.append(
+              py::make_tuple(h.cycle, h.params.fusion_threshold_bytes, h.params.cycle_time_ms));
         }
         return py::dict(py::arg("fusion_threshold") = s.current.fusion_threshold_bytes,
                         py::arg("cycle_time_ms") = s.current.cycle_time_ms,
@@ -372,7 +374,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {
-    if (!TheEngine().StartTimeline(path)) Raise(Status::InvalidArgument("cannot open timeline file " + path));
+    if (!TheEngine().StartTimeline(path))
+      Raise(Status::InvalidArgument("cannot open timeline file " + path));
   });
   m.def("stop_timeline", [] { TheEngine().StopTimeline(); });
 }

@@ -12,13 +12,18 @@ struct Context {
 DataType Of(spark_hvd::DataType d) {
   const uint8_t bits = static_cast<uint8_t>(8 * DataTypeSize(d));
   switch (d) {
-    case spark_hvd::DataType::kUInt8: return {1, bits, 1};
-    case spark_hvd::DataType::kBool: return {6, bits, 1};
+    case spark_hvd::DataType::kUInt8:
+      return {1, bits, 1};
+    case spark_hvd::DataType::kBool:
+      return {6, bits, 1};
     case spark_hvd::DataType::kFloat16:
     case spark_hvd::DataType::kFloat32:
-    case spark_hvd::DataType::kFloat64: return {2, bits, 1};
-    case spark_hvd::DataType::kBFloat16: return {4, bits, 1};
-    default: return {0, bits, 1};  // signed integers
+    case spark_hvd::DataType::kFloat64:
+      return {2, bits, 1};
+    case spark_hvd::DataType::kBFloat16:
+      return {4, bits, 1};
+    default:
+      return {0, bits, 1};  // signed integers
   }
 }
 

@@ -24,10 +24,14 @@ constexpr int32_t kDevice = 77;
 
 float Neutral(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kMin: return 3.0e38f;
-    case ReduceOp::kMax: return -3.0e38f;
-    case ReduceOp::kProduct: return 1.0f;
-    default: return 0.0f;
+    case ReduceOp::kMin:
+      return 3.0e38f;
+    case ReduceOp::kMax:
+      return -3.0e38f;
+    case ReduceOp::kProduct:
+      return 1.0f;
+    default:
+      return 0.0f;
   }
 }
 
@@ -63,10 +67,18 @@ class RecordingCommunicator : public Communicator {
       const float* x = reinterpret_cast<const float*>(all[r].data());
       for (size_t i = 0; i < acc.size(); ++i) {
         switch (a.op) {
-          case ReduceOp::kMin: acc[i] = std::min(acc[i], x[i]); break;
-          case ReduceOp::kMax: acc[i] = std::max(acc[i], x[i]); break;
-          case ReduceOp::kProduct: acc[i] *= x[i]; break;
-          default: acc[i] += x[i]; break;
+          case ReduceOp::kMin:
+            acc[i] = std::min(acc[i], x[i]);
+            break;
+          case ReduceOp::kMax:
+            acc[i] = std::max(acc[i], x[i]);
+            break;
+          case ReduceOp::kProduct:
+            acc[i] *= x[i];
+            break;
+          default:
+            acc[i] += x[i];
+            break;
         }
       }
     }
@@ -74,7 +86,8 @@ class RecordingCommunicator : public Communicator {
     size_t offset = 0;
     for (const auto& t : a.tensors) {
       float* out = static_cast<float*>(t.output);
-      for (int64_t i = 0; out && i < t.count; ++i) out[i] = static_cast<float>(acc[offset + i] * post);
+      for (int64_t i = 0; out && i < t.count; ++i)
+        out[i] = static_cast<float>(acc[offset + i] * post);
       offset += static_cast<size_t>(t.count);
     }
     Record("allreduce tensors=" + std::to_string(a.tensors.size()) +
@@ -109,8 +122,7 @@ class RecordingCommunicator : public Communicator {
     Record("barrier");
     return Status::OK();
   }
-  std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks,
-                                      int32_t set_id) override {
+  std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks, int32_t set_id) override {
     if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
     std::vector<int32_t> members;
     for (int32_t r : ranks) members.push_back(members_[static_cast<size_t>(r)]);
@@ -120,8 +132,8 @@ class RecordingCommunicator : public Communicator {
  private:
   // Every member's bytes for this call, in rank order.
   std::vector<std::string> Exchange(const std::string& mine) {
-    const std::string base = options_.store_prefix + "/recording/set" +
-                             std::to_string(set_id_) + "/" + std::to_string(seq_++) + "/";
+    const std::string base = options_.store_prefix + "/recording/set" + std::to_string(set_id_) +
+                             "/" + std::to_string(seq_++) + "/";
     options_.store->Set(base + std::to_string(rank_), mine);
     std::vector<std::string> all;
     for (size_t r = 0; r < members_.size(); ++r) {

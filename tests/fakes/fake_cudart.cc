@@ -73,10 +73,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -226,7 +226,7 @@ class Event {
  private:
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t latest_ = 0;  // generation of the most recent cudaEventRecord
+  uint64_t latest_ = 0;         // generation of the most recent cudaEventRecord
   std::set<uint64_t> pending_;  // recorded generations whose marker has not run yet
 };
 
@@ -451,7 +451,8 @@ class Runtime {
         return cudaSuccess;
       }
       if (holder > 0 && (::kill(pid_t(holder), 0) == 0 || errno == EPERM)) {
-        std::fprintf(stderr, "fake CUDA: process %d needs a context on GPU %d, which process %ld "
+        std::fprintf(stderr,
+                     "fake CUDA: process %d needs a context on GPU %d, which process %ld "
                      "holds (exclusive-process mode): cudaErrorDevicesUnavailable\n",
                      int(::getpid()), physical, holder);
         return kErrDevicesUnavailable;
@@ -500,8 +501,8 @@ Runtime& Rt() {
 thread_local int t_device = 0;
 
 // A context on the calling thread's current device (SHVD_FAKE_CUDA_EXCLUSIVE_DIR).
-#define SHVD_FAKE_CONTEXT()                                          \
-  do {                                                               \
+#define SHVD_FAKE_CONTEXT()                                           \
+  do {                                                                \
     if (cudaError_t ctx_err = Rt().Context(t_device)) return ctx_err; \
   } while (0)
 
@@ -591,14 +592,22 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
                             cudaStream_t stream) {
   SHVD_FAKE_CONTEXT();
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) return kErrInvalidMemcpyDirection;
-  if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
-                                                            : cudaSuccess;
+  if (bytes == 0)
+    return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle : cudaSuccess;
   bool ok = false;
   switch (kind) {
-    case cudaMemcpyHostToHost: ok = IsHostSide(dst, bytes) && IsHostSide(src, bytes); break;
-    case cudaMemcpyHostToDevice: ok = IsDevice(dst, bytes) && IsHostSide(src, bytes); break;
-    case cudaMemcpyDeviceToHost: ok = IsHostSide(dst, bytes) && IsDevice(src, bytes); break;
-    case cudaMemcpyDeviceToDevice: ok = IsDevice(dst, bytes) && IsDevice(src, bytes); break;
+    case cudaMemcpyHostToHost:
+      ok = IsHostSide(dst, bytes) && IsHostSide(src, bytes);
+      break;
+    case cudaMemcpyHostToDevice:
+      ok = IsDevice(dst, bytes) && IsHostSide(src, bytes);
+      break;
+    case cudaMemcpyDeviceToHost:
+      ok = IsHostSide(dst, bytes) && IsDevice(src, bytes);
+      break;
+    case cudaMemcpyDeviceToDevice:
+      ok = IsDevice(dst, bytes) && IsDevice(src, bytes);
+      break;
     default:
       ok = Rt().Kind(dst, bytes, nullptr) != kShvdFakeOverrun &&
            Rt().Kind(src, bytes, nullptr) != kShvdFakeOverrun;
@@ -611,8 +620,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream) {
   SHVD_FAKE_CONTEXT();
-  if (bytes == 0) return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle
-                                                            : cudaSuccess;
+  if (bytes == 0)
+    return stream && !Rt().FindStream(stream) ? kErrInvalidResourceHandle : cudaSuccess;
   if (!IsDevice(ptr, bytes)) return kErrInvalidValue;
   void* to = Rt().View(ptr);
   return Submit(stream, [to, value, bytes] { std::memset(to, value, bytes); });
@@ -697,16 +706,26 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 
 const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case kErrInvalidValue: return "invalid argument";
-    case kErrMemoryAllocation: return "out of memory";
-    case kErrInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case kErrNoDevice: return "no CUDA-capable device is detected";
-    case kErrInvalidDevice: return "invalid device ordinal";
-    case kErrInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case kErrDevicesUnavailable: return "CUDA-capable device(s) is/are busy or unavailable";
-    default: return "unrecognized error code";
+    case cudaSuccess:
+      return "no error";
+    case kErrInvalidValue:
+      return "invalid argument";
+    case kErrMemoryAllocation:
+      return "out of memory";
+    case kErrInvalidMemcpyDirection:
+      return "invalid copy direction for memcpy";
+    case kErrNoDevice:
+      return "no CUDA-capable device is detected";
+    case kErrInvalidDevice:
+      return "invalid device ordinal";
+    case kErrInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case kErrDevicesUnavailable:
+      return "CUDA-capable device(s) is/are busy or unavailable";
+    default:
+      return "unrecognized error code";
   }
 }
 

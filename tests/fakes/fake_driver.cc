@@ -7,12 +7,12 @@
 // DIR/id; the others wait for it. A scenario prints "PASS" at the end and exits 0;
 // a failed check prints "[rank R] FAIL file:line: ..." to stderr and exits 1.
 // Expectations are computed from RANK and SIZE, so one scenario holds at 1, 2 and 3 ranks.
+#include "fake_driver.h"
+
 #include <csignal>
 #include <functional>
 #include <map>
 #include <thread>
-
-#include "fake_driver.h"
 
 using namespace driver;
 
@@ -38,11 +38,16 @@ double Expected(const Dtype& d, int op, size_t i) {
   for (int r = 0; r < g_size; ++r) {
     const double scale = op == kHostPreMul ? 2 : op == kDevicePreMul ? r + 1 : 1;
     double x = InputValue(d, base, r, i) * scale;
-    if (r == 0) acc = x;
-    else if (base == ncclProd) acc *= x;
-    else if (base == ncclMax) acc = std::max(acc, x);
-    else if (base == ncclMin) acc = std::min(acc, x);
-    else acc += x;
+    if (r == 0)
+      acc = x;
+    else if (base == ncclProd)
+      acc *= x;
+    else if (base == ncclMax)
+      acc = std::max(acc, x);
+    else if (base == ncclMin)
+      acc = std::min(acc, x);
+    else
+      acc += x;
   }
   if (op == ncclAvg) acc = d.floating ? acc / g_size : std::trunc(acc / g_size);
   return acc;
@@ -85,28 +90,34 @@ void Collectives() {
       NCCL(api.ncclAllReduce(send, recv, count, d.id, red, comm, s));
       if (op >= kHostPreMul) NCCL(api.ncclRedOpDestroy(red, comm));  // allowed once queued
       double tolerance = op == ncclAvg && d.floating ? (d.size == 2 ? 2e-2 : 1e-5) : 0;
-      checks.push_back({std::string("allreduce ") + d.name + " op " + std::to_string(op), &d,
-                        recv, want, tolerance});
+      checks.push_back({std::string("allreduce ") + d.name + " op " + std::to_string(op), &d, recv,
+                        want, tolerance});
     }
   }
   // Integers wrap like the dtype.
   const Dtype &i8 = D(ncclInt8), &u32 = D(ncclUint32);
   void* wrap8 = DevCopy(Encoded(i8, {100, -100}));
   NCCL(api.ncclAllReduce(wrap8, wrap8, 2, ncclInt8, ncclSum, comm, s));
-  checks.push_back({"int8 wraps", &i8, wrap8, {double(int8_t(uint8_t(100 * n))),
-                                               double(int8_t(uint8_t(256 - 100 * n % 256)))}, 0});
+  checks.push_back(
+      {"int8 wraps",
+       &i8,
+       wrap8,
+       {double(int8_t(uint8_t(100 * n))), double(int8_t(uint8_t(256 - 100 * n % 256)))},
+       0});
   void* wrap32 = DevCopy(Encoded(u32, {4294967295.0}));
   NCCL(api.ncclAllReduce(wrap32, wrap32, 1, ncclUint32, ncclSum, comm, s));
   checks.push_back({"uint32 wraps", &u32, wrap32, {double(uint32_t(0xFFFFFFFFull * n))}, 0});
   // float16 and bfloat16 round to nearest even after each step (rank 0 + rank 1 + 0s).
   if (n >= 2) {
     const Dtype &f16 = D(ncclFloat16), &bf16 = D(ncclBfloat16);
-    void* h = DevCopy(Encoded(f16, me == 0 ? std::vector<double>{1024, 1025}
-                                   : me == 1 ? std::vector<double>{0.5, 0.5} : Iota(2, 0, 0)));
+    void* h = DevCopy(Encoded(f16, me == 0   ? std::vector<double>{1024, 1025}
+                                   : me == 1 ? std::vector<double>{0.5, 0.5}
+                                             : Iota(2, 0, 0)));
     NCCL(api.ncclAllReduce(h, h, 2, ncclFloat16, ncclSum, comm, s));
     checks.push_back({"float16 rounds to even", &f16, h, {1024, 1026}, 0});
-    void* b = DevCopy(Encoded(bf16, me == 0 ? std::vector<double>{256, 258}
-                                    : me == 1 ? std::vector<double>{1, 1} : Iota(2, 0, 0)));
+    void* b = DevCopy(Encoded(bf16, me == 0   ? std::vector<double>{256, 258}
+                                    : me == 1 ? std::vector<double>{1, 1}
+                                              : Iota(2, 0, 0)));
     NCCL(api.ncclAllReduce(b, b, 2, ncclBfloat16, ncclSum, comm, s));
     checks.push_back({"bfloat16 rounds to even", &bf16, b, {256, 260}, 0});
   }
@@ -142,8 +153,10 @@ void Collectives() {
     std::vector<double> mine(want.begin() + 3 * me, want.begin() + 3 * me + 3);
     char* recv = static_cast<char*>(DevAlloc(3 * n * d.size));
     const void* send = recv + 3 * me * d.size;
-    if (id == ncclUint8) send = DevCopy(Encoded(d, mine));
-    else Put(recv + 3 * me * d.size, Encoded(d, mine));
+    if (id == ncclUint8)
+      send = DevCopy(Encoded(d, mine));
+    else
+      Put(recv + 3 * me * d.size, Encoded(d, mine));
     NCCL(api.ncclAllGather(send, recv, 3, id, comm, s));
     checks.push_back({std::string("allgather ") + d.name, &d, recv, want, 0});
   }
@@ -265,8 +278,8 @@ void StreamOrder() {
   EXPECT_EQ(api.cudaEventQuery(e1), cudaSuccess);
   std::vector<char> out(16);
   std::memcpy(out.data(), pinned_out, 16);
-  ExpectValues("result after cudaEventQuery", Decoded(kF32, out), Iota(4, n * (n + 1) / 2.0,
-                                                                           n * (n + 1) / 2.0));
+  ExpectValues("result after cudaEventQuery", Decoded(kF32, out),
+               Iota(4, n * (n + 1) / 2.0, n * (n + 1) / 2.0));
   // cudaStreamSynchronize waits; a queued memset is not visible before.
   CUDA(api.cudaMemsetAsync(buf, 0, 16, s1));
   EXPECT_EQ(Decoded(kF32, Get(buf, 16))[0], n * (n + 1) / 2.0);
@@ -332,8 +345,10 @@ void Mismatch(const std::string& kind) {
   const std::string text = api.ncclGetLastError(comm);
   std::printf("LAST_ERROR %s\n", text.c_str());
   const std::map<std::string, std::vector<std::string>> evidence = {
-      {"count", {"count=4", "count=5"}}, {"dtype", {"ncclFloat32", "ncclInt32"}},
-      {"root", {"root=0", "root=1"}},    {"p2p", {"count=4", "count=5"}},
+      {"count", {"count=4", "count=5"}},
+      {"dtype", {"ncclFloat32", "ncclInt32"}},
+      {"root", {"root=0", "root=1"}},
+      {"p2p", {"count=4", "count=5"}},
       {"departed", {"rank " + std::to_string(odd), "destroyed"}}};
   for (const auto& part : evidence.at(kind)) CHECK(Contains(text, part));
   ExpectValues("untouched output", Decoded(kF32, Get(out1, 20)), Iota(5, 9, 0));
@@ -359,7 +374,7 @@ void UngroupedDeadlock() {
   EXPECT_EQ(api.cudaEventQuery(e), cudaErrorNotReady);
   ncclResult_t err;
   NCCL(api.ncclCommGetAsyncError(comm, &err));
-  EXPECT_EQ(err, ncclSuccess);  // a hang, not an error
+  EXPECT_EQ(err, ncclSuccess);               // a hang, not an error
   Touch("stuck." + std::to_string(g_rank));  // both stuck before either aborts
   CHECK(WaitForFile(g_dir + "/stuck." + std::to_string(peer), 30));
   NCCL(api.ncclCommAbort(comm));
@@ -550,7 +565,8 @@ void CudaBasics() {
     int d = -1;
     CUDA(api.cudaGetDevice(&d));
     EXPECT_EQ(d, 0);
-  }).join();
+  })
+      .join();
   char* p = static_cast<char*>(DevAlloc(10));
   EXPECT_EQ(uintptr_t(p) % 256, 0u);
   for (char c : Get(p, 10)) EXPECT_EQ(int(uint8_t(c)), 0xFF);
@@ -666,7 +682,8 @@ void PeerKilled(int victim) {
   auto start = std::chrono::steady_clock::now();
   auto ms = [&] {
     return long(std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::steady_clock::now() - start).count());
+                    std::chrono::steady_clock::now() - start)
+                    .count());
   };
   ncclResult_t err = ncclSuccess;
   while (err == ncclSuccess && ms() < 20000) {
@@ -699,8 +716,8 @@ void DevicePointerAsHostScalar() {
   ncclComm_t comm = JoinAlone();
   void* two = DevCopy(Encoded(kF32, {2}));
   ncclRedOp_t op;
-  ncclResult_t rc = api.ncclRedOpCreatePreMulSum(&op, two, ncclFloat32, ncclScalarHostImmediate,
-                                                 comm);
+  ncclResult_t rc =
+      api.ncclRedOpCreatePreMulSum(&op, two, ncclFloat32, ncclScalarHostImmediate, comm);
   std::printf("UNREACHABLE %d\n", rc);
 }
 

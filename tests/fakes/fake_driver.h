@@ -25,16 +25,19 @@
 
 namespace driver {
 
-#define SHVD_FAKE_API(X)                                                                      \
-  X(cudaGetDeviceCount) X(cudaGetDevice) X(cudaSetDevice) X(cudaMalloc) X(cudaFree)           \
-  X(cudaMallocHost) X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync)                     \
-  X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamSynchronize)                  \
-  X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventRecord)   \
-  X(cudaEventQuery) X(cudaEventSynchronize) X(cudaGetErrorString) X(cudaRuntimeGetVersion)    \
-  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy)                 \
-  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError)         \
-  X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter) X(ncclSend)         \
-  X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd) X(ncclRedOpCreatePreMulSum) X(ncclRedOpDestroy)
+#define SHVD_FAKE_API(X)                                                                         \
+  X(cudaGetDeviceCount)                                                                          \
+  X(cudaGetDevice) X(cudaSetDevice) X(cudaMalloc) X(cudaFree) X(cudaMallocHost) X(cudaFreeHost)  \
+      X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaStreamCreateWithFlags) X(cudaStreamDestroy)    \
+          X(cudaStreamSynchronize) X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags)            \
+              X(cudaEventDestroy) X(cudaEventRecord) X(cudaEventQuery) X(cudaEventSynchronize)   \
+                  X(cudaGetErrorString) X(cudaRuntimeGetVersion) X(ncclGetVersion)               \
+                      X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy) X(ncclCommAbort) \
+                          X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError)     \
+                              X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather)                 \
+                                  X(ncclReduceScatter) X(ncclSend) X(ncclRecv) X(ncclGroupStart) \
+                                      X(ncclGroupEnd) X(ncclRedOpCreatePreMulSum)                \
+                                          X(ncclRedOpDestroy)
 
 struct Api {
 #define SHVD_FIELD(name) name##_t name = nullptr;
@@ -56,27 +59,31 @@ inline std::string g_dir;
   std::_Exit(1);
 }
 
-#define CHECK(cond) \
-  do { if (!(cond)) Die(__FILE__, __LINE__, #cond); } while (0)
-#define EXPECT_EQ(a, b)                                                                    \
-  do {                                                                                     \
-    auto a_ = (a);                                                                         \
-    auto b_ = (b);                                                                         \
-    if (!(a_ == b_)) Die(__FILE__, __LINE__, std::string(#a " == " #b ": ") +              \
-                         std::to_string(a_) + " vs " + std::to_string(b_));                \
+#define CHECK(cond)                              \
+  do {                                           \
+    if (!(cond)) Die(__FILE__, __LINE__, #cond); \
   } while (0)
-#define CUDA(call)                                                                         \
-  do {                                                                                     \
-    cudaError_t e_ = (call);                                                               \
-    if (e_ != cudaSuccess) Die(__FILE__, __LINE__, std::string(#call ": ") +              \
-                               api.cudaGetErrorString(e_));                              \
+#define EXPECT_EQ(a, b)                                                                       \
+  do {                                                                                        \
+    auto a_ = (a);                                                                            \
+    auto b_ = (b);                                                                            \
+    if (!(a_ == b_))                                                                          \
+      Die(__FILE__, __LINE__,                                                                 \
+          std::string(#a " == " #b ": ") + std::to_string(a_) + " vs " + std::to_string(b_)); \
   } while (0)
-#define NCCL(call)                                                                         \
-  do {                                                                                     \
-    ncclResult_t r_ = (call);                                                              \
-    if (r_ != ncclSuccess) Die(__FILE__, __LINE__, std::string(#call ": ") +              \
-                               api.ncclGetErrorString(r_) + ": " +                        \
-                               api.ncclGetLastError(nullptr));                           \
+#define CUDA(call)                                                                   \
+  do {                                                                               \
+    cudaError_t e_ = (call);                                                         \
+    if (e_ != cudaSuccess)                                                           \
+      Die(__FILE__, __LINE__, std::string(#call ": ") + api.cudaGetErrorString(e_)); \
+  } while (0)
+#define NCCL(call)                                                      \
+  do {                                                                  \
+    ncclResult_t r_ = (call);                                           \
+    if (r_ != ncclSuccess)                                              \
+      Die(__FILE__, __LINE__,                                           \
+          std::string(#call ": ") + api.ncclGetErrorString(r_) + ": " + \
+              api.ncclGetLastError(nullptr));                           \
   } while (0)
 
 bool Contains(const std::string& text, const std::string& part) {
@@ -88,9 +95,9 @@ void Load(const char* cudart, const char* nccl) {
   if (!api.cudart) Die(__FILE__, __LINE__, dlerror());
   api.nccl = dlopen(nccl, RTLD_NOW | RTLD_LOCAL);
   if (!api.nccl) Die(__FILE__, __LINE__, dlerror());
-#define SHVD_RESOLVE(name)                                                                 \
-  api.name = reinterpret_cast<name##_t>(                                                   \
-      dlsym(std::strncmp(#name, "cuda", 4) == 0 ? api.cudart : api.nccl, #name));           \
+#define SHVD_RESOLVE(name)                                                        \
+  api.name = reinterpret_cast<name##_t>(                                          \
+      dlsym(std::strncmp(#name, "cuda", 4) == 0 ? api.cudart : api.nccl, #name)); \
   if (!api.name) Die(__FILE__, __LINE__, "missing symbol " #name);
   SHVD_FAKE_API(SHVD_RESOLVE)
 #undef SHVD_RESOLVE
@@ -217,11 +224,11 @@ struct Dtype {
   bool is_signed;
 };
 const Dtype kDtypes[] = {
-    {ncclInt8, "int8", 1, false, true},         {ncclUint8, "uint8", 1, false, false},
-    {ncclInt32, "int32", 4, false, true},       {ncclUint32, "uint32", 4, false, false},
-    {ncclInt64, "int64", 8, false, true},       {ncclUint64, "uint64", 8, false, false},
-    {ncclFloat16, "float16", 2, true, true},    {ncclFloat32, "float32", 4, true, true},
-    {ncclFloat64, "float64", 8, true, true},    {ncclBfloat16, "bfloat16", 2, true, true}};
+    {ncclInt8, "int8", 1, false, true},      {ncclUint8, "uint8", 1, false, false},
+    {ncclInt32, "int32", 4, false, true},    {ncclUint32, "uint32", 4, false, false},
+    {ncclInt64, "int64", 8, false, true},    {ncclUint64, "uint64", 8, false, false},
+    {ncclFloat16, "float16", 2, true, true}, {ncclFloat32, "float32", 4, true, true},
+    {ncclFloat64, "float64", 8, true, true}, {ncclBfloat16, "bfloat16", 2, true, true}};
 
 const Dtype& D(ncclDataType_t id) {
   for (const auto& d : kDtypes)
@@ -232,14 +239,44 @@ const Dtype& D(ncclDataType_t id) {
 // Writes v (which must be exact in the dtype) at p.
 void Encode(const Dtype& d, double v, char* p) {
   switch (d.id) {
-    case ncclInt8: { int8_t x = int8_t(v); std::memcpy(p, &x, 1); return; }
-    case ncclUint8: { uint8_t x = uint8_t(v); std::memcpy(p, &x, 1); return; }
-    case ncclInt32: { int32_t x = int32_t(v); std::memcpy(p, &x, 4); return; }
-    case ncclUint32: { uint32_t x = uint32_t(v); std::memcpy(p, &x, 4); return; }
-    case ncclInt64: { int64_t x = int64_t(v); std::memcpy(p, &x, 8); return; }
-    case ncclUint64: { uint64_t x = uint64_t(v); std::memcpy(p, &x, 8); return; }
-    case ncclFloat32: { float x = float(v); std::memcpy(p, &x, 4); return; }
-    case ncclFloat64: std::memcpy(p, &v, 8); return;
+    case ncclInt8: {
+      int8_t x = int8_t(v);
+      std::memcpy(p, &x, 1);
+      return;
+    }
+    case ncclUint8: {
+      uint8_t x = uint8_t(v);
+      std::memcpy(p, &x, 1);
+      return;
+    }
+    case ncclInt32: {
+      int32_t x = int32_t(v);
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case ncclUint32: {
+      uint32_t x = uint32_t(v);
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case ncclInt64: {
+      int64_t x = int64_t(v);
+      std::memcpy(p, &x, 8);
+      return;
+    }
+    case ncclUint64: {
+      uint64_t x = uint64_t(v);
+      std::memcpy(p, &x, 8);
+      return;
+    }
+    case ncclFloat32: {
+      float x = float(v);
+      std::memcpy(p, &x, 4);
+      return;
+    }
+    case ncclFloat64:
+      std::memcpy(p, &v, 8);
+      return;
     case ncclBfloat16: {
       float f = float(v);
       uint32_t bits;
@@ -267,14 +304,46 @@ void Encode(const Dtype& d, double v, char* p) {
 
 double Decode(const Dtype& d, const char* p) {
   switch (d.id) {
-    case ncclInt8: { int8_t x; std::memcpy(&x, p, 1); return x; }
-    case ncclUint8: { uint8_t x; std::memcpy(&x, p, 1); return x; }
-    case ncclInt32: { int32_t x; std::memcpy(&x, p, 4); return x; }
-    case ncclUint32: { uint32_t x; std::memcpy(&x, p, 4); return x; }
-    case ncclInt64: { int64_t x; std::memcpy(&x, p, 8); return double(x); }
-    case ncclUint64: { uint64_t x; std::memcpy(&x, p, 8); return double(x); }
-    case ncclFloat32: { float x; std::memcpy(&x, p, 4); return x; }
-    case ncclFloat64: { double x; std::memcpy(&x, p, 8); return x; }
+    case ncclInt8: {
+      int8_t x;
+      std::memcpy(&x, p, 1);
+      return x;
+    }
+    case ncclUint8: {
+      uint8_t x;
+      std::memcpy(&x, p, 1);
+      return x;
+    }
+    case ncclInt32: {
+      int32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ncclUint32: {
+      uint32_t x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ncclInt64: {
+      int64_t x;
+      std::memcpy(&x, p, 8);
+      return double(x);
+    }
+    case ncclUint64: {
+      uint64_t x;
+      std::memcpy(&x, p, 8);
+      return double(x);
+    }
+    case ncclFloat32: {
+      float x;
+      std::memcpy(&x, p, 4);
+      return x;
+    }
+    case ncclFloat64: {
+      double x;
+      std::memcpy(&x, p, 8);
+      return x;
+    }
     case ncclBfloat16: {
       uint16_t x;
       std::memcpy(&x, p, 2);
@@ -310,8 +379,9 @@ void ExpectValues(const std::string& what, const std::vector<double>& got,
   CHECK(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::fabs(got[i] - want[i]) > tolerance * (1 + std::fabs(want[i]))) {
-      Die(__FILE__, __LINE__, what + ": element " + std::to_string(i) + " is " +
-          std::to_string(got[i]) + ", want " + std::to_string(want[i]));
+      Die(__FILE__, __LINE__,
+          what + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", want " +
+              std::to_string(want[i]));
     }
   }
 }

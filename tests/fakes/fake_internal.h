@@ -26,10 +26,10 @@ cudaError_t shvd_fake_enqueue_joined(const cudaStream_t* streams, int n, shvd_fa
 
 // Where [ptr, ptr + bytes) lies; *device is set for kShvdFakeDevice.
 enum ShvdFakeMemory {
-  kShvdFakeHost = 0,        // not from the fake's allocators (pageable host memory)
-  kShvdFakeDevice = 1,      // inside one live cudaMalloc allocation
-  kShvdFakePinned = 2,      // inside one live cudaMallocHost allocation
-  kShvdFakeOverrun = 3,     // starts inside an allocation and runs past its end
+  kShvdFakeHost = 0,     // not from the fake's allocators (pageable host memory)
+  kShvdFakeDevice = 1,   // inside one live cudaMalloc allocation
+  kShvdFakePinned = 2,   // inside one live cudaMallocHost allocation
+  kShvdFakeOverrun = 3,  // starts inside an allocation and runs past its end
 };
 int shvd_fake_memory_kind(const void* ptr, size_t bytes, int* device);
 

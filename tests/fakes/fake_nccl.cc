@@ -83,10 +83,9 @@
 //   (as a real call stuck on a broken connection).
 #include <unistd.h>
 
-#include <csignal>
-
 #include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -131,11 +130,12 @@ class Registry {
       return ncclSuccess;
     }
     if (dead_.count(handle)) {
-      return Fail(ncclInvalidUsage, std::string(fn) + ": the communicator was destroyed or "
-                  "aborted already");
+      return Fail(ncclInvalidUsage, std::string(fn) +
+                                        ": the communicator was destroyed or "
+                                        "aborted already");
     }
-    return Fail(ncclInvalidArgument, std::string(fn) + ": " + (handle ? "not a communicator"
-                                                                      : "comm is NULL"));
+    return Fail(ncclInvalidArgument,
+                std::string(fn) + ": " + (handle ? "not a communicator" : "comm is NULL"));
   }
   std::shared_ptr<Comm> Retire(ncclComm_t handle, const char* fn, ncclResult_t* rc) {
     std::shared_ptr<Comm> comm;
@@ -199,7 +199,8 @@ ncclResult_t Flush(bool entered) {
   for (size_t i = 0; i < unit->parts.size(); ++i) {
     if (!unit->parts[i].comm->Issue(&unit->parts[i])) {
       for (size_t j = 0; j < i; ++j) unit->parts[j].comm->Finish();
-      return Fail(ncclInvalidUsage, "ncclGroupEnd: a communicator of the group was destroyed "
+      return Fail(ncclInvalidUsage,
+                  "ncclGroupEnd: a communicator of the group was destroyed "
                   "or aborted before it");
     }
   }
@@ -283,7 +284,6 @@ std::string Hostname() {
   return buf;
 }
 
-
 }  // namespace
 }  // namespace shvd_fake
 
@@ -317,18 +317,22 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   if (!comm) return Fail(ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
   if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks) {
     return Fail(ncclInvalidArgument, "ncclCommInitRank: rank " + std::to_string(rank) +
-                " of nranks " + std::to_string(nranks) + " is out of range");
+                                         " of nranks " + std::to_string(nranks) +
+                                         " is out of range");
   }
   IdLayout layout;
   std::memcpy(&layout, id.internal, sizeof layout);
   if (std::memcmp(layout.magic, kIdMagic, sizeof kIdMagic) != 0) {
-    return Fail(ncclInvalidArgument, "ncclCommInitRank: the id was not made by this (fake) "
+    return Fail(ncclInvalidArgument,
+                "ncclCommInitRank: the id was not made by this (fake) "
                 "ncclGetUniqueId");
   }
   const char* injected = std::getenv("SHVD_FAKE_NCCL_INIT_ERROR");
   if (injected && *injected) {
-    return Fail(std::atoi(injected), "ncclCommInitRank (rank " + std::to_string(rank) + "): "
-                "fake NCCL: SHVD_FAKE_NCCL_INIT_ERROR injected this failure");
+    return Fail(std::atoi(injected),
+                "ncclCommInitRank (rank " + std::to_string(rank) +
+                    "): "
+                    "fake NCCL: SHVD_FAKE_NCCL_INIT_ERROR injected this failure");
   }
   const int device = shvd_fake_current_device();
   const int physical = shvd_fake_physical_device(device);
@@ -336,12 +340,18 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   int fd = ConnectLoopback(layout.port);
   if (fd < 0) {
     return Fail(ncclSystemError, "ncclCommInitRank: cannot reach the coordinator at 127.0.0.1:" +
-                std::to_string(layout.port) + " (has the process that called ncclGetUniqueId "
-                "exited?)");
+                                     std::to_string(layout.port) +
+                                     " (has the process that called ncclGetUniqueId "
+                                     "exited?)");
   }
   Writer join;
-  join.Put<uint64_t>(layout.nonce).Put<int32_t>(nranks).Put<int32_t>(rank).Put<int32_t>(device)
-      .Put<int32_t>(physical).Put<int32_t>(int32_t(::getpid())).Str(Hostname());
+  join.Put<uint64_t>(layout.nonce)
+      .Put<int32_t>(nranks)
+      .Put<int32_t>(rank)
+      .Put<int32_t>(device)
+      .Put<int32_t>(physical)
+      .Put<int32_t>(int32_t(::getpid()))
+      .Str(Hostname());
   MsgType type = kJoined;
   std::string reply;
   if (!SendFrame(fd, kJoin, join.data()) || !RecvFrame(fd, &type, &reply) || type != kJoined) {
@@ -364,7 +374,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
                                     ncclConfig_t* config) {
   if (config && (config->magic != kNcclConfigMagic || config->version < 21400 ||
                  config->size < sizeof(ncclConfig_t))) {
-    return Fail(ncclInvalidArgument, "ncclCommInitRankConfig: the config was not made as "
+    return Fail(ncclInvalidArgument,
+                "ncclCommInitRankConfig: the config was not made as "
                 "NCCL_CONFIG_INITIALIZER makes one (size, magic 0xcafebeef, version >= 2.14)");
   }
   const ncclResult_t rc = ncclCommInitRank(comm, nranks, id, rank);  // done at once: allowed
@@ -399,15 +410,24 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
 
 const char* ncclGetErrorString(ncclResult_t result) {
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -483,13 +503,14 @@ ncclResult_t ncclRedOpCreatePreMulSum(ncclRedOp_t* op, void* scalar, ncclDataTyp
     int dev = -1;
     int kind = shvd_fake_memory_kind(scalar, size, &dev);
     if (kind != kShvdFakeDevice && kind != kShvdFakePinned) {
-      return Fail(ncclInvalidArgument, std::string(fn) + ": an ncclScalarDevice scalar must be "
-                  "in device (or pinned) memory");
+      return Fail(ncclInvalidArgument, std::string(fn) +
+                                           ": an ncclScalarDevice scalar must be "
+                                           "in device (or pinned) memory");
     }
     return c->AddOp(dtype, 0, scalar, op);
   }
-  return Fail(ncclInvalidArgument, std::string(fn) + ": invalid residence " +
-              std::to_string(residence));
+  return Fail(ncclInvalidArgument,
+              std::string(fn) + ": invalid residence " + std::to_string(residence));
 }
 
 ncclResult_t ncclRedOpDestroy(ncclRedOp_t op, ncclComm_t comm) {

@@ -54,9 +54,12 @@ ncclResult_t Comm::Ready(const char* fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (injected_code_ != ncclSuccess && async_error_ == ncclSuccess) {  // see Inject
-      SetError(injected_code_, "fake NCCL: SHVD_FAKE_NCCL_FAIL_CALL injected this failure on "
-                               "rank " + std::to_string(rank) + " (as a system call, a GPU or "
-                               "a peer failing)");
+      SetError(injected_code_,
+               "fake NCCL: SHVD_FAKE_NCCL_FAIL_CALL injected this failure on "
+               "rank " +
+                   std::to_string(rank) +
+                   " (as a system call, a GPU or "
+                   "a peer failing)");
     }
     if (async_error_ == ncclSuccess) return ncclSuccess;
     error = async_error_;
@@ -76,11 +79,12 @@ void Comm::Inject(ncclResult_t code) {
 bool Comm::Enter(const char* fn) {
   const char* other = nullptr;
   if (in_call_.compare_exchange_strong(other, fn)) return true;
-  std::fprintf(stderr, "fake NCCL: rank %d: %s on a communicator while another thread is inside "
+  std::fprintf(stderr,
+               "fake NCCL: rank %d: %s on a communicator while another thread is inside "
                "%s: NCCL calls on one communicator must not overlap (it is not thread-safe)\n",
                rank, fn, other);
-  Fail(ncclInvalidUsage, std::string(fn) + " while another thread is inside " + other +
-                             " on the same communicator");
+  Fail(ncclInvalidUsage,
+       std::string(fn) + " while another thread is inside " + other + " on the same communicator");
   return false;
 }
 
@@ -98,8 +102,9 @@ ncclResult_t Comm::Hang(const char* fn, bool entered) {
     cv_.wait(lock, [this] { return dead_; });
   }
   if (!entered) Leave();
-  return Fail(ncclInvalidUsage, std::string(fn) + ": the communicator was aborted while the "
-              "call waited for its peers (SHVD_FAKE_NCCL_HANG_CALL)");
+  return Fail(ncclInvalidUsage, std::string(fn) +
+                                    ": the communicator was aborted while the "
+                                    "call waited for its peers (SHVD_FAKE_NCCL_HANG_CALL)");
 }
 
 void RunUnit(void* arg) {
@@ -118,12 +123,14 @@ ncclResult_t Comm::CheckBuffer(const char* fn, const char* what, const void* p, 
     char where[32];
     std::snprintf(where, sizeof where, "%p", p);
     return Fail(ncclInvalidArgument, std::string(fn) + ": " + what + " " + where + " (" +
-                std::to_string(bytes) + " bytes) is not inside one cudaMalloc allocation (host "
-                "or pinned memory, or past its end)");
+                                         std::to_string(bytes) +
+                                         " bytes) is not inside one cudaMalloc allocation (host "
+                                         "or pinned memory, or past its end)");
   }
   if (dev != device) {
     return Fail(ncclInvalidArgument, std::string(fn) + ": " + what + " allocated on device " +
-                std::to_string(dev) + " mismatches with NCCL device " + std::to_string(device));
+                                         std::to_string(dev) + " mismatches with NCCL device " +
+                                         std::to_string(device));
   }
   return ncclSuccess;
 }
@@ -132,13 +139,15 @@ ncclResult_t Comm::Prepare(uint8_t kind, const void* send, void* recv, size_t co
                            int op, int peer, cudaStream_t stream, Call* call) {
   const char* fn = OpName(kind);
   const size_t size = DtypeSize(dtype);
-  if (size == 0) return Fail(ncclInvalidArgument, std::string(fn) + ": invalid datatype " +
-                             std::to_string(dtype));
+  if (size == 0)
+    return Fail(ncclInvalidArgument,
+                std::string(fn) + ": invalid datatype " + std::to_string(dtype));
   const bool rooted = kind == kBroadcast || kind == kSend || kind == kRecv;
   if (rooted && (peer < 0 || peer >= nranks)) {
-    return Fail(ncclInvalidArgument, std::string(fn) + ": " + (kind == kBroadcast ? "root " :
-                "peer ") + std::to_string(peer) + " out of range for " + std::to_string(nranks) +
-                " ranks");
+    return Fail(ncclInvalidArgument, std::string(fn) + ": " +
+                                         (kind == kBroadcast ? "root " : "peer ") +
+                                         std::to_string(peer) + " out of range for " +
+                                         std::to_string(nranks) + " ranks");
   }
   OpDesc& d = call->desc;
   d.kind = kind;
@@ -147,18 +156,20 @@ ncclResult_t Comm::Prepare(uint8_t kind, const void* send, void* recv, size_t co
   d.peer = rooted ? peer : 0;
   if (kind == kAllReduce || kind == kReduceScatter) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (op < 0) return Fail(ncclInvalidArgument, std::string(fn) + ": invalid op " +
-                            std::to_string(op));
+    if (op < 0)
+      return Fail(ncclInvalidArgument, std::string(fn) + ": invalid op " + std::to_string(op));
     d.red = op;
     if (op >= ncclNumOps) {
       auto it = user_ops_.find(op);
       if (it == user_ops_.end()) {
-        return Fail(ncclInvalidArgument, std::string(fn) + ": op " + std::to_string(op) +
-                    " is unknown to this communicator (destroyed, or made for another one)");
+        return Fail(ncclInvalidArgument,
+                    std::string(fn) + ": op " + std::to_string(op) +
+                        " is unknown to this communicator (destroyed, or made for another one)");
       }
       if (it->second.dtype != dtype) {
         return Fail(ncclInvalidArgument, std::string(fn) + ": datatype " + DtypeName(dtype) +
-                    " does not match the " + DtypeName(it->second.dtype) + " the op was made for");
+                                             " does not match the " + DtypeName(it->second.dtype) +
+                                             " the op was made for");
       }
       d.red = kPreMulSum;
       d.scalar = it->second.scalar;
@@ -168,8 +179,8 @@ ncclResult_t Comm::Prepare(uint8_t kind, const void* send, void* recv, size_t co
   size_t bytes = 0, all_bytes = 0;
   if (__builtin_mul_overflow(count, size, &bytes) ||
       __builtin_mul_overflow(bytes, size_t(nranks), &all_bytes)) {
-    return Fail(ncclInvalidArgument, std::string(fn) + ": count " + std::to_string(count) +
-                " is too large");
+    return Fail(ncclInvalidArgument,
+                std::string(fn) + ": count " + std::to_string(count) + " is too large");
   }
   const bool sends = kind != kRecv && (kind != kBroadcast || peer == rank);
   call->send = send;
@@ -189,9 +200,9 @@ ncclResult_t Comm::Prepare(uint8_t kind, const void* send, void* recv, size_t co
     return Fail(ncclUnhandledCudaError, std::string(fn) + ": invalid stream (destroyed?)");
   }
   if (stream && stream_device != device) {
-    return Fail(ncclUnhandledCudaError, std::string(fn) + ": the stream is on device " +
-                std::to_string(stream_device) + ", the communicator on device " +
-                std::to_string(device));
+    return Fail(ncclUnhandledCudaError,
+                std::string(fn) + ": the stream is on device " + std::to_string(stream_device) +
+                    ", the communicator on device " + std::to_string(device));
   }
   return ncclSuccess;
 }
@@ -207,8 +218,9 @@ ncclResult_t Comm::AddOp(int dtype, uint64_t scalar, const void* scalar_ptr, ncc
 ncclResult_t Comm::DestroyOp(ncclRedOp_t op) {
   std::lock_guard<std::mutex> lock(mu_);
   if (user_ops_.erase(op)) return ncclSuccess;
-  return Fail(ncclInvalidArgument, "ncclRedOpDestroy: op " + std::to_string(op) +
-              " is unknown to this communicator (destroyed already, or made for another one)");
+  return Fail(ncclInvalidArgument,
+              "ncclRedOpDestroy: op " + std::to_string(op) +
+                  " is unknown to this communicator (destroyed already, or made for another one)");
 }
 
 bool Comm::Issue(Part* part) {
@@ -216,8 +228,9 @@ bool Comm::Issue(Part* part) {
   if (dead_) return false;
   for (Call& c : part->calls) {
     OpDesc& d = c.desc;
-    d.seq = d.kind == kSend ? send_seq_[d.peer]++ : d.kind == kRecv ? recv_seq_[d.peer]++
-                                                                    : coll_seq_++;
+    d.seq = d.kind == kSend   ? send_seq_[d.peer]++
+            : d.kind == kRecv ? recv_seq_[d.peer]++
+                              : coll_seq_++;
   }
   part->unit = next_unit_++;
   ++inflight_;
@@ -229,9 +242,10 @@ bool Comm::Ship(Part* part) {
   if (coordinator_gone_ && async_error_ == ncclSuccess) {
     SetError(home_departed_ ? ncclInvalidUsage : ncclRemoteError,
              "the coordinator (in rank " + std::to_string(home) + "'s process) is gone" +
-             (home_departed_ ? ": that rank destroyed its communicator and its process exited "
-                               "while this rank still had calls to make (it must stay alive "
-                               "until every rank is done)" : " (its process died?)"));
+                 (home_departed_ ? ": that rank destroyed its communicator and its process exited "
+                                   "while this rank still had calls to make (it must stay alive "
+                                   "until every rank is done)"
+                                 : " (its process died?)"));
   }
   if (async_error_ == ncclRemoteError || injected_) {
     cv_.wait(lock, [this] { return aborted_; });  // a kernel spinning on a dead peer
@@ -245,8 +259,8 @@ bool Comm::Ship(Part* part) {
     if (c.scalar_ptr) std::memcpy(&d.scalar, c.scalar_ptr, DtypeSize(d.dtype));
     w.Desc(d).Bytes(c.send, c.send_bytes);
   }
-  pending_[part->unit] = Pending{part->calls.size(),
-                                 std::vector<std::pair<int32_t, std::string>>(part->calls.size())};
+  pending_[part->unit] =
+      Pending{part->calls.size(), std::vector<std::pair<int32_t, std::string>>(part->calls.size())};
   lock.unlock();
   std::lock_guard<std::mutex> send_lock(send_mu_);
   if (fd_ >= 0) SendFrame(fd_, kOps, w.data());  // a failure shows as a closed connection
@@ -264,7 +278,7 @@ void Comm::Await(Part* part) {
     if (result.first != ncclSuccess) continue;
     if (result.second.size() != c.recv_bytes) {
       SetError(ncclInternalError, "fake NCCL: got " + std::to_string(result.second.size()) +
-               " bytes for " + Describe(c.desc));
+                                      " bytes for " + Describe(c.desc));
       continue;
     }
     if (c.recv_bytes) std::memcpy(c.recv, result.second.data(), c.recv_bytes);
@@ -312,11 +326,14 @@ void Comm::ReadLoop() {
   const bool waiting = std::any_of(pending_.begin(), pending_.end(),
                                    [](const auto& kv) { return kv.second.remaining > 0; });
   if (!acked && !closing_ && !aborted_ && (!home_departed_ || waiting)) {
-    SetError(home_departed_ ? ncclInvalidUsage : ncclRemoteError,
-             "lost the connection to the coordinator in rank " + std::to_string(home) +
-             "'s process" + (home_departed_ ? ": that rank destroyed its communicator and its "
-             "process exited while this rank still waited for results (it must stay alive "
-             "until every rank is done)" : " (it died?)"));
+    SetError(
+        home_departed_ ? ncclInvalidUsage : ncclRemoteError,
+        "lost the connection to the coordinator in rank " + std::to_string(home) + "'s process" +
+            (home_departed_
+                 ? ": that rank destroyed its communicator and its "
+                   "process exited while this rank still waited for results (it must stay alive "
+                   "until every rank is done)"
+                 : " (it died?)"));
     if (home_departed_) {  // these can never complete: let their streams move on
       for (auto& kv : pending_) {
         if (kv.second.remaining == 0) continue;
@@ -333,9 +350,11 @@ void Comm::Destroy() {
     std::unique_lock<std::mutex> lock(mu_);
     dead_ = true;
     if (async_error_ == ncclRemoteError && inflight_ > 0) {
-      std::fprintf(stderr, "fake NCCL: rank %d: ncclCommDestroy waits for %d calls that wait for "
+      std::fprintf(stderr,
+                   "fake NCCL: rank %d: ncclCommDestroy waits for %d calls that wait for "
                    "a lost peer: it blocks forever, as real NCCL does; call ncclCommAbort on a "
-                   "communicator with ncclRemoteError\n", rank, inflight_);
+                   "communicator with ncclRemoteError\n",
+                   rank, inflight_);
     }
     cv_.wait(lock, [this] { return inflight_ == 0; });
     closing_ = true;

@@ -24,8 +24,8 @@ std::string LastErrorText();
 
 struct UserOp {
   int dtype;
-  uint64_t scalar;          // ncclScalarHostImmediate: the value's bytes
-  const void* scalar_ptr;   // ncclScalarDevice: read when the collective runs
+  uint64_t scalar;         // ncclScalarHostImmediate: the value's bytes
+  const void* scalar_ptr;  // ncclScalarDevice: read when the collective runs
 };
 
 // One call, as checked when made.
@@ -44,8 +44,13 @@ struct Part;
 class Comm {
  public:
   Comm(int fd, int rank, int nranks, int device, int home)
-      : rank(rank), nranks(nranks), device(device), home(home), send_seq_(nranks),
-        recv_seq_(nranks), fd_(fd) {
+      : rank(rank),
+        nranks(nranks),
+        device(device),
+        home(home),
+        send_seq_(nranks),
+        recv_seq_(nranks),
+        fd_(fd) {
     reader_ = std::thread([this] { ReadLoop(); });
   }
   const int rank, nranks, device, home;
@@ -84,8 +89,8 @@ class Comm {
     return last_error_;
   }
 
-  ncclResult_t Prepare(uint8_t kind, const void* send, void* recv, size_t count, int dtype,
-                       int op, int peer, cudaStream_t stream, Call* call);
+  ncclResult_t Prepare(uint8_t kind, const void* send, void* recv, size_t count, int dtype, int op,
+                       int peer, cudaStream_t stream, Call* call);
   ncclResult_t AddOp(int dtype, uint64_t scalar, const void* scalar_ptr, ncclRedOp_t* op);
   ncclResult_t DestroyOp(ncclRedOp_t op);
 
@@ -114,9 +119,9 @@ class Comm {
   std::condition_variable cv_;
   ncclResult_t async_error_ = ncclSuccess;
   std::string last_error_;
-  bool dead_ = false;     // destroyed or aborted
+  bool dead_ = false;  // destroyed or aborted
   bool aborted_ = false;
-  bool hung_ = false;  // Hang on a non-blocking comm: in progress until abort
+  bool hung_ = false;      // Hang on a non-blocking comm: in progress until abort
   bool injected_ = false;  // Inject: ops block until abort
   ncclResult_t injected_code_ = ncclSuccess;  // the async error from the next call on
   std::atomic<const char*> in_call_{nullptr};

@@ -54,7 +54,7 @@ struct Peer {
   int pid = 0;
   std::string host;
   bool joined = false;
-  bool gone = false;   // destroyed, aborted or lost
+  bool gone = false;  // destroyed, aborted or lost
   bool aborted = false;
   std::string Name() const {
     return "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + " on " + host + ")";
@@ -100,10 +100,19 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
     while (!bye && RecvFrame(fd, &type, &payload)) {
       std::lock_guard<std::mutex> lock(mu_);
       switch (type) {
-        case kJoin: OnJoin(peer, payload); break;
-        case kOps: if (peer->joined && state_ == kRunning) OnOps(peer, payload); break;
-        case kBye: case kAbort: OnDeparted(peer, type == kAbort); bye = type == kAbort; break;
-        default: break;
+        case kJoin:
+          OnJoin(peer, payload);
+          break;
+        case kOps:
+          if (peer->joined && state_ == kRunning) OnOps(peer, payload);
+          break;
+        case kBye:
+        case kAbort:
+          OnDeparted(peer, type == kAbort);
+          bye = type == kAbort;
+          break;
+        default:
+          break;
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
@@ -139,16 +148,25 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
     peer->host = r.Str();
     peer->rank = rank;
     if (!r.ok() || nonce != nonce_ || peer->joined) {
-      Send(peer, kJoined, Writer().Put<int32_t>(ncclInvalidArgument).Put<int32_t>(-1).Str(
-          "the ncclUniqueId does not belong to this coordinator (corrupt, or from another "
-          "ncclGetUniqueId)"));
+      Send(
+          peer, kJoined,
+          Writer()
+              .Put<int32_t>(ncclInvalidArgument)
+              .Put<int32_t>(-1)
+              .Str("the ncclUniqueId does not belong to this coordinator (corrupt, or from another "
+                   "ncclGetUniqueId)"));
       return;
     }
     if (state_ != kForming) {
-      Send(peer, kJoined, Writer().Put<int32_t>(init_error_).Put<int32_t>(-1).Str(
-          state_ == kFailed ? init_message_
-                            : "this ncclUniqueId was already used by a complete communicator "
-                              "of " + std::to_string(nranks_) + " ranks"));
+      Send(peer, kJoined,
+           Writer()
+               .Put<int32_t>(init_error_)
+               .Put<int32_t>(-1)
+               .Str(state_ == kFailed
+                        ? init_message_
+                        : "this ncclUniqueId was already used by a complete communicator "
+                          "of " +
+                              std::to_string(nranks_) + " ranks"));
       return;
     }
     peer->joined = true;
@@ -159,14 +177,17 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
       by_rank_.resize(nranks_);
     }
     if (nranks != nranks_) {
-      return FailInit(ncclInvalidUsage, peer->Name() + " called ncclCommInitRank with nranks=" +
-                      std::to_string(nranks) + " but an earlier rank with nranks=" +
-                      std::to_string(nranks_));
+      return FailInit(ncclInvalidUsage,
+                      peer->Name() +
+                          " called ncclCommInitRank with nranks=" + std::to_string(nranks) +
+                          " but an earlier rank with nranks=" + std::to_string(nranks_));
     }
     if (rank < 0 || rank >= nranks_ || by_rank_[rank]) {
-      return FailInit(ncclInvalidUsage, peer->Name() + " joined as rank " + std::to_string(rank) +
-                      (rank >= 0 && rank < nranks_ ? ", which " + by_rank_[rank]->Name() +
-                       " already took" : ", out of range for nranks=" + std::to_string(nranks_)));
+      return FailInit(ncclInvalidUsage,
+                      peer->Name() + " joined as rank " + std::to_string(rank) +
+                          (rank >= 0 && rank < nranks_
+                               ? ", which " + by_rank_[rank]->Name() + " already took"
+                               : ", out of range for nranks=" + std::to_string(nranks_)));
     }
     by_rank_[rank] = peer;
     if (++joined_ < nranks_) return;
@@ -176,9 +197,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
             by_rank_[a]->physical == by_rank_[b]->physical) {
           return FailInit(ncclInvalidUsage,
                           "Duplicate GPU detected : rank " + std::to_string(a) + " and rank " +
-                          std::to_string(b) + " both on CUDA device " +
-                          std::to_string(by_rank_[a]->physical) + " of host " +
-                          by_rank_[a]->host + " (give each rank its own device)");
+                              std::to_string(b) + " both on CUDA device " +
+                              std::to_string(by_rank_[a]->physical) + " of host " +
+                              by_rank_[a]->host + " (give each rank its own device)");
         }
       }
     }
@@ -243,10 +264,11 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
     Contribution& send = node.mapped().first;
     Contribution& recv = node.mapped().second;
     if (send.desc.count != recv.desc.count || send.desc.dtype != recv.desc.dtype) {
-      Fail(ncclInvalidUsage, "send #" + std::to_string(std::get<2>(key)) + " from rank " +
-           std::to_string(std::get<0>(key)) + " to rank " + std::to_string(std::get<1>(key)) +
-           ": rank " + std::to_string(std::get<0>(key)) + " called " + Describe(send.desc) +
-           " but rank " + std::to_string(std::get<1>(key)) + " called " + Describe(recv.desc),
+      Fail(ncclInvalidUsage,
+           "send #" + std::to_string(std::get<2>(key)) + " from rank " +
+               std::to_string(std::get<0>(key)) + " to rank " + std::to_string(std::get<1>(key)) +
+               ": rank " + std::to_string(std::get<0>(key)) + " called " + Describe(send.desc) +
+               " but rank " + std::to_string(std::get<1>(key)) + " called " + Describe(recv.desc),
            {&send, &recv});
       return;
     }
@@ -264,19 +286,25 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
       bool reduces = d.kind == kAllReduce || d.kind == kReduceScatter;
       if (d.kind != d0.kind || d.count != d0.count || d.dtype != d0.dtype ||
           (reduces && d.red != d0.red) || (d.kind == kBroadcast && d.peer != d0.peer)) {
-        Fail(ncclInvalidUsage, "collective #" + std::to_string(seq) + " does not match: rank 0 "
-             "called " + Describe(d0) + " but rank " + std::to_string(r) + " called " +
-             Describe(d), Pointers(&all));
+        Fail(ncclInvalidUsage,
+             "collective #" + std::to_string(seq) +
+                 " does not match: rank 0 "
+                 "called " +
+                 Describe(d0) + " but rank " + std::to_string(r) + " called " + Describe(d),
+             Pointers(&all));
         return;
       }
     }
     const size_t bytes = d0.count * DtypeSize(d0.dtype);
     for (int r = 0; r < nranks_; ++r) {
-      size_t want = d0.kind == kReduceScatter ? bytes * nranks_
-                    : d0.kind == kBroadcast && r != d0.peer ? 0 : bytes;
+      size_t want = d0.kind == kReduceScatter               ? bytes * nranks_
+                    : d0.kind == kBroadcast && r != d0.peer ? 0
+                                                            : bytes;
       if (all[r].data.size() != want) {
-        Fail(ncclInternalError, "fake NCCL: rank " + std::to_string(r) + " sent " +
-             std::to_string(all[r].data.size()) + " bytes for " + Describe(d0), Pointers(&all));
+        Fail(ncclInternalError,
+             "fake NCCL: rank " + std::to_string(r) + " sent " +
+                 std::to_string(all[r].data.size()) + " bytes for " + Describe(d0),
+             Pointers(&all));
         return;
       }
     }
@@ -317,8 +345,8 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   }
 
   void Reply(const Contribution& c, ncclResult_t status, const std::string& data) {
-    Send(c.peer, kResult, Writer().Put<uint64_t>(c.unit).Put<uint32_t>(c.index)
-                              .Put<int32_t>(status).Str(data));
+    Send(c.peer, kResult,
+         Writer().Put<uint64_t>(c.unit).Put<uint32_t>(c.index).Put<int32_t>(status).Str(data));
   }
 
   // Fails the communicator (step 3 or 5); `involved` are contributions already taken
@@ -348,9 +376,13 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
       const auto& p = by_rank_[rank];
       if (!p->gone) return false;
       Fail(p->aborted ? ncclRemoteError : ncclInvalidUsage,
-           p->Name() + (p->aborted ? " aborted" : " destroyed") + " its communicator before "
-           "taking part in " + what + " (every rank must issue the same collectives, and "
-           "match every send with a recv)", {});
+           p->Name() + (p->aborted ? " aborted" : " destroyed") +
+               " its communicator before "
+               "taking part in " +
+               what +
+               " (every rank must issue the same collectives, and "
+               "match every send with a recv)",
+           {});
       return true;
     };
     for (auto& kv : colls_) {
@@ -381,13 +413,17 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   void OnLost(const std::shared_ptr<Peer>& peer) {
     peer->gone = true;
     if (state_ == kForming) {
-      FailInit(ncclRemoteError, peer->Name() + " closed its connection before all ranks joined "
-               "(its process died?)");
+      FailInit(ncclRemoteError, peer->Name() +
+                                    " closed its connection before all ranks joined "
+                                    "(its process died?)");
       return;
     }
     if (state_ == kRunning)
-      Fail(ncclRemoteError, peer->Name() + " is lost: its connection closed without "
-           "ncclCommDestroy or ncclCommAbort (its process died?)", {});
+      Fail(ncclRemoteError,
+           peer->Name() +
+               " is lost: its connection closed without "
+               "ncclCommDestroy or ncclCommAbort (its process died?)",
+           {});
   }
 
   enum State { kForming, kRunning, kFailed };
@@ -400,7 +436,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::string init_message_;
   int nranks_ = 0;
   int joined_ = 0;
-  int open_ = 0;  // joined connections not closed yet
+  int open_ = 0;                                // joined connections not closed yet
   std::vector<std::shared_ptr<Peer>> members_;  // every connection that sent a valid kJoin
   std::vector<std::shared_ptr<Peer>> by_rank_;
   ncclResult_t error_ = ncclSuccess;

@@ -26,9 +26,9 @@ uint16_t FloatToHalf(float f) {
   const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
   const uint32_t exp = (x >> 23) & 0xFFu, mant = x & 0x7FFFFFu;
   if (exp == 0xFF) return sign | 0x7C00u | (mant ? 0x200u : 0u);  // inf, quiet NaN
-  const int e = int(exp) - 127 + 15;                               // the half's exponent
-  if (e >= 0x1F) return sign | 0x7C00u;                            // overflow: inf
-  if (e <= 0) {                                                    // subnormal or zero
+  const int e = int(exp) - 127 + 15;                              // the half's exponent
+  if (e >= 0x1F) return sign | 0x7C00u;                           // overflow: inf
+  if (e <= 0) {                                                   // subnormal or zero
     if (e < -10) return sign;
     const uint32_t m = mant | 0x800000u;
     const int shift = 14 - e;
@@ -64,13 +64,15 @@ float Bfloat16ToFloat(uint16_t b) { return BitsFloat(uint32_t(b) << 16); }
 
 // Per dtype: how an element is stored, the type arithmetic happens in, and the
 // rounding back to the dtype after each step.
-template <typename T> struct Plain {
+template <typename T>
+struct Plain {
   using Stored = T;
   using Math = T;
   static Math Load(Stored s) { return s; }
   static Stored Store(Math m) { return m; }
 };
-template <uint16_t (*ToBits)(float), float (*FromBits)(uint16_t)> struct Narrow {
+template <uint16_t (*ToBits)(float), float (*FromBits)(uint16_t)>
+struct Narrow {
   using Stored = uint16_t;
   using Math = float;
   static Math Load(Stored s) { return FromBits(s); }
@@ -79,16 +81,21 @@ template <uint16_t (*ToBits)(float), float (*FromBits)(uint16_t)> struct Narrow 
 using Half = Narrow<FloatToHalf, HalfToFloat>;
 using Bfloat16 = Narrow<FloatToBfloat16, Bfloat16ToFloat>;
 
-template <typename Tr> struct Arith {
+template <typename Tr>
+struct Arith {
   using M = typename Tr::Math;
   static M Round(M v) { return Tr::Load(Tr::Store(v)); }
   static M Add(M a, M b) {
-    if constexpr (std::is_integral<M>::value) return M(uint64_t(a) + uint64_t(b));  // wraps
-    else return Round(a + b);
+    if constexpr (std::is_integral<M>::value)
+      return M(uint64_t(a) + uint64_t(b));  // wraps
+    else
+      return Round(a + b);
   }
   static M Mul(M a, M b) {
-    if constexpr (std::is_integral<M>::value) return M(uint64_t(a) * uint64_t(b));
-    else return Round(a * b);
+    if constexpr (std::is_integral<M>::value)
+      return M(uint64_t(a) * uint64_t(b));
+    else
+      return Round(a * b);
   }
 };
 
@@ -119,11 +126,16 @@ std::string ReduceAs(const OpDesc& d, const std::vector<const char*>& inputs,
       std::memcpy(&s, inputs[r] + i * sizeof(S), sizeof s);
       M x = Tr::Load(s);
       if (red == kPreMulSum) x = A::Mul(x, scale[r]);
-      if (r == 0) acc = x;
-      else if (red == ncclProd) acc = A::Mul(acc, x);
-      else if (red == ncclMax) acc = std::max(acc, x);
-      else if (red == ncclMin) acc = std::min(acc, x);
-      else acc = A::Add(acc, x);  // ncclSum, ncclAvg, PreMulSum
+      if (r == 0)
+        acc = x;
+      else if (red == ncclProd)
+        acc = A::Mul(acc, x);
+      else if (red == ncclMax)
+        acc = std::max(acc, x);
+      else if (red == ncclMin)
+        acc = std::min(acc, x);
+      else
+        acc = A::Add(acc, x);  // ncclSum, ncclAvg, PreMulSum
     }
     if constexpr (std::is_integral<M>::value) {
       if (red == ncclAvg) acc = M(acc / M(n));
@@ -139,17 +151,28 @@ std::string ReduceAs(const OpDesc& d, const std::vector<const char*>& inputs,
 std::string Reduce(const OpDesc& d, const std::vector<const char*>& inputs,
                    const std::vector<uint64_t>& scalars) {
   switch (d.dtype) {
-    case ncclInt8: return ReduceAs<Plain<int8_t>>(d, inputs, scalars);
-    case ncclUint8: return ReduceAs<Plain<uint8_t>>(d, inputs, scalars);
-    case ncclInt32: return ReduceAs<Plain<int32_t>>(d, inputs, scalars);
-    case ncclUint32: return ReduceAs<Plain<uint32_t>>(d, inputs, scalars);
-    case ncclInt64: return ReduceAs<Plain<int64_t>>(d, inputs, scalars);
-    case ncclUint64: return ReduceAs<Plain<uint64_t>>(d, inputs, scalars);
-    case ncclFloat16: return ReduceAs<Half>(d, inputs, scalars);
-    case ncclFloat32: return ReduceAs<Plain<float>>(d, inputs, scalars);
-    case ncclFloat64: return ReduceAs<Plain<double>>(d, inputs, scalars);
-    case ncclBfloat16: return ReduceAs<Bfloat16>(d, inputs, scalars);
-    default: return std::string();
+    case ncclInt8:
+      return ReduceAs<Plain<int8_t>>(d, inputs, scalars);
+    case ncclUint8:
+      return ReduceAs<Plain<uint8_t>>(d, inputs, scalars);
+    case ncclInt32:
+      return ReduceAs<Plain<int32_t>>(d, inputs, scalars);
+    case ncclUint32:
+      return ReduceAs<Plain<uint32_t>>(d, inputs, scalars);
+    case ncclInt64:
+      return ReduceAs<Plain<int64_t>>(d, inputs, scalars);
+    case ncclUint64:
+      return ReduceAs<Plain<uint64_t>>(d, inputs, scalars);
+    case ncclFloat16:
+      return ReduceAs<Half>(d, inputs, scalars);
+    case ncclFloat32:
+      return ReduceAs<Plain<float>>(d, inputs, scalars);
+    case ncclFloat64:
+      return ReduceAs<Plain<double>>(d, inputs, scalars);
+    case ncclBfloat16:
+      return ReduceAs<Bfloat16>(d, inputs, scalars);
+    default:
+      return std::string();
   }
 }
 

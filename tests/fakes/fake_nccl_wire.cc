@@ -13,11 +13,22 @@ namespace shvd_fake {
 
 size_t DtypeSize(int dtype) {
   switch (dtype) {
-    case ncclInt8: case ncclUint8: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
+    case ncclInt8:
+    case ncclUint8:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -27,27 +38,27 @@ bool IsFloating(int dtype) {
 }
 
 const char* DtypeName(int dtype) {
-  static const char* const names[] = {"ncclInt8",    "ncclUint8",   "ncclInt32",  "ncclUint32",
-                                      "ncclInt64",   "ncclUint64",  "ncclFloat16",
-                                      "ncclFloat32", "ncclFloat64", "ncclBfloat16"};
+  static const char* const names[] = {"ncclInt8",    "ncclUint8",   "ncclInt32",   "ncclUint32",
+                                      "ncclInt64",   "ncclUint64",  "ncclFloat16", "ncclFloat32",
+                                      "ncclFloat64", "ncclBfloat16"};
   return dtype >= 0 && dtype <= ncclBfloat16 ? names[dtype] : "(invalid datatype)";
 }
 
 const char* OpName(uint8_t kind) {
-  static const char* const names[] = {"ncclAllReduce", "ncclBroadcast", "ncclAllGather",
-                                      "ncclReduceScatter", "ncclSend", "ncclRecv"};
+  static const char* const names[] = {"ncclAllReduce",     "ncclBroadcast", "ncclAllGather",
+                                      "ncclReduceScatter", "ncclSend",      "ncclRecv"};
   return kind <= kRecv ? names[kind] : "(invalid operation)";
 }
 
 static const char* RedName(int red) {
-  static const char* const names[] = {"ncclSum", "ncclProd", "ncclMax", "ncclMin", "ncclAvg",
-                                      "PreMulSum"};
+  static const char* const names[] = {"ncclSum", "ncclProd", "ncclMax",
+                                      "ncclMin", "ncclAvg",  "PreMulSum"};
   return red >= 0 && red <= kPreMulSum ? names[red] : "(invalid op)";
 }
 
 std::string Describe(const OpDesc& d) {
-  std::string s = std::string(OpName(d.kind)) + "(count=" + std::to_string(d.count) + ", " +
-                  DtypeName(d.dtype);
+  std::string s =
+      std::string(OpName(d.kind)) + "(count=" + std::to_string(d.count) + ", " + DtypeName(d.dtype);
   if (d.kind == kAllReduce || d.kind == kReduceScatter) s += std::string(", ") + RedName(d.red);
   if (d.kind == kBroadcast) s += ", root=" + std::to_string(d.peer);
   if (d.kind == kSend || d.kind == kRecv) s += ", peer=" + std::to_string(d.peer);

@@ -50,12 +50,22 @@ std::string Reduce(const OpDesc& d, const std::vector<const char*>& inputs,
 // rank -> coordinator: kJoin, kOps, kBye (ncclCommDestroy), kAbort (ncclCommAbort).
 // coordinator -> rank: kJoined, kResult, kFail (the communicator's async error),
 // kDeparted (a rank destroyed or aborted its communicator), kByeAck.
-enum MsgType : uint32_t { kJoin = 1, kJoined, kOps, kResult, kFail, kDeparted, kBye, kByeAck,
-                          kAbort };
+enum MsgType : uint32_t {
+  kJoin = 1,
+  kJoined,
+  kOps,
+  kResult,
+  kFail,
+  kDeparted,
+  kBye,
+  kByeAck,
+  kAbort
+};
 
 class Writer {
  public:
-  template <typename T> Writer& Put(T v) {
+  template <typename T>
+  Writer& Put(T v) {
     buf_.append(reinterpret_cast<const char*>(&v), sizeof v);
     return *this;
   }
@@ -78,7 +88,8 @@ class Writer {
 class Reader {
  public:
   explicit Reader(const std::string& s) : p_(s.data()), left_(s.size()) {}
-  template <typename T> T Get() {
+  template <typename T>
+  T Get() {
     T v{};
     if (Take(sizeof v)) std::memcpy(&v, p_ - sizeof v, sizeof v);
     return v;

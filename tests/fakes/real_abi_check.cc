@@ -79,16 +79,16 @@ struct SameCall : std::false_type {};
 
 template <typename R1, typename... A1, typename R2, typename... A2>
 struct SameCall<R1 (*)(A1...), R2(A2...)> {
-  static constexpr bool value = sizeof...(A1) == sizeof...(A2) && Compatible<R1, R2>() &&
-                                (Compatible<A1, A2>() && ...);
+  static constexpr bool value =
+      sizeof...(A1) == sizeof...(A2) && Compatible<R1, R2>() && (Compatible<A1, A2>() && ...);
 };
 
 }  // namespace
 
 // Each typedef `name_t` in api.h against the real declaration of `name`.
-#define SHVD_SAME_CALL(name)                                               \
-  static_assert(SameCall<ours::name##_t, decltype(::name)>::value, #name \
-                " in api.h differs from the real header's declaration")
+#define SHVD_SAME_CALL(name)                                       \
+  static_assert(SameCall<ours::name##_t, decltype(::name)>::value, \
+                #name " in api.h differs from the real header's declaration")
 
 #ifdef SHVD_CHECK_CUDA
 SHVD_SAME_CALL(cudaGetDeviceCount);
@@ -185,14 +185,15 @@ static_assert(std::is_same_v<ours::ncclComm_t, ::ncclComm_t>, "ncclComm_t differ
 
 // ncclCommInitRankConfig takes our ncclConfig_t, the leading fields of the real one: the
 // call is the same but for that pointer's type, and the fields lie where NCCL reads them.
-static_assert(SameCall<ours::ncclCommInitRankConfig_t,
-                       ncclResult_t(::ncclComm_t*, int, ::ncclUniqueId, int, ours::ncclConfig_t*)>::value &&
-                  std::is_same_v<decltype(::ncclCommInitRankConfig),
-                                 ncclResult_t(::ncclComm_t*, int, ::ncclUniqueId, int, ::ncclConfig_t*)>,
-              "ncclCommInitRankConfig in api.h differs from the real header's declaration");
-#define SHVD_SAME_FIELD(field)                                                                  \
-  static_assert(offsetof(ours::ncclConfig_t, field) == offsetof(::ncclConfig_t, field) &&     \
-                    sizeof(ours::ncclConfig_t::field) == sizeof(::ncclConfig_t::field),       \
+static_assert(
+    SameCall<ours::ncclCommInitRankConfig_t,
+             ncclResult_t(::ncclComm_t*, int, ::ncclUniqueId, int, ours::ncclConfig_t*)>::value &&
+        std::is_same_v<decltype(::ncclCommInitRankConfig),
+                       ncclResult_t(::ncclComm_t*, int, ::ncclUniqueId, int, ::ncclConfig_t*)>,
+    "ncclCommInitRankConfig in api.h differs from the real header's declaration");
+#define SHVD_SAME_FIELD(field)                                                            \
+  static_assert(offsetof(ours::ncclConfig_t, field) == offsetof(::ncclConfig_t, field) && \
+                    sizeof(ours::ncclConfig_t::field) == sizeof(::ncclConfig_t::field),   \
                 "ncclConfig_t::" #field " in api.h is not where the real header has it")
 SHVD_SAME_FIELD(size);
 SHVD_SAME_FIELD(magic);

@@ -106,8 +106,7 @@ constexpr unsigned int kNcclConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
 
 typedef ncclResult_t (*ncclGetVersion_t)(int* version);
 typedef ncclResult_t (*ncclGetUniqueId_t)(ncclUniqueId* id);
-typedef ncclResult_t (*ncclCommInitRank_t)(ncclComm_t* comm, int nranks, ncclUniqueId id,
-                                           int rank);
+typedef ncclResult_t (*ncclCommInitRank_t)(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
 typedef ncclResult_t (*ncclCommInitRankConfig_t)(ncclComm_t* comm, int nranks, ncclUniqueId id,
                                                  int rank, ncclConfig_t* config);
 typedef ncclResult_t (*ncclCommDestroy_t)(ncclComm_t comm);
@@ -122,13 +121,12 @@ typedef ncclResult_t (*ncclBroadcast_t)(const void* send, void* recv, size_t cou
                                         ncclDataType_t dtype, int root, ncclComm_t comm,
                                         cudaStream_t stream);
 typedef ncclResult_t (*ncclAllGather_t)(const void* send, void* recv, size_t send_count,
-                                        ncclDataType_t dtype, ncclComm_t comm,
-                                        cudaStream_t stream);
+                                        ncclDataType_t dtype, ncclComm_t comm, cudaStream_t stream);
 typedef ncclResult_t (*ncclReduceScatter_t)(const void* send, void* recv, size_t recv_count,
-                                            ncclDataType_t dtype, ncclRedOp_t op,
-                                            ncclComm_t comm, cudaStream_t stream);
-typedef ncclResult_t (*ncclSend_t)(const void* send, size_t count, ncclDataType_t dtype,
-                                   int peer, ncclComm_t comm, cudaStream_t stream);
+                                            ncclDataType_t dtype, ncclRedOp_t op, ncclComm_t comm,
+                                            cudaStream_t stream);
+typedef ncclResult_t (*ncclSend_t)(const void* send, size_t count, ncclDataType_t dtype, int peer,
+                                   ncclComm_t comm, cudaStream_t stream);
 typedef ncclResult_t (*ncclRecv_t)(void* recv, size_t count, ncclDataType_t dtype, int peer,
                                    ncclComm_t comm, cudaStream_t stream);
 typedef ncclResult_t (*ncclGroupStart_t)();

@@ -53,11 +53,15 @@ Status RecordReady(const CudaApi* cuda, int32_t device, void* stream, PooledEven
   Status s = CudaStatus(cuda, cuda->GetDevice(&current), "cudaGetDevice");
   if (!s.ok()) return s;
   if (current != device) {
-    return Status::InvalidArgument(
-        "the tensor is on GPU " + std::to_string(device) + " but the submitting thread's "
-        "current CUDA device is " + std::to_string(current) + ": make the tensor's device "
-        "current first (torch.cuda.set_device(" + std::to_string(device) + "), as each rank "
-        "does with its local_rank())");
+    return Status::InvalidArgument("the tensor is on GPU " + std::to_string(device) +
+                                   " but the submitting thread's "
+                                   "current CUDA device is " +
+                                   std::to_string(current) +
+                                   ": make the tensor's device "
+                                   "current first (torch.cuda.set_device(" +
+                                   std::to_string(device) +
+                                   "), as each rank "
+                                   "does with its local_rank())");
   }
   s = TakeEvent(cuda, device, out);
   if (s.ok()) {

@@ -159,7 +159,8 @@ bool NcclBackendLoads(std::string* why) {
 #if SPARK_HVD_HAVE_NCCL
   return Nccl(why) != nullptr;
 #else
-  if (why) *why = "spark_hvd was built without its NCCL backend (its CMake option was switched off)";
+  if (why)
+    *why = "spark_hvd was built without its NCCL backend (its CMake option was switched off)";
   return false;
 #endif
 }

@@ -100,9 +100,9 @@ Status MemoryPool::Fresh(size_t size, void** ptr) {
     }
     err = allocate();
   }
-  return CudaStatus(cuda_, err, std::string(kind_ == kDevice ? "cudaMalloc" : "cudaMallocHost") +
-                                    " of " + std::to_string(size) + " bytes on GPU " +
-                                    std::to_string(device_));
+  return CudaStatus(cuda_, err,
+                    std::string(kind_ == kDevice ? "cudaMalloc" : "cudaMallocHost") + " of " +
+                        std::to_string(size) + " bytes on GPU " + std::to_string(device_));
 }
 
 Status MemoryPool::Allocate(int64_t bytes, cudaStream_t stream, Buffer* out,
@@ -159,7 +159,8 @@ void MemoryPool::Return(Block b) {
   if (cuda_->GetDevice(&current) == cudaSuccess && current == device_) {
     for (auto& a : b.after) {  // step 2: what the last users queued so far
       PooledEvent ev;
-      if (!TakeEvent(cuda_, device_, &ev).ok() || cuda_->EventRecord(ev.get(), a.first) != cudaSuccess) {
+      if (!TakeEvent(cuda_, device_, &ev).ok() ||
+          cuda_->EventRecord(ev.get(), a.first) != cudaSuccess) {
         return Release(b.ptr);  // a stream that is gone: CUDA's free waits for everything
       }
       a.second = std::move(ev);
@@ -176,9 +177,9 @@ void MemoryPool::Return(Block b) {
     if (users_ > 0 && !warned_) {
       warned_ = true;
       SHVD_LOG(kWarning, "gpu") << "the " << (kind_ == kDevice ? "GPU" : "pinned host")
-                                << " memory cache of GPU " << device_ << " holds "
-                                << idle_bytes_ << " idle bytes, SPARK_HVD_GPU_CACHE_BYTES="
-                                << cap << ": a block of " << b.size
+                                << " memory cache of GPU " << device_ << " holds " << idle_bytes_
+                                << " idle bytes, SPARK_HVD_GPU_CACHE_BYTES=" << cap
+                                << ": a block of " << b.size
                                 << " bytes goes back to CUDA, whose free waits for the whole "
                                    "GPU; raise SPARK_HVD_GPU_CACHE_BYTES if this repeats every "
                                    "step";
@@ -192,7 +193,8 @@ bool MemoryPool::OrderAfter(Block* block, cudaStream_t stream) {
     if (a.first == stream) continue;  // the same stream: its own order suffices
     PooledEvent ev = a.second;
     if (!ev) {  // not recorded at return: record now (later, so it waits for more)
-      if (!TakeEvent(cuda_, device_, &ev).ok() || cuda_->EventRecord(ev.get(), a.first) != cudaSuccess) {
+      if (!TakeEvent(cuda_, device_, &ev).ok() ||
+          cuda_->EventRecord(ev.get(), a.first) != cudaSuccess) {
         return false;
       }
     }

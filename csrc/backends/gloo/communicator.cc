@@ -10,14 +10,13 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-
 #include <pthread.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "backends/host_reduce.h"
@@ -78,10 +77,14 @@ void Trampoline(T* x, const T* y, size_t n) {
 template <typename T, int D>
 typename gloo::ReductionFunction<T>::Function* PickOp(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kProduct: return &Trampoline<T, D, 4>;
-    case ReduceOp::kMin: return &Trampoline<T, D, 2>;
-    case ReduceOp::kMax: return &Trampoline<T, D, 3>;
-    default: return &Trampoline<T, D, 0>;
+    case ReduceOp::kProduct:
+      return &Trampoline<T, D, 4>;
+    case ReduceOp::kMin:
+      return &Trampoline<T, D, 2>;
+    case ReduceOp::kMax:
+      return &Trampoline<T, D, 3>;
+    default:
+      return &Trampoline<T, D, 0>;
   }
 }
 
@@ -95,16 +98,36 @@ const gloo::ReductionFunction<T>* ReductionFor(DataType dtype, ReduceOp op) {
   if (it != table.end()) return it->second.get();
   typename gloo::ReductionFunction<T>::Function* fn = nullptr;
   switch (dtype) {
-    case DataType::kUInt8: fn = PickOp<T, 0>(op); break;
-    case DataType::kInt8: fn = PickOp<T, 1>(op); break;
-    case DataType::kInt16: fn = PickOp<T, 2>(op); break;
-    case DataType::kInt32: fn = PickOp<T, 3>(op); break;
-    case DataType::kInt64: fn = PickOp<T, 4>(op); break;
-    case DataType::kFloat16: fn = PickOp<T, 5>(op); break;
-    case DataType::kBFloat16: fn = PickOp<T, 6>(op); break;
-    case DataType::kFloat32: fn = PickOp<T, 7>(op); break;
-    case DataType::kFloat64: fn = PickOp<T, 8>(op); break;
-    case DataType::kBool: fn = PickOp<T, 9>(op); break;
+    case DataType::kUInt8:
+      fn = PickOp<T, 0>(op);
+      break;
+    case DataType::kInt8:
+      fn = PickOp<T, 1>(op);
+      break;
+    case DataType::kInt16:
+      fn = PickOp<T, 2>(op);
+      break;
+    case DataType::kInt32:
+      fn = PickOp<T, 3>(op);
+      break;
+    case DataType::kInt64:
+      fn = PickOp<T, 4>(op);
+      break;
+    case DataType::kFloat16:
+      fn = PickOp<T, 5>(op);
+      break;
+    case DataType::kBFloat16:
+      fn = PickOp<T, 6>(op);
+      break;
+    case DataType::kFloat32:
+      fn = PickOp<T, 7>(op);
+      break;
+    case DataType::kFloat64:
+      fn = PickOp<T, 8>(op);
+      break;
+    case DataType::kBool:
+      fn = PickOp<T, 9>(op);
+      break;
   }
   gloo::ReductionType type = gloo::SUM;
   if (op == ReduceOp::kProduct) type = gloo::PRODUCT;
@@ -117,12 +140,12 @@ const gloo::ReductionFunction<T>* ReductionFor(DataType dtype, ReduceOp op) {
 }
 
 template <typename T>
-std::unique_ptr<gloo::Algorithm> MakeAllreduce(const std::shared_ptr<gloo::Context>& ctx,
-                                               void* buf, int64_t count, DataType dtype,
-                                               ReduceOp op) {
+std::unique_ptr<gloo::Algorithm> MakeAllreduce(const std::shared_ptr<gloo::Context>& ctx, void* buf,
+                                               int64_t count, DataType dtype, ReduceOp op) {
   std::vector<T*> ptrs{static_cast<T*>(buf)};
   const auto* fn = ReductionFor<T>(dtype, op);
-  return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, static_cast<int>(count), fn);
+  return std::make_unique<gloo::AllreduceHalvingDoubling<T>>(ctx, ptrs, static_cast<int>(count),
+                                                             fn);
 }
 
 // Runs a gloo call, turning its exceptions into a Status that names what failed.
@@ -221,10 +244,14 @@ Status GlooCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes
 std::unique_ptr<gloo::Algorithm> GlooCommunicator::NewAllreduce(void* buf, int64_t count,
                                                                 DataType dtype, ReduceOp op) {
   switch (DataTypeSize(dtype)) {
-    case 1: return MakeAllreduce<uint8_t>(context_, buf, count, dtype, op);
-    case 2: return MakeAllreduce<uint16_t>(context_, buf, count, dtype, op);
-    case 4: return MakeAllreduce<uint32_t>(context_, buf, count, dtype, op);
-    default: return MakeAllreduce<uint64_t>(context_, buf, count, dtype, op);
+    case 1:
+      return MakeAllreduce<uint8_t>(context_, buf, count, dtype, op);
+    case 2:
+      return MakeAllreduce<uint16_t>(context_, buf, count, dtype, op);
+    case 4:
+      return MakeAllreduce<uint32_t>(context_, buf, count, dtype, op);
+    default:
+      return MakeAllreduce<uint64_t>(context_, buf, count, dtype, op);
   }
 }
 
@@ -241,8 +268,8 @@ gloo::Algorithm* GlooCommunicator::CachedAllreduce(void* buf, int64_t count, Dat
   // buffer: on loopback that page faulting cost a quarter of the engine's CPU in
   // bench/torch_step.py until stable counts were rounded to size classes.
   const int64_t scratch = count * static_cast<int64_t>(DataTypeSize(dtype));
-  const int64_t budget = std::max(kMinCachedScratchBytes,
-                                  kCachedScratchThresholds * env::FusionThresholdBytes());
+  const int64_t budget =
+      std::max(kMinCachedScratchBytes, kCachedScratchThresholds * env::FusionThresholdBytes());
   while (!algos_.empty() &&
          (algos_.size() >= kMaxCachedAlgorithms || algos_bytes_ + scratch > budget)) {
     algos_bytes_ -= algos_.back().scratch_bytes;

@@ -68,15 +68,24 @@ MPI_Datatype MpiType(DataType dtype) {
 
 MPI_Op MpiOp(ReduceOp op) {
   static std::map<int, MPI_Op> ops;
-  int key = static_cast<int>(op == ReduceOp::kAverage || op == ReduceOp::kAdasum ? ReduceOp::kSum : op);
+  int key =
+      static_cast<int>(op == ReduceOp::kAverage || op == ReduceOp::kAdasum ? ReduceOp::kSum : op);
   auto it = ops.find(key);
   if (it != ops.end()) return it->second;
   MPI_Op result;
   switch (static_cast<ReduceOp>(key)) {
-    case ReduceOp::kProduct: MPI_Op_create(&UserOp<4>, 1, &result); break;
-    case ReduceOp::kMin: MPI_Op_create(&UserOp<2>, 1, &result); break;
-    case ReduceOp::kMax: MPI_Op_create(&UserOp<3>, 1, &result); break;
-    default: MPI_Op_create(&UserOp<0>, 1, &result); break;
+    case ReduceOp::kProduct:
+      MPI_Op_create(&UserOp<4>, 1, &result);
+      break;
+    case ReduceOp::kMin:
+      MPI_Op_create(&UserOp<2>, 1, &result);
+      break;
+    case ReduceOp::kMax:
+      MPI_Op_create(&UserOp<3>, 1, &result);
+      break;
+    default:
+      MPI_Op_create(&UserOp<0>, 1, &result);
+      break;
   }
   ops[key] = result;
   return result;
@@ -159,17 +168,16 @@ Status MpiCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
 
 Status MpiCommunicator::Allreduce(const ReduceArgs& args) {
   return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
-    return fusion_.Allreduce(
-        segments, args.dtype, scale, /*direct_min_bytes=*/0, nullptr,
-        [&](void* buf, int64_t count, bool /*stable*/) {
-          if (size_ == 1 || count == 0) return Status::OK();
-          int n;
-          Status s = ToCount(count, &n, "allreduce");
-          if (!s.ok()) return s;
-          return Check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MpiType(args.dtype), MpiOp(args.op),
-                                     impl_->comm),
-                       "allreduce");
-        });
+    return fusion_.Allreduce(segments, args.dtype, scale, /*direct_min_bytes=*/0, nullptr,
+                             [&](void* buf, int64_t count, bool /*stable*/) {
+                               if (size_ == 1 || count == 0) return Status::OK();
+                               int n;
+                               Status s = ToCount(count, &n, "allreduce");
+                               if (!s.ok()) return s;
+                               return Check(MPI_Allreduce(MPI_IN_PLACE, buf, n, MpiType(args.dtype),
+                                                          MpiOp(args.op), impl_->comm),
+                                            "allreduce");
+                             });
   });
 }
 
@@ -191,8 +199,8 @@ Status MpiCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
   return Check(MPI_Bcast(buf, n, MPI_BYTE, root, impl_->comm), "broadcast");
 }
 
-Status MpiCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
-                                  void* out, const std::vector<int64_t>& recv_bytes) {
+Status MpiCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                                  const std::vector<int64_t>& recv_bytes) {
   std::vector<int> sc, sd, rc, rd;
   Status s = Displacements(send_bytes, &sc, &sd, "alltoall");
   if (!s.ok()) return s;

@@ -6,8 +6,8 @@ namespace nccl {
 Status NcclError(const cuda::NcclApi* nccl, ncclResult_t err, const std::string& what,
                  const std::string& detail) {
   if (err == ncclSuccess || err == ncclInProgress) return Status::OK();
-  const std::string msg = what + ": " + nccl->GetErrorString(err) +
-                          (detail.empty() ? "" : " (" + detail + ")");
+  const std::string msg =
+      what + ": " + nccl->GetErrorString(err) + (detail.empty() ? "" : " (" + detail + ")");
   const std::string debug = "; NCCL_DEBUG=WARN in the ranks' environment prints NCCL's reason";
   switch (err) {
     case ncclRemoteError:
@@ -15,19 +15,25 @@ Status NcclError(const cuda::NcclApi* nccl, ncclResult_t err, const std::string&
     case ncclInvalidArgument:
       return Status::InvalidArgument(msg);
     case ncclUnhandledCudaError:
-      return Status::Internal(msg + "; a CUDA error on this rank, not a lost peer: check that its "
+      return Status::Internal(msg +
+                              "; a CUDA error on this rank, not a lost peer: check that its "
                               "GPU is visible (CUDA_VISIBLE_DEVICES) and the NVIDIA driver "
-                              "loads" + debug);
+                              "loads" +
+                              debug);
     case ncclSystemError:
-      return Status::Internal(msg + "; a system call failed on this rank, not a lost peer: check "
+      return Status::Internal(msg +
+                              "; a system call failed on this rank, not a lost peer: check "
                               "its shared memory (/dev/shm, often too small in containers: "
                               "--shm-size), its network interfaces (NCCL_SOCKET_IFNAME) and "
-                              "open-file limits" + debug);
+                              "open-file limits" +
+                              debug);
     case ncclInvalidUsage:
-      return Status::Internal(msg + "; NCCL refused how it was used on this rank: each rank "
+      return Status::Internal(msg +
+                              "; NCCL refused how it was used on this rank: each rank "
                               "needs its own GPU (ranks sharing one: "
                               "SPARK_HVD_GPU_OPERATIONS=tcp stages through host memory), and "
-                              "every rank must issue the same collectives" + debug);
+                              "every rank must issue the same collectives" +
+                              debug);
     default:  // ncclInternalError and codes of later NCCL versions
       return Status::Internal(msg + "; an internal NCCL failure on this rank, not a lost peer" +
                               debug);

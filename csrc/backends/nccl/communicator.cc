@@ -4,8 +4,8 @@
 #include <chrono>
 #include <thread>
 
-#include "backends/members.h"
 #include "backends/cuda/util.h"
+#include "backends/members.h"
 #include "common/env.h"
 #include "common/logging.h"
 
@@ -18,8 +18,13 @@ class Work : public PendingWork {
   Work(const cuda::CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device,
        cuda::PooledEvent event, std::vector<std::vector<uint8_t>> keep, const WaitMarks& marks,
        uint64_t call)
-      : cuda_(cuda), comm_(std::move(comm)), device_(device), event_(std::move(event)),
-        keep_(std::move(keep)), marks_(marks), call_(std::to_string(call)) {}
+      : cuda_(cuda),
+        comm_(std::move(comm)),
+        device_(device),
+        event_(std::move(event)),
+        keep_(std::move(keep)),
+        marks_(marks),
+        call_(std::to_string(call)) {}
 
   bool Poll(Status* status) override {
     const cudaError_t q = cuda::QueryOnDevice(cuda_, device_, event_.get());
@@ -68,7 +73,7 @@ class Work : public PendingWork {
   const cuda::CudaApi* cuda_;
   std::shared_ptr<CommHandle> comm_;
   int32_t device_;
-  cuda::PooledEvent event_;  // behind the op's work
+  cuda::PooledEvent event_;                 // behind the op's work
   std::vector<std::vector<uint8_t>> keep_;  // host memory queued copies read or write
   WaitMarks marks_;
   std::string call_;  // the number of the op's last NCCL call
@@ -77,7 +82,8 @@ class Work : public PendingWork {
 }  // namespace
 
 NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<int32_t> members,
-                                   int32_t set_id, const cuda::CudaApi* cuda, const cuda::NcclApi* nccl)
+                                   int32_t set_id, const cuda::CudaApi* cuda,
+                                   const cuda::NcclApi* nccl)
     : options_(options),
       members_(std::move(members)),
       set_id_(set_id),
@@ -131,8 +137,8 @@ Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
 }
 
 Status NcclCommunicator::WaitForStream() {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(env::TimeoutS());
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(env::TimeoutS());
   auto next_lost_check = std::chrono::steady_clock::now();
   Status s = cuda::WaitPolling(cuda_, device_, stream_, [&]() -> Status {
     if (comm_->abort_requested()) return Aborted();
@@ -150,10 +156,12 @@ Status NcclCommunicator::WaitForStream() {
       }
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return Status::Timeout("a GPU collective did not finish within SPARK_HVD_TIMEOUT_S on "
-                             "rank " + std::to_string(options_.rank) +
-                             "; its communicator was aborted (a peer, or this rank's GPU, may "
-                             "be stuck)");
+      return Status::Timeout(
+          "a GPU collective did not finish within SPARK_HVD_TIMEOUT_S on "
+          "rank " +
+          std::to_string(options_.rank) +
+          "; its communicator was aborted (a peer, or this rank's GPU, may "
+          "be stuck)");
     }
     return Status::OK();
   });
@@ -162,14 +170,15 @@ Status NcclCommunicator::WaitForStream() {
 }
 
 Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
-  return cuda::CudaStatus(cuda_, err, std::string(what) + " on rank " + std::to_string(options_.rank));
+  return cuda::CudaStatus(cuda_, err,
+                          std::string(what) + " on rank " + std::to_string(options_.rank));
 }
 
 Status NcclCommunicator::NcclCheck(ncclResult_t err, const char* what) const {
   if (err == ncclInProgress && comm_ && comm_->nonblocking && comm_->comm) return Settle(what);
   if (err == ncclSuccess || err == ncclInProgress) return Status::OK();
-  return NcclError(nccl_, err, std::string("NCCL ") + what + " failed on rank " +
-                                   std::to_string(options_.rank),
+  return NcclError(nccl_, err,
+                   std::string("NCCL ") + what + " failed on rank " + std::to_string(options_.rank),
                    comm_ && comm_->comm ? nccl_->GetLastError(comm_->comm) : "");
 }
 Status NcclCommunicator::Prepare(const DeviceInputs& inputs) {
@@ -223,9 +232,9 @@ Status NcclCommunicator::Scratch(size_t bytes, Buffer* out) {
 Status NcclCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
   if (bytes == 0 || dst == src) return Status::OK();
   queued_ = true;
-  return CudaCheck(cuda_->MemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                      cudaMemcpyDeviceToDevice, stream_),
-                   "cudaMemcpyAsync");
+  return CudaCheck(
+      cuda_->MemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
+      "cudaMemcpyAsync");
 }
 Status NcclCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
   queued_ = true;
@@ -245,13 +254,13 @@ Status NcclCommunicator::AllgatherFixed(const void*, void*, int64_t) {
 Status NcclCommunicator::Allgatherv(const void* in, void* out,
                                     const std::vector<int64_t>& bytes_per_rank) {
   queued_ = true;
-  const bool equal = in != nullptr &&
-                     std::all_of(bytes_per_rank.begin(), bytes_per_rank.end(),
-                                 [&](int64_t b) { return b == bytes_per_rank[0]; });
+  const bool equal =
+      in != nullptr && std::all_of(bytes_per_rank.begin(), bytes_per_rank.end(),
+                                   [&](int64_t b) { return b == bytes_per_rank[0]; });
   if (equal) {
     return OnComm([&] {
-      return NcclCheck(nccl_->AllGather(in, out, static_cast<size_t>(bytes_per_rank[0]),
-                                        ncclUint8, comm_->comm, stream_),
+      return NcclCheck(nccl_->AllGather(in, out, static_cast<size_t>(bytes_per_rank[0]), ncclUint8,
+                                        comm_->comm, stream_),
                        "ncclAllGather");
     });
   }
@@ -262,11 +271,10 @@ Status NcclCommunicator::Allgatherv(const void* in, void* out,
     for (int r = 0; r < size() && s.ok(); ++r) {
       const int64_t bytes = bytes_per_rank[static_cast<size_t>(r)];
       if (bytes > 0) {
-        s = NcclCheck(nccl_->Broadcast(r == rank_ ? in : nullptr,
-                                       static_cast<char*>(out) + offset,
-                                       static_cast<size_t>(bytes), ncclUint8, r, comm_->comm,
-                                       stream_),
-                      "ncclBroadcast (allgather)");
+        s = NcclCheck(
+            nccl_->Broadcast(r == rank_ ? in : nullptr, static_cast<char*>(out) + offset,
+                             static_cast<size_t>(bytes), ncclUint8, r, comm_->comm, stream_),
+            "ncclBroadcast (allgather)");
       }
       offset += bytes;
     }
@@ -293,16 +301,16 @@ Status NcclCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& s
     for (int r = 0; r < size() && s.ok(); ++r) {
       if (r == rank_) continue;
       if (send_bytes[r] > 0) {
-        s = NcclCheck(nccl_->Send(static_cast<const char*>(in) + send_off[r],
-                                  static_cast<size_t>(send_bytes[r]), ncclUint8, r, comm_->comm,
-                                  stream_),
-                      "ncclSend (alltoall)");
+        s = NcclCheck(
+            nccl_->Send(static_cast<const char*>(in) + send_off[r],
+                        static_cast<size_t>(send_bytes[r]), ncclUint8, r, comm_->comm, stream_),
+            "ncclSend (alltoall)");
       }
       if (s.ok() && recv_bytes[r] > 0) {
-        s = NcclCheck(nccl_->Recv(static_cast<char*>(out) + recv_off[r],
-                                  static_cast<size_t>(recv_bytes[r]), ncclUint8, r, comm_->comm,
-                                  stream_),
-                      "ncclRecv (alltoall)");
+        s = NcclCheck(
+            nccl_->Recv(static_cast<char*>(out) + recv_off[r], static_cast<size_t>(recv_bytes[r]),
+                        ncclUint8, r, comm_->comm, stream_),
+            "ncclRecv (alltoall)");
       }
     }
     Status end = NcclCheck(nccl_->GroupEnd(), "ncclGroupEnd");
@@ -317,8 +325,8 @@ Status NcclCommunicator::Barrier() {
 std::unique_ptr<Communicator> NcclCommunicator::Split(const std::vector<int32_t>& ranks,
                                                       int32_t set_id) {
   if (!std::binary_search(ranks.begin(), ranks.end(), rank_)) return nullptr;
-  return std::make_unique<NcclCommunicator>(options_, SplitMembers(members_, ranks), set_id,
-                                            cuda_, nccl_);
+  return std::make_unique<NcclCommunicator>(options_, SplitMembers(members_, ranks), set_id, cuda_,
+                                            nccl_);
 }
 
 }  // namespace nccl

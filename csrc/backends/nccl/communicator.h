@@ -27,7 +27,6 @@
 #include "backends/communicator.h"
 #include "backends/cuda/loader.h"
 #include "backends/cuda/memory_pool.h"
-#include "backends/nccl/wait_marks.h"
 #include "backends/nccl/comm_handle.h"
 #include "backends/nccl/wait_marks.h"
 

@@ -112,8 +112,8 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
   using Clock = std::chrono::steady_clock;
   const double timeout_s = options_.connect_timeout_s;
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   const auto mark_at = start + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(std::min(1.0, timeout_s / 2)));
   bool marked = false;
@@ -135,9 +135,7 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
       init->abandoned = true;
       lock.unlock();  // the store lookups take a while; the init thread may finish meanwhile
       std::vector<int32_t> silent;
-      const std::string who = marks_.WhoIsMissing(
-          "init",
-          kAllWaitInTheCall, &silent);
+      const std::string who = marks_.WhoIsMissing("init", kAllWaitInTheCall, &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,

@@ -1,13 +1,14 @@
 // NcclCommunicator's reductions (communicator.h): allreduce, fused or not, with NCCL's own
 // ops or a premultiplied sum; what NCCL cannot express staged through host memory; and
 // reducescatter in equal blocks.
+#include "common/reduce.h"
+
 #include <algorithm>
 #include <cstring>
 
 #include "backends/host_reduce.h"
 #include "backends/nccl/communicator.h"
 #include "common/half.h"
-#include "common/reduce.h"
 
 namespace spark_hvd {
 namespace nccl {
@@ -16,26 +17,49 @@ namespace {
 // NCCL's type for a spark_hvd dtype (bool travels as uint8); false for int16.
 bool NcclType(DataType d, ncclDataType_t* out) {
   switch (d) {
-    case DataType::kUInt8: *out = ncclUint8; return true;
-    case DataType::kBool: *out = ncclUint8; return true;
-    case DataType::kInt8: *out = ncclInt8; return true;
-    case DataType::kInt32: *out = ncclInt32; return true;
-    case DataType::kInt64: *out = ncclInt64; return true;
-    case DataType::kFloat16: *out = ncclFloat16; return true;
-    case DataType::kBFloat16: *out = ncclBfloat16; return true;
-    case DataType::kFloat32: *out = ncclFloat32; return true;
-    case DataType::kFloat64: *out = ncclFloat64; return true;
-    default: return false;
+    case DataType::kUInt8:
+      *out = ncclUint8;
+      return true;
+    case DataType::kBool:
+      *out = ncclUint8;
+      return true;
+    case DataType::kInt8:
+      *out = ncclInt8;
+      return true;
+    case DataType::kInt32:
+      *out = ncclInt32;
+      return true;
+    case DataType::kInt64:
+      *out = ncclInt64;
+      return true;
+    case DataType::kFloat16:
+      *out = ncclFloat16;
+      return true;
+    case DataType::kBFloat16:
+      *out = ncclBfloat16;
+      return true;
+    case DataType::kFloat32:
+      *out = ncclFloat32;
+      return true;
+    case DataType::kFloat64:
+      *out = ncclFloat64;
+      return true;
+    default:
+      return false;
   }
 }
 
 ncclRedOp_t BaseOp(ReduceOp op, DataType d) {
   const bool logical = d == DataType::kBool;
   switch (op) {
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProduct: return logical ? ncclMin : ncclProd;
-    default: return logical ? ncclMax : ncclSum;  // Sum, Average
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+    case ReduceOp::kProduct:
+      return logical ? ncclMin : ncclProd;
+    default:
+      return logical ? ncclMax : ncclSum;  // Sum, Average
   }
 }
 
@@ -64,11 +88,10 @@ std::vector<uint8_t> Scalar(double factor, DataType d) {
 // Average, a premultiplied sum made for the call and destroyed after it. False, running
 // nothing, for what it cannot express (integer Average, scaled Min/Max/Product).
 bool NcclCommunicator::WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
-                                  const std::function<Status(ncclRedOp_t)>& run,
-                                  Status* status) {
+                                  const std::function<Status(ncclRedOp_t)>& run, Status* status) {
   const bool is_float = IsFloatingPoint(a.dtype);
-  const double factor = a.prescale * a.postscale /
-                        (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
+  const double factor =
+      a.prescale * a.postscale / (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);
   const bool sum_like = a.op == ReduceOp::kSum || a.op == ReduceOp::kAverage;
   if (sum_like && is_float && factor != 1.0) {  // scale factors and Average: one premultiply
     std::vector<uint8_t> scalar = Scalar(factor, a.dtype);
@@ -103,13 +126,16 @@ bool NcclCommunicator::ReducescatterBlocks(const ReduceArgs& a, int64_t block, v
     return false;
   }
   const void* in = a.tensors[0].input;
-  const bool done = WithNcclOp(a, dtype, [&](ncclRedOp_t op) {
-    return OnComm([&] {
-      return NcclCheck(nccl_->ReduceScatter(in, out, static_cast<size_t>(block), dtype, op,
-                                            comm_->comm, stream_),
-                       "ncclReduceScatter");
-    });
-  }, status);
+  const bool done = WithNcclOp(
+      a, dtype,
+      [&](ncclRedOp_t op) {
+        return OnComm([&] {
+          return NcclCheck(nccl_->ReduceScatter(in, out, static_cast<size_t>(block), dtype, op,
+                                                comm_->comm, stream_),
+                           "ncclReduceScatter");
+        });
+      },
+      status);
   queued_ = queued_ || (done && status->ok());
   return done;
 }
@@ -167,7 +193,8 @@ Status NcclCommunicator::Native(const ReduceArgs& a, ncclDataType_t dtype, ncclR
   for (const auto& t : a.tensors) {
     if (!s.ok()) return s;
     const size_t bytes = static_cast<size_t>(t.count) * dsize;
-    if (t.output != nullptr) s = Copy(t.output, static_cast<char*>(buf) + offset, static_cast<int64_t>(bytes));
+    if (t.output != nullptr)
+      s = Copy(t.output, static_cast<char*>(buf) + offset, static_cast<int64_t>(bytes));
     offset += bytes;
   }
   return s;
@@ -190,9 +217,9 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
     if (!s.ok()) return s;
     const size_t bytes = static_cast<size_t>(t.count) * dsize;
     if (t.input != nullptr) {
-      s = CudaCheck(cuda_->MemcpyAsync(host.data() + offset, t.input, bytes,
-                                       cudaMemcpyDeviceToHost, stream_),
-                    "cudaMemcpyAsync");
+      s = CudaCheck(
+          cuda_->MemcpyAsync(host.data() + offset, t.input, bytes, cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync");
     } else {
       std::memset(host.data() + offset, 0, bytes);  // joined: zeros, as Horovod
     }
@@ -202,7 +229,8 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
   if (!s.ok()) return s;
   offset = 0;
   for (const auto& t : a.tensors) {  // the neutral values stay unscaled
-    if (t.input != nullptr) ScaleBuffer(host.data() + offset, static_cast<size_t>(t.count), a.dtype, a.prescale);
+    if (t.input != nullptr)
+      ScaleBuffer(host.data() + offset, static_cast<size_t>(t.count), a.dtype, a.prescale);
     offset += static_cast<size_t>(t.count) * dsize;
   }
   s = CudaCheck(cuda_->MemcpyAsync(buf, host.data(), host.size(), cudaMemcpyHostToDevice, stream_),
@@ -217,9 +245,9 @@ Status NcclCommunicator::Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclR
   // way out) for a collective stuck on a lost peer: wait here first, where one can.
   if (s.ok()) s = WaitForStream();
   if (s.ok()) {
-    s = CudaCheck(cuda_->MemcpyAsync(host.data(), buf, host.size(), cudaMemcpyDeviceToHost,
-                                     stream_),
-                  "cudaMemcpyAsync");
+    s = CudaCheck(
+        cuda_->MemcpyAsync(host.data(), buf, host.size(), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync");
   }
   if (s.ok()) s = WaitForStream();
   if (!s.ok()) return s;

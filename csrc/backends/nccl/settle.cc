@@ -30,8 +30,8 @@ Status NcclCommunicator::Settle(const char* what) const {
   using Clock = std::chrono::steady_clock;
   const double timeout_s = env::TimeoutS();
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                    std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   const auto mark_at = start + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(std::min(1.0, timeout_s / 2)));
   auto next_lost_check = start + std::chrono::milliseconds(100);
@@ -58,17 +58,19 @@ Status NcclCommunicator::Settle(const char* what) const {
       next_lost_check = now + std::chrono::milliseconds(100);
       const std::vector<int32_t> lost = MembersLost();
       if (!lost.empty()) {
-        Status s = Status::PeerLost(where + " stopped waiting: the rendezvous service lost "
-                                    "rank(s) " + JoinRanks(lost), lost);
+        Status s = Status::PeerLost(where +
+                                        " stopped waiting: the rendezvous service lost "
+                                        "rank(s) " +
+                                        JoinRanks(lost),
+                                    lost);
         comm_->RequestAbort(s);
         return s;
       }
     }
     if (now > deadline) {  // (5)
       std::vector<int32_t> silent;
-      const std::string who = marks_.WhoIsMissing(
-          std::to_string(calls_made_),
-          kAllWaitInTheCall, &silent);
+      const std::string who =
+          marks_.WhoIsMissing(std::to_string(calls_made_), kAllWaitInTheCall, &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,

@@ -17,8 +17,8 @@ void WaitMarks::Note(const std::string& call, const std::string& where) const {
   try {
     store->Set(Key(call, self), "1");
   } catch (const std::exception& e) {
-    SHVD_LOG(kWarning, "nccl") << where << " could not note its wait in the rendezvous store: "
-                               << e.what();
+    SHVD_LOG(kWarning, "nccl") << where
+                               << " could not note its wait in the rendezvous store: " << e.what();
   }
 }
 
@@ -35,7 +35,8 @@ std::string WaitMarks::WhoIsMissing(const std::string& call, const std::string& 
     }
   }
   if (silent->empty()) return all_waiting;
-  return "rank(s) " + JoinRanks(*silent) + " never reached it (stuck before it, in their own "
+  return "rank(s) " + JoinRanks(*silent) +
+         " never reached it (stuck before it, in their own "
          "work or on their GPU)";
 }
 

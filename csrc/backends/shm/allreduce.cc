@@ -50,7 +50,8 @@ Status ShmCommunicator::ReduceSegments(const std::vector<Segment>& segments, Dat
                                        ReduceOp op, double scale) {
   if (!group_) {
     if (scale != 1.0) {
-      for (const auto& s : segments) ScaleBuffer(s.data, static_cast<size_t>(s.count), dtype, scale);
+      for (const auto& s : segments)
+        ScaleBuffer(s.data, static_cast<size_t>(s.count), dtype, scale);
     }
     return Status::OK();
   }
@@ -69,8 +70,8 @@ Status ShmCommunicator::ReduceSegments(const std::vector<Segment>& segments, Dat
 }
 
 // Elements [a, b): every member reduces all of them from every slot, in rank order.
-Status ShmCommunicator::DirectRound(const SegmentLayout& buf, size_t a, size_t b,
-                                    DataType dtype, ReduceOp op, double scale) {
+Status ShmCommunicator::DirectRound(const SegmentLayout& buf, size_t a, size_t b, DataType dtype,
+                                    ReduceOp op, double scale) {
   const size_t elem = DataTypeSize(dtype);
   uint64_t g;
   Status s = group_->Next("allreduce", &g);
@@ -145,9 +146,9 @@ bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block,
   // float32/float64 scaled in the reduction's pass, the other dtypes after.
   const double post = PostFactor(args);
   const bool scale_in_pass = args.dtype == DataType::kFloat32 || args.dtype == DataType::kFloat64;
-  const Chain chain{direct ? GetReduceFn(args.dtype, args.op)
-                           : GetReduceFnReversed(args.dtype, args.op),
-                    args.dtype, scale_in_pass ? post : 1.0};
+  const Chain chain{
+      direct ? GetReduceFn(args.dtype, args.op) : GetReduceFnReversed(args.dtype, args.op),
+      args.dtype, scale_in_pass ? post : 1.0};
   const size_t first = static_cast<size_t>(block) * static_cast<size_t>(rank_);
   const size_t last = first + static_cast<size_t>(block);
   const size_t per_round = group_->slot_bytes() / elem;
@@ -184,8 +185,8 @@ bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block,
   return true;
 }
 
-Status ShmCommunicator::ReduceScatterPieces(const SegmentLayout& buf, size_t count,
-                                            DataType dtype, ReduceOp op) {
+Status ShmCommunicator::ReduceScatterPieces(const SegmentLayout& buf, size_t count, DataType dtype,
+                                            ReduceOp op) {
   return PieceRounds(buf, count, dtype, op, true);
 }
 
@@ -200,9 +201,9 @@ Status ShmCommunicator::PieceRounds(const SegmentLayout& buf, size_t count, Data
   const int n = size();
   const size_t sub = group_->slot_bytes() / elem / static_cast<size_t>(n);
   if (sub == 0) {
-    return Status::InvalidArgument("SPARK_HVD_SHM_SLOT_BYTES=" +
-                                   std::to_string(group_->slot_bytes()) + " is too small for " +
-                                   std::to_string(n) + " ranks on a host: raise it");
+    return Status::InvalidArgument(
+        "SPARK_HVD_SHM_SLOT_BYTES=" + std::to_string(group_->slot_bytes()) + " is too small for " +
+        std::to_string(n) + " ranks on a host: raise it");
   }
   auto piece = [&](int j) { return count * static_cast<size_t>(j) / static_cast<size_t>(n); };
   auto part = [&](int j, size_t r0) {  // piece j's elements in the round starting at r0

@@ -121,13 +121,15 @@ Status ShmCommunicator::Gather(const void* in, void* out,
   const char* src = static_cast<const char*>(in);
   if (mine > 0 && dst + offset[rank_] != src) std::memmove(dst + offset[rank_], src, mine);
   if (!group_) return Status::OK();
-  const size_t most = static_cast<size_t>(*std::max_element(bytes_per_rank.begin(), bytes_per_rank.end()));
+  const size_t most =
+      static_cast<size_t>(*std::max_element(bytes_per_rank.begin(), bytes_per_rank.end()));
   const size_t slot = group_->slot_bytes();
   for (size_t a = 0; a < most; a += slot) {
     uint64_t g;
     Status s = group_->Next(what, &g);
     if (!s.ok()) return s;
-    if (a < mine) std::memcpy(group_->slot(rank_, g), dst + offset[rank_] + a, std::min(slot, mine - a));
+    if (a < mine)
+      std::memcpy(group_->slot(rank_, g), dst + offset[rank_] + a, std::min(slot, mine - a));
     group_->Post(shm::Counter::kStarted, g);
     s = group_->Wait(shm::Counter::kStarted, g, what);
     if (!s.ok()) return s;
@@ -146,8 +148,8 @@ Status ShmCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
   return Gather(in, out, std::vector<int64_t>(members_.size(), bytes), "exchange");
 }
 
-Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
-                                  void* out, const std::vector<int64_t>& recv_bytes) {
+Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                                  const std::vector<int64_t>& recv_bytes) {
   const size_t n = send_bytes.size();
   std::vector<size_t> soff(n + 1, 0), roff(n + 1, 0);
   for (size_t r = 0; r < n; ++r) {
@@ -157,7 +159,8 @@ Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& se
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const size_t me = static_cast<size_t>(rank_);
-  if (send_bytes[me] > 0) std::memmove(dst + roff[me], src + soff[me], static_cast<size_t>(send_bytes[me]));
+  if (send_bytes[me] > 0)
+    std::memmove(dst + roff[me], src + soff[me], static_cast<size_t>(send_bytes[me]));
   if (!group_) return Status::OK();
   // Rounds: each slot holds up to `part` bytes for every destination; as many rounds as
   // the largest block of any rank needs (one small allgather tells).
@@ -174,7 +177,8 @@ Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& se
     char* slot = group_->slot(rank_, g);
     for (size_t j = 0; j < n; ++j) {
       const size_t len = static_cast<size_t>(send_bytes[j]);
-      if (j != me && a < len) std::memcpy(slot + j * part, src + soff[j] + a, std::min(part, len - a));
+      if (j != me && a < len)
+        std::memcpy(slot + j * part, src + soff[j] + a, std::min(part, len - a));
     }
     group_->Post(shm::Counter::kStarted, g);
     s = group_->Wait(shm::Counter::kStarted, g, "alltoall");

@@ -48,7 +48,7 @@ using tcp::Errno;
 
 constexpr double kHelloTimeoutS = 5.0;  // per accepted connection, for its whole hello
 constexpr double kLostCheckS = 0.5;
-constexpr double kRetryS = 0.01;        // before connecting again to a busy or absent listener
+constexpr double kRetryS = 0.01;  // before connecting again to a busy or absent listener
 constexpr uint64_t kNoteMagic = 0x65746f6e6d687373ULL;  // "sshmnote"
 
 // What comes with a segment's descriptor.
@@ -163,8 +163,8 @@ class Setup {
       std::istringstream in(ReadKey("addr/", p, "the address"));
       in >> lower[p].name >> lower[p].token;
       if (lower[p].token.size() != tcp::kTokenBytes) {
-        Throw(Status::StoreError("shm: malformed address of rank " +
-                                 std::to_string(members_[p]) + " in the store"));
+        Throw(Status::StoreError("shm: malformed address of rank " + std::to_string(members_[p]) +
+                                 " in the store"));
       }
     }
     tcp::HelloDesk desk(rank_, size_, token, kHelloTimeoutS);
@@ -203,8 +203,8 @@ class Setup {
       for (size_t i = 0; i < first_desk; ++i) {
         if (pfds[i].revents == 0) continue;
         Lower& l = lower[owner[i]];
-        ssize_t r = ::recv(socks_[owner[i]], reinterpret_cast<char*>(&l.ack) + l.got,
-                           4 - l.got, MSG_DONTWAIT);
+        ssize_t r = ::recv(socks_[owner[i]], reinterpret_cast<char*>(&l.ack) + l.got, 4 - l.got,
+                           MSG_DONTWAIT);
         if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
         if (r <= 0) Closed(owner[i], "before acknowledging its hello");
         l.got += static_cast<int>(r);
@@ -329,8 +329,8 @@ class Setup {
   [[noreturn]] void Closed(int p, const char* when) {
     CheckLost(true);
     Throw(Status::PeerLost("shm: rank " + std::to_string(members_[p]) +
-                               " closed its connection to rank " + std::to_string(o_.rank) +
-                               " " + when + ": it exited, or refused this rank (see its log)",
+                               " closed its connection to rank " + std::to_string(o_.rank) + " " +
+                               when + ": it exited, or refused this rank (see its log)",
                            {members_[p]}));
   }
 
@@ -379,8 +379,8 @@ class Setup {
 }  // namespace
 
 std::unique_ptr<Group> ConnectGroup(const BackendOptions& options,
-                                    const std::vector<int32_t>& members,
-                                    const std::string& name, size_t slot_bytes) {
+                                    const std::vector<int32_t>& members, const std::string& name,
+                                    size_t slot_bytes) {
   return Setup(options, members, name, slot_bytes).Run();
 }
 

@@ -56,8 +56,7 @@ int PeerPidfd(int sock) {
 }
 
 void FutexWake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
-            nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 }  // namespace
@@ -156,9 +155,9 @@ Status Group::Wait(Counter c, uint64_t round, const char* what, int peer) {
         }
       }
       std::ostringstream os;
-      os << "shm " << what << " on rank " << job_ranks_[static_cast<size_t>(rank_)]
-         << " waited " << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S) for rank(s) "
-         << JoinRanks(missing, ", ") << " to reach round " << round
+      os << "shm " << what << " on rank " << job_ranks_[static_cast<size_t>(rank_)] << " waited "
+         << timeout_s_ << " s (SPARK_HVD_TIMEOUT_S) for rank(s) " << JoinRanks(missing, ", ")
+         << " to reach round " << round
          << ": they are alive (their connections are open) but silent";
       return Fail(Status(StatusCode::kTimeout, os.str(), missing));
     }
@@ -207,8 +206,7 @@ Status Group::CheckPeers(const char* what) {
     return Fail(Status(code,
                        std::string("shm ") + what + " on rank " + me + ": rank " +
                            std::to_string(stopped[0]) + " stopped after it " +
-                           (code == StatusCode::kTimeout ? "timed out waiting for"
-                                                         : "lost") +
+                           (code == StatusCode::kTimeout ? "timed out waiting for" : "lost") +
                            " rank(s) " + JoinRanks(blamed),
                        blamed));
   }

@@ -44,8 +44,8 @@ class Group {
   // peer r (-1 for this rank), owned from now on; job_ranks[r]: its rank in the job.
   // liveness: the job's heartbeats (backends/liveness.h), or null; a wait stops when
   // they lose a peer.
-  Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps,
-        std::vector<int> socks, double timeout_s, PeerLiveness* liveness);
+  Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps, std::vector<int> socks,
+        double timeout_s, PeerLiveness* liveness);
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -89,8 +89,8 @@ class Group {
 // unique to the group). Collective over `members` (job ranks, sorted, all on this host,
 // options.rank among them). Throws StatusError.
 std::unique_ptr<Group> ConnectGroup(const BackendOptions& options,
-                                    const std::vector<int32_t>& members,
-                                    const std::string& name, size_t slot_bytes);
+                                    const std::vector<int32_t>& members, const std::string& name,
+                                    size_t slot_bytes);
 // Every job rank's host key (HostKey, communicator.h), by rank: each rank publishes its
 // own under "<store_prefix>/shm/hosts" and reads the others'. Collective over the job.
 std::vector<std::string> ExchangeHostKeys(const BackendOptions& options, const std::string& key);

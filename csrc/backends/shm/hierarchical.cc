@@ -21,13 +21,13 @@ std::unique_ptr<Communicator> ConnectShmSet(const BackendOptions& options,
     return std::make_unique<ShmCommunicator>(options, std::move(members), std::move(hosts),
                                              "set" + std::to_string(set_id));
   }
-  return std::make_unique<HierarchicalCommunicator>(options, std::move(members),
-                                                    std::move(hosts), set_id);
+  return std::make_unique<HierarchicalCommunicator>(options, std::move(members), std::move(hosts),
+                                                    set_id);
 }
 
 HierarchicalCommunicator::HierarchicalCommunicator(const BackendOptions& options,
-                                                   std::vector<int32_t> members,
-                                                   HostKeys hosts, int32_t set_id)
+                                                   std::vector<int32_t> members, HostKeys hosts,
+                                                   int32_t set_id)
     : options_(options),
       members_(std::move(members)),
       rank_(MemberRank(members_, options.rank)),
@@ -109,10 +109,12 @@ Status HierarchicalCommunicator::Across(Status s) const {
   // The tcp communicator names ranks by host index; the job wants job ranks.
   std::vector<int32_t> ranks;
   for (int32_t k : s.ranks()) {
-    ranks.push_back(members_[static_cast<size_t>(host_members_[static_cast<size_t>(k)][local_rank_])]);
+    ranks.push_back(
+        members_[static_cast<size_t>(host_members_[static_cast<size_t>(k)][local_rank_])]);
   }
-  return Status(s.code(), "across hosts (tcp among each host's local rank " +
-                              std::to_string(local_rank_) + ", numbered by host): " + s.message(),
+  return Status(s.code(),
+                "across hosts (tcp among each host's local rank " + std::to_string(local_rank_) +
+                    ", numbered by host): " + s.message(),
                 ranks);
 }
 
@@ -164,7 +166,8 @@ Status HierarchicalCommunicator::Allgatherv(const void* in, void* out,
   if (scratch_.size() < static_cast<size_t>(total)) scratch_.resize(static_cast<size_t>(total));
   char* all = reinterpret_cast<char*>(scratch_.data());
   Status s = local_ ? local_->Allgatherv(in, all + here, local_bytes) : Status::OK();
-  if (!local_ && local_bytes[0] > 0) std::memcpy(all + here, in, static_cast<size_t>(local_bytes[0]));
+  if (!local_ && local_bytes[0] > 0)
+    std::memcpy(all + here, in, static_cast<size_t>(local_bytes[0]));
   if (s.ok() && local_rank_ == 0) s = Across(cross_->Allgatherv(all + here, all, host_bytes));
   if (s.ok() && local_) s = local_->Broadcast(all, total, 0);
   if (!s.ok()) return s;

@@ -62,8 +62,8 @@ class HierarchicalCommunicator : public Communicator {
   std::vector<int32_t> members_;  // job ranks
   int rank_;
   HostKeys hosts_;
-  bool allreduce_ = false;  // hierarchical allreduce on (and possible)
-  bool allgather_ = false;  // hierarchical allgather on (and possible)
+  bool allreduce_ = false;                      // hierarchical allreduce on (and possible)
+  bool allgather_ = false;                      // hierarchical allgather on (and possible)
   std::vector<std::vector<int>> host_members_;  // member ranks by host, hosts by first member
   int host_ = 0;                                // this rank's host, its index there
   int local_rank_ = 0;

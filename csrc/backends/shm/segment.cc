@@ -61,7 +61,7 @@ int CreateSegment(size_t slot_bytes, int rank, Mapping* out) {
 }
 
 Mapping MapSegment(int fd, size_t slot_bytes, int peer) {
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0) Throw("fstat of rank " + std::to_string(peer) + "'s segment", errno);
   const size_t bytes = SegmentBytes(slot_bytes);
   if (static_cast<size_t>(st.st_size) != bytes) {

@@ -62,9 +62,7 @@ class Mapping {
 
   Header* header() const { return reinterpret_cast<Header*>(base_); }
   size_t slot_bytes() const { return (bytes_ - kHeaderBytes) / 2; }
-  char* slot(uint64_t round) const {
-    return base_ + kHeaderBytes + (round & 1) * slot_bytes();
-  }
+  char* slot(uint64_t round) const { return base_ + kHeaderBytes + (round & 1) * slot_bytes(); }
 
  private:
   char* base_ = nullptr;

@@ -28,7 +28,8 @@ class StagedBackend : public Backend {
     if (!loaded && !wanted.empty()) {
       throw StatusError(Status::InvalidArgument("SPARK_HVD_GPU_OPERATIONS=" + wanted +
                                                 " stages GPU tensors through host memory, "
-                                                "which needs the CUDA runtime: " + why));
+                                                "which needs the CUDA runtime: " +
+                                                why));
     }
     if (!loaded) return false;
     return !wanted.empty() || !cuda::NcclBackendLoads();

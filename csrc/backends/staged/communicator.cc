@@ -94,17 +94,17 @@ Status StagedCommunicator::Pinned(int64_t bytes, void** out) {
 Status StagedCommunicator::ToHost(void* host, const void* device, int64_t bytes) {
   if (bytes == 0) return Status::OK();
   queued_ = true;  // the op's device buffers are kept until the copy ran, even if it fails
-  return Check(cuda_->MemcpyAsync(host, device, static_cast<size_t>(bytes),
-                                  cudaMemcpyDeviceToHost, stream_),
-               "cudaMemcpyAsync (to host)");
+  return Check(
+      cuda_->MemcpyAsync(host, device, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync (to host)");
 }
 
 Status StagedCommunicator::ToDevice(void* device, const void* host, int64_t bytes) {
   if (bytes == 0) return Status::OK();
   queued_ = true;
-  return Check(cuda_->MemcpyAsync(device, host, static_cast<size_t>(bytes),
-                                  cudaMemcpyHostToDevice, stream_),
-               "cudaMemcpyAsync (to the GPU)");
+  return Check(
+      cuda_->MemcpyAsync(device, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_),
+      "cudaMemcpyAsync (to the GPU)");
 }
 
 Status StagedCommunicator::Wait() {
@@ -114,9 +114,9 @@ Status StagedCommunicator::Wait() {
 Status StagedCommunicator::Copy(void* dst, const void* src, int64_t bytes) {
   if (bytes == 0 || dst == src) return Status::OK();
   queued_ = true;
-  return Check(cuda_->MemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
-                                  stream_),
-               "cudaMemcpyAsync");
+  return Check(
+      cuda_->MemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_),
+      "cudaMemcpyAsync");
 }
 
 Status StagedCommunicator::Allocate(int64_t bytes, Buffer* out) {

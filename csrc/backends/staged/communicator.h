@@ -58,7 +58,7 @@ class StagedCommunicator : public Communicator {
   std::shared_ptr<cuda::MemoryPool> device_pool_, pinned_pool_;
   bool user_stream_known_ = false;  // the op's outputs are read on user_stream_
   cudaStream_t user_stream_ = nullptr;
-  bool queued_ = false;  // copies queued since the last TakePending
+  bool queued_ = false;                        // copies queued since the last TakePending
   std::vector<std::shared_ptr<void>> pinned_;  // of the current op
 };
 

@@ -37,7 +37,8 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Connect(const BackendOptions& 
         std::vector<int> lost;
         for (int32_t r : options.lost_ranks()) {
           auto it = std::lower_bound(members.begin(), members.end(), r);
-          if (it != members.end() && *it == r) lost.push_back(static_cast<int>(it - members.begin()));
+          if (it != members.end() && *it == r)
+            lost.push_back(static_cast<int>(it - members.begin()));
         }
         return lost;
       };
@@ -96,8 +97,8 @@ Status TcpCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
   return mesh_ && bytes > 0 ? mesh_->Broadcast(buf, bytes, root) : Status::OK();
 }
 
-Status TcpCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes,
-                                  void* out, const std::vector<int64_t>& recv_bytes) {
+Status TcpCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
+                                  const std::vector<int64_t>& recv_bytes) {
   if (mesh_) return mesh_->Alltoallv(in, send_bytes, out, recv_bytes);
   if (send_bytes[0] > 0) std::memcpy(out, in, static_cast<size_t>(send_bytes[0]));
   return Status::OK();

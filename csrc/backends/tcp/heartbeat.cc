@@ -54,9 +54,8 @@ std::unique_ptr<PeerLiveness> StartHeartbeats(const BackendOptions& options) {
       return std::vector<int>(r.begin(), r.end());
     };
   }
-  std::vector<int> fds = TcpMesh::ConnectSockets(options.rank, options.size, &store,
-                                                 options.bind_host, options.connect_timeout_s,
-                                                 lost_peers);
+  std::vector<int> fds = TcpMesh::ConnectSockets(
+      options.rank, options.size, &store, options.bind_host, options.connect_timeout_s, lost_peers);
   return std::make_unique<Heartbeats>(options.rank, std::move(fds), timeout_s);
 }
 
@@ -206,8 +205,7 @@ void Heartbeats::Lose(int32_t p, How how) {
   if (peer.state != kAlive) return;
   peer.state = kLost;
   peer.how = how;
-  SHVD_LOG(kInfo, "heartbeat") << "rank " << rank_ << " lost rank " << p << ": "
-                                  << Why(how, -1);
+  SHVD_LOG(kInfo, "heartbeat") << "rank " << rank_ << " lost rank " << p << ": " << Why(how, -1);
   if (!woken_) {
     woken_ = true;
     Signal(wake_fd_);
@@ -269,8 +267,8 @@ Status Heartbeats::Verdict(const std::string& what, const std::vector<int32_t>& 
       why += (why.empty() ? "" : "; ") + ("rank " + std::to_string(l.first) + ": ") + l.second;
     }
     if (ranks.size() == 1) {
-      return Status::PeerLost(here + " lost rank " + std::to_string(ranks[0]) + ": " +
-                                  lost[0].second, ranks);
+      return Status::PeerLost(
+          here + " lost rank " + std::to_string(ranks[0]) + ": " + lost[0].second, ranks);
     }
     return Status::PeerLost(here + " lost ranks " + JoinRanks(ranks) + " (" + why + ")", ranks);
   }
@@ -282,8 +280,7 @@ Status Heartbeats::Verdict(const std::string& what, const std::vector<int32_t>& 
   }
   if (left.empty()) return Status::OK();
   std::sort(left.begin(), left.end());
-  return Status::PeerLost(here + " lost rank" + (left.size() > 1 ? "s " : " ") +
-                              JoinRanks(left) +
+  return Status::PeerLost(here + " lost rank" + (left.size() > 1 ? "s " : " ") + JoinRanks(left) +
                               ": it left (its engine stopped, after shutdown() or a failure of "
                               "its own, while this op needed it; its log says why)",
                           left);

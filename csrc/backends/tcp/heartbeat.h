@@ -55,15 +55,15 @@ class Heartbeats : public PeerLiveness {
     State state = kAlive;
     How how = kGone;
     tcp::Clock::time_point last_heard;
-    std::string inbox;  // bytes of a record not complete yet
+    std::string inbox;                              // bytes of a record not complete yet
     std::vector<std::pair<int32_t, How>> reported;  // its 'L' records
   };
 
-  void Run();                           // step 2-3, the thread
-  void Read(int32_t p);                 // step 2: what peer p wrote
-  void Parse(int32_t p);                // records of peer p's inbox
-  void Lose(int32_t p, How how);        // step 3 (under mu_)
-  void Close(int32_t p);                // (under mu_)
+  void Run();                                        // step 2-3, the thread
+  void Read(int32_t p);                              // step 2: what peer p wrote
+  void Parse(int32_t p);                             // records of peer p's inbox
+  void Lose(int32_t p, How how);                     // step 3 (under mu_)
+  void Close(int32_t p);                             // (under mu_)
   std::string Why(How how, int32_t reporter) const;  // reporter: a leaver, or -1
 
   const int32_t rank_;

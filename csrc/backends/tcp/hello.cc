@@ -86,8 +86,8 @@ void HelloDesk::Accept(int listener) {
   while (true) {
     sockaddr_storage ss{};
     socklen_t len = sizeof(ss);
-    int fd = ::accept4(listener, reinterpret_cast<sockaddr*>(&ss), &len,
-                       SOCK_CLOEXEC | SOCK_NONBLOCK);
+    int fd =
+        ::accept4(listener, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd >= 0) {
       half_open_.push_back(HalfOpen{fd, AddressString(reinterpret_cast<sockaddr*>(&ss)),
                                     After(hello_timeout_s_), Hello{}, 0});
@@ -95,8 +95,8 @@ void HelloDesk::Accept(int listener) {
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-    SHVD_LOG(kWarning, "tcp") << "rank " << rank_ << " cannot accept connections: "
-                              << Errno(errno) << " (" << half_open_.size()
+    SHVD_LOG(kWarning, "tcp") << "rank " << rank_ << " cannot accept connections: " << Errno(errno)
+                              << " (" << half_open_.size()
                               << " connections without a complete hello); retrying in "
                               << kAcceptPauseS << " s";
     paused_until_ = After(kAcceptPauseS);
@@ -136,13 +136,13 @@ void HelloDesk::Check(HalfOpen& c) {
                        ".." + std::to_string(size_ - 1) + ")");
   }
   if (fds_[peer] >= 0) {
-    return Drop(c, "sent a hello from rank " + std::to_string(peer) +
-                       ", which is already connected");
+    return Drop(c,
+                "sent a hello from rank " + std::to_string(peer) + ", which is already connected");
   }
   const uint32_t me = static_cast<uint32_t>(rank_);
   if (::send(c.fd, &me, sizeof(me), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(me)) {
-    return Drop(c, "(rank " + std::to_string(peer) + ") could not be acknowledged: " +
-                       Errno(errno));
+    return Drop(c,
+                "(rank " + std::to_string(peer) + ") could not be acknowledged: " + Errno(errno));
   }
   fds_[peer] = c.fd;
   c.fd = -1;

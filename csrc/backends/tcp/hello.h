@@ -25,7 +25,7 @@ constexpr size_t kTokenBytes = 32;            // hex characters
 // What a connecting rank sends first; answered with the listener's rank (uint32).
 struct Hello {
   uint32_t magic;
-  uint32_t rank;  // the connecting rank
+  uint32_t rank;            // the connecting rank
   char token[kTokenBytes];  // the listener's, as published in the store
 };
 static_assert(sizeof(Hello) == 8 + kTokenBytes, "the hello has no padding");

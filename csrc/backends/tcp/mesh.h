@@ -4,9 +4,9 @@
 // collective on it.
 //
 // Files: mesh_connect.cc (set-up: listen, publish, connect, exchange hellos) with
-// hello.{h,cc} (the accepting side), mesh_io.cc (non-blocking socket I/O and the errors it reports),
-// mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and
-// mesh_allreduce.cc (direct and ring allreduce); socket.h (socket helpers).
+// hello.{h,cc} (the accepting side), mesh_io.cc (non-blocking socket I/O and the errors it
+// reports), mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and mesh_allreduce.cc
+// (direct and ring allreduce); socket.h (socket helpers).
 //
 // Why not Gloo's pairs: every Gloo receive is completed by Gloo's event-loop
 // thread and handed to the caller through a condition variable (two thread
@@ -67,15 +67,13 @@ class TcpMesh {
   // when a peer is lost, and a closed connection is explained by its verdict.
   static std::unique_ptr<TcpMesh> Connect(int rank, int size, Store* store,
                                           const std::string& bind_host, double timeout_s,
-                                          double connect_timeout_s,
-                                          const LostPeers& lost_peers,
-                                          std::vector<int32_t> members,
-                                          PeerLiveness* liveness);
+                                          double connect_timeout_s, const LostPeers& lost_peers,
+                                          std::vector<int32_t> members, PeerLiveness* liveness);
   // The set-up alone: one connected socket per peer (-1 for this rank), for a mesh
   // of another kind (heartbeat.h). Throws as Connect does.
   static std::vector<int> ConnectSockets(int rank, int size, Store* store,
-                                         const std::string& bind_host,
-                                         double connect_timeout_s, const LostPeers& lost_peers);
+                                         const std::string& bind_host, double connect_timeout_s,
+                                         const LostPeers& lost_peers);
   ~TcpMesh();
   TcpMesh(const TcpMesh&) = delete;
   TcpMesh& operator=(const TcpMesh&) = delete;
@@ -89,8 +87,7 @@ class TcpMesh {
   // In-place allreduce of the concatenation of `segments` (Average reduces as
   // Sum); scale != 1 multiplies the result. Every element is reduced (and scaled)
   // in the same order on every rank, so all ranks end bit-identical.
-  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op,
-                   double scale);
+  Status Allreduce(const std::vector<Segment>& segments, DataType dtype, ReduceOp op, double scale);
 
   // Rank r contributes bytes_per_rank[r] bytes; out is their concatenation.
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank);
@@ -102,8 +99,8 @@ class TcpMesh {
   Status Barrier();
 
  private:
-  TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s,
-          std::vector<int32_t> members, PeerLiveness* liveness);
+  TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s, std::vector<int32_t> members,
+          PeerLiveness* liveness);
 
   // Small buffers: everyone sends everything to everyone (one round trip), then
   // each rank reduces the contributions in rank order.

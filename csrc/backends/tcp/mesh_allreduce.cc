@@ -73,8 +73,7 @@ Status TcpMesh::DirectAllreduce(const SegmentLayout& buf, DataType dtype, Reduce
 // Each chunk is reduced along the ring in one order, then copied to every rank,
 // so all ranks hold the same bits. Sends and allgather receives go straight from
 // and into the segments (sendmsg/recvmsg over iovecs).
-Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op,
-                              double scale) {
+Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale) {
   const int n = size_;
   const size_t elem = DataTypeSize(dtype);
   const size_t count = buf.bytes() / elem;
@@ -99,10 +98,10 @@ Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp
 
   const int next = (rank_ + 1) % n, prev = (rank_ + n - 1) % n;
   Status error;
-  int sk = 0, rk = 0;      // current send / receive step
-  size_t sent = 0;         // bytes of step sk sent
-  size_t got = 0;          // bytes of step rk received
-  size_t done = 0;         // bytes of step rk reduced (reduce-scatter) or received (allgather)
+  int sk = 0, rk = 0;  // current send / receive step
+  size_t sent = 0;     // bytes of step sk sent
+  size_t got = 0;      // bytes of step rk received
+  size_t done = 0;     // bytes of step rk reduced (reduce-scatter) or received (allgather)
   auto last_progress = Clock::now();
   iovec iov[SegmentLayout::kMaxIov];
 
@@ -156,7 +155,8 @@ Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp
         }
         r = Move(prev, false, scratch + at, room, "allreduce", &error);
       } else {
-        const int k = buf.Iov(chunk_begin(recv_chunk(rk)) + got, std::min(total - got, kMaxIo), iov);
+        const int k =
+            buf.Iov(chunk_begin(recv_chunk(rk)) + got, std::min(total - got, kMaxIo), iov);
         r = Move(prev, false, iov, k, "allreduce", &error);
       }
       if (r < 0) return error;
@@ -179,7 +179,8 @@ Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp
       }
       const size_t ready = send_ready();
       if (ready <= sent) break;
-      const int k = buf.Iov(chunk_begin(send_chunk(sk)) + sent, std::min(ready - sent, kMaxIo), iov);
+      const int k =
+          buf.Iov(chunk_begin(send_chunk(sk)) + sent, std::min(ready - sent, kMaxIo), iov);
       ssize_t w = Move(next, true, iov, k, "allreduce", &error);
       if (w < 0) return error;
       if (w == 0) break;

@@ -29,8 +29,7 @@ Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
   return AllgatherBlocks(in, out, Offsets(std::vector<int64_t>(size_, bytes)), "control allgather");
 }
 
-Status TcpMesh::Allgatherv(const void* in, void* out,
-                           const std::vector<int64_t>& bytes_per_rank) {
+Status TcpMesh::Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) {
   return AllgatherBlocks(in, out, Offsets(bytes_per_rank), "allgather");
 }
 
@@ -98,7 +97,8 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
   }
   std::vector<Transfer> xs;
   if (rank_ == root) {
-    for (int k = 1; k < size_; ++k) xs.push_back({(rank_ + k) % size_, b, static_cast<size_t>(bytes), true});
+    for (int k = 1; k < size_; ++k)
+      xs.push_back({(rank_ + k) % size_, b, static_cast<size_t>(bytes), true});
   } else {
     xs.push_back({root, b, static_cast<size_t>(bytes), false});
   }
@@ -123,7 +123,8 @@ Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes
   }
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + size_ - k) % size_;
-    if (recv_bytes[p] > 0) xs.push_back({p, o + roff[p], static_cast<size_t>(recv_bytes[p]), false});
+    if (recv_bytes[p] > 0)
+      xs.push_back({p, o + roff[p], static_cast<size_t>(recv_bytes[p]), false});
   }
   return Exchange(xs, "alltoall");
 }

@@ -120,7 +120,8 @@ class MeshSetup {
         Throw(Status(StatusCode::kTimeout, os.str(), {p}));
       }
       try {
-        address = store_->Get(key, lost_peers_ ? std::max(0.01, std::min(left, kLostCheckS)) : left);
+        address =
+            store_->Get(key, lost_peers_ ? std::max(0.01, std::min(left, kLostCheckS)) : left);
         break;
       } catch (const StatusError& e) {
         if (e.status().code() != StatusCode::kTimeout) throw;
@@ -143,9 +144,9 @@ class MeshSetup {
     const std::vector<int> lost = lost_peers_();
     if (lost.empty()) return;
     Throw(Status::PeerLost("rank " + std::to_string(rank_) + " stopped connecting to its peers: " +
-                           "the rendezvous service lost rank" + (lost.size() > 1 ? "s " : " ") +
-                           JoinRanks(lost) + " during init (the process exited or its host is " +
-                           "unreachable)",
+                               "the rendezvous service lost rank" + (lost.size() > 1 ? "s " : " ") +
+                               JoinRanks(lost) +
+                               " during init (the process exited or its host is " + "unreachable)",
                            std::vector<int32_t>(lost.begin(), lost.end())));
   }
 
@@ -271,8 +272,8 @@ class MeshSetup {
 }  // namespace
 
 std::vector<int> TcpMesh::ConnectSockets(int rank, int size, Store* store,
-                                         const std::string& bind_host,
-                                         double connect_timeout_s, const LostPeers& lost_peers) {
+                                         const std::string& bind_host, double connect_timeout_s,
+                                         const LostPeers& lost_peers) {
   std::vector<int> fds = MeshSetup(rank, size, store, connect_timeout_s, lost_peers).Run(bind_host);
   for (int p = 0; p < size; ++p) {
     if (p != rank) tcp::SetNoDelay(fds[p]);
@@ -284,8 +285,8 @@ std::unique_ptr<TcpMesh> TcpMesh::Connect(int rank, int size, Store* store,
                                           const std::string& bind_host, double timeout_s,
                                           double connect_timeout_s, const LostPeers& lost_peers,
                                           std::vector<int32_t> members, PeerLiveness* liveness) {
-  std::vector<int> fds = ConnectSockets(rank, size, store, bind_host, connect_timeout_s,
-                                        lost_peers);
+  std::vector<int> fds =
+      ConnectSockets(rank, size, store, bind_host, connect_timeout_s, lost_peers);
   SHVD_LOG(kDebug, "tcp") << "mesh of rank " << rank << " of " << size << " connected";
   return std::unique_ptr<TcpMesh>(
       new TcpMesh(rank, size, std::move(fds), timeout_s, std::move(members), liveness));

@@ -85,12 +85,11 @@ Status TcpMesh::PeerClosed(int peer, const char* what) {
   }
   // Without them the suspects are evidence, not a verdict: explain_failure (Python)
   // asks the rendezvous service which ranks are lost and names those.
-  return Fail(Status::PeerLost(std::string(what) + " on rank " +
-                               std::to_string(members_[rank_]) + ": the connection" +
-                               (suspects.size() > 1 ? "s of ranks " : " of rank ") +
-                               JoinRanks(suspects) +
-                               " closed (a process exited or was killed, or stopped after "
-                               "losing another rank)"));
+  return Fail(Status::PeerLost(
+      std::string(what) + " on rank " + std::to_string(members_[rank_]) + ": the connection" +
+      (suspects.size() > 1 ? "s of ranks " : " of rank ") + JoinRanks(suspects) +
+      " closed (a process exited or was killed, or stopped after "
+      "losing another rank)"));
 }
 
 Status TcpMesh::Timeout(const std::vector<int>& peers, const char* what) {

@@ -82,8 +82,8 @@ int Listen(const std::string& host, int backlog, int* port) {
   }
   std::string last;
   for (addrinfo* a = res; a; a = a->ai_next) {
-    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                         a->ai_protocol));
+    FdCloser fd(
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (fd.get() < 0) {
       last = Errno(errno);
       continue;
@@ -118,8 +118,8 @@ int StartConnect(const std::string& host, int port, std::string* error) {
   }
   *error = "no address";
   for (addrinfo* a = res; a; a = a->ai_next) {
-    FdCloser fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                         a->ai_protocol));
+    FdCloser fd(
+        ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (fd.get() < 0) {
       *error = Errno(errno);
       continue;

@@ -14,9 +14,9 @@
  * Ownership (the memory-safety rule): an op's input and output memory belongs to the
  * adapter's `owner`, which the core holds until it has finished with the op, whatever
  * happens meanwhile, and then releases with `release_owner` (exactly once, on any thread,
- * with no lock held and no Python; also when `enqueue` refuses the op). What the core allocates (allgather, alltoall and
- * reducescatter outputs) belongs to the op's shvd_work and stays valid until the adapter
- * calls `release` on it.
+ * with no lock held and no Python; also when `enqueue` refuses the op). What the core allocates
+ * (allgather, alltoall and reducescatter outputs) belongs to the op's shvd_work and stays valid
+ * until the adapter calls `release` on it.
  *
  * Completion: `done(done_arg)` is called exactly once per op that `enqueue` accepted,
  * right after the op completed, on whichever thread completed it (the engine's, the one
@@ -55,8 +55,8 @@ typedef struct shvd_op {
   double postscale;
   int32_t root; /* broadcast: a rank within the process set */
   int32_t process_set;
-  int32_t device; /* -1: host memory; else the CUDA device ordinal of input and output */
-  void* stream;   /* a device input: the CUDA stream that produced it (null: the default) */
+  int32_t device;        /* -1: host memory; else the CUDA device ordinal of input and output */
+  void* stream;          /* a device input: the CUDA stream that produced it (null: the default) */
   const int64_t* splits; /* alltoall: rows sent to each rank of the set */
   int32_t nsplits;
   const char* group; /* grouped ops: the group's name, negotiated together; "" or null: none */
@@ -68,14 +68,14 @@ typedef struct shvd_op {
 } shvd_op;
 
 typedef struct shvd_result {
-  int32_t code;        /* StatusCode: 0 when the op succeeded */
-  const char* message; /* the failure: what happened, the evidence and the fix */
-  const char* tensor;  /* the op the failure is about ("" when none) */
+  int32_t code;         /* StatusCode: 0 when the op succeeded */
+  const char* message;  /* the failure: what happened, the evidence and the fix */
+  const char* tensor;   /* the op the failure is about ("" when none) */
   const int32_t* ranks; /* the ranks the failure is about */
   int32_t nranks;
   void* data; /* an output the core allocated (allgather, alltoall, reducescatter), else null */
   int64_t bytes;
-  int32_t device; /* of data: -1 host, else the CUDA device ordinal */
+  int32_t device;       /* of data: -1 host, else the CUDA device ordinal */
   const int64_t* shape; /* of data */
   int32_t ndim;
   const int64_t* received_splits; /* alltoall: rows received from each rank of the set */
@@ -89,8 +89,9 @@ typedef struct shvd_api {
 
   /* Validates and queues ops[0..n) together: all of them, or none when any is refused (a
    * group is never left half submitted). On success works[i] is op i's handle (written
-   * before any op can complete, so a `done` may read it) and 0 is returned; else the StatusCode, with the reason in error[0..error_size) (what was wrong
-   * and the fix), and no callback of these ops is ever called. */
+   * before any op can complete, so a `done` may read it) and 0 is returned; else the StatusCode,
+   * with the reason in error[0..error_size) (what was wrong and the fix), and no callback of these
+   * ops is ever called. */
   int32_t (*enqueue)(const shvd_op* ops, int32_t n, shvd_work** works, char* error,
                      size_t error_size);
   /* The outcome of a completed op (after its `done`); the pointers stay valid until

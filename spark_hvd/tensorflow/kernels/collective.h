@@ -21,8 +21,8 @@ using tf::OpKernelContext;
 using tf::Tensor;
 using tf::TensorShape;
 
-constexpr int32_t kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3,
-                  kReducescatter = 4, kBarrier = 5, kJoin = 6;
+constexpr int32_t kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3, kReducescatter = 4,
+                  kBarrier = 5, kJoin = 6;
 
 // What the core holds until it has finished with the ops: the tensors behind their
 // addresses.
@@ -95,7 +95,7 @@ inline std::vector<int64_t> Dims(const TensorShape& shape) {
 
 // An output the core allocated, as output `index` of dtype `dt`.
 inline tf::Status OutputFromCore(Call& call, int index, size_t work, const shvd_result& r,
-                          tf::DataType dt) {
+                                 tf::DataType dt) {
   TensorShape shape;
   TF_RETURN_IF_ERROR(TensorShape::BuildTensorShape(
       absl::Span<const int64_t>(r.shape, static_cast<size_t>(r.ndim)), &shape));
@@ -107,8 +107,9 @@ inline tf::Status OutputFromCore(Call& call, int index, size_t work, const shvd_
   }
   const bool aligned = reinterpret_cast<uintptr_t>(r.data) % EIGEN_MAX_ALIGN_BYTES == 0;
   if (bytes > 0 && aligned) {
-    Tensor t(dt, shape, tf::core::RefCountPtr<tf::TensorBuffer>(
-                            new CoreBuffer(call.works[work], r.data, r.bytes)));
+    Tensor t(
+        dt, shape,
+        tf::core::RefCountPtr<tf::TensorBuffer>(new CoreBuffer(call.works[work], r.data, r.bytes)));
     call.works[work] = nullptr;  // the tensor releases it
     call.ctx->set_output(index, t);
     return absl::OkStatus();
@@ -134,7 +135,8 @@ inline tf::Status OutputsFromCore(Call& call, const std::vector<shvd_result>& rs
 class Collective : public AsyncOpKernel {
  public:
   explicit Collective(OpKernelConstruction* c) : AsyncOpKernel(c) {
-    if (c->HasAttr("process_set_id")) OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
+    if (c->HasAttr("process_set_id"))
+      OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_));
     if (c->HasAttr("grouped")) OP_REQUIRES_OK(c, c->GetAttr("grouped", &grouped_));
   }
 
@@ -154,9 +156,10 @@ class Collective : public AsyncOpKernel {
     s->op.group_size = grouped_ ? n : 0;
     s->op.dtype = CoreDtype(t.dtype(), bit_exact);
     if (s->op.dtype < 0) {
-      return StatusOf(2, "tensor '" + s->name + "': dtype " + tf::DataTypeString(t.dtype()) +
-                             " is not supported; use one of uint8, int8, int16, int32, int64, "
-                             "float16, bfloat16, float32, float64, bool",
+      return StatusOf(2,
+                      "tensor '" + s->name + "': dtype " + tf::DataTypeString(t.dtype()) +
+                          " is not supported; use one of uint8, int8, int16, int32, int64, "
+                          "float16, bfloat16, float32, float64, bool",
                       s->name, nullptr, 0);
     }
     s->shape = Dims(t.shape());

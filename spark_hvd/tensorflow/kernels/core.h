@@ -45,7 +45,9 @@ class Completer {
   }
 
  private:
-  Completer() { std::thread([this] { Loop(); }).detach(); }
+  Completer() {
+    std::thread([this] { Loop(); }).detach();
+  }
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
@@ -65,15 +67,24 @@ class Completer {
 // spark_hvd's exception class of each StatusCode (spark_hvd/exceptions.py).
 inline const char* ClassOf(int32_t code) {
   switch (code) {
-    case 2: return "InvalidArgumentError";
-    case 3: return "TensorMismatchError";
-    case 4: return "NotInitializedError";
-    case 5: return "CollectiveTimeoutError";
-    case 6: return "PeerLostError";
-    case 7: return "StoreError";
-    case 8: return "AuthenticationError";
-    case 9: return "InternalError";
-    default: return "SparkHvdError";
+    case 2:
+      return "InvalidArgumentError";
+    case 3:
+      return "TensorMismatchError";
+    case 4:
+      return "NotInitializedError";
+    case 5:
+      return "CollectiveTimeoutError";
+    case 6:
+      return "PeerLostError";
+    case 7:
+      return "StoreError";
+    case 8:
+      return "AuthenticationError";
+    case 9:
+      return "InternalError";
+    default:
+      return "SparkHvdError";
   }
 }
 
@@ -88,10 +99,16 @@ inline tf::Status StatusOf(int32_t code, const std::string& message, const std::
   std::string text = std::string("spark_hvd.exceptions.") + ClassOf(code) + ": " + message;
   tf::Status s;
   switch (code) {
-    case 2: s = absl::InvalidArgumentError(text); break;
+    case 2:
+      s = absl::InvalidArgumentError(text);
+      break;
     case 3:
-    case 4: s = absl::FailedPreconditionError(text); break;
-    default: s = absl::UnknownError(text); break;
+    case 4:
+      s = absl::FailedPreconditionError(text);
+      break;
+    default:
+      s = absl::UnknownError(text);
+      break;
   }
   std::string rank_list;
   for (int32_t i = 0; i < nranks; ++i) rank_list += (i ? "," : "") + std::to_string(ranks[i]);
@@ -105,28 +122,41 @@ inline tf::Status StatusOf(int32_t code, const std::string& message, const std::
 }
 
 inline tf::Status StatusOf(const shvd_result& r) {
-  return StatusOf(r.code, r.message ? r.message : "", r.tensor ? r.tensor : "", r.ranks,
-                  r.nranks);
+  return StatusOf(r.code, r.message ? r.message : "", r.tensor ? r.tensor : "", r.ranks, r.nranks);
 }
 
 // The core's DataType of a TensorFlow dtype, -1 when it has none. Bit-exact ops
 // (broadcast, allgather, alltoall) move unsigned ints as signed ones of the same width.
 inline int32_t CoreDtype(tf::DataType dt, bool bit_exact) {
   switch (dt) {
-    case tf::DT_UINT8: return 0;
-    case tf::DT_INT8: return 1;
-    case tf::DT_INT16: return 2;
-    case tf::DT_INT32: return 3;
-    case tf::DT_INT64: return 4;
-    case tf::DT_HALF: return 5;
-    case tf::DT_BFLOAT16: return 6;
-    case tf::DT_FLOAT: return 7;
-    case tf::DT_DOUBLE: return 8;
-    case tf::DT_BOOL: return 9;
-    case tf::DT_UINT16: return bit_exact ? 2 : -1;
-    case tf::DT_UINT32: return bit_exact ? 3 : -1;
-    case tf::DT_UINT64: return bit_exact ? 4 : -1;
-    default: return -1;
+    case tf::DT_UINT8:
+      return 0;
+    case tf::DT_INT8:
+      return 1;
+    case tf::DT_INT16:
+      return 2;
+    case tf::DT_INT32:
+      return 3;
+    case tf::DT_INT64:
+      return 4;
+    case tf::DT_HALF:
+      return 5;
+    case tf::DT_BFLOAT16:
+      return 6;
+    case tf::DT_FLOAT:
+      return 7;
+    case tf::DT_DOUBLE:
+      return 8;
+    case tf::DT_BOOL:
+      return 9;
+    case tf::DT_UINT16:
+      return bit_exact ? 2 : -1;
+    case tf::DT_UINT32:
+      return bit_exact ? 3 : -1;
+    case tf::DT_UINT64:
+      return bit_exact ? 4 : -1;
+    default:
+      return -1;
   }
 }
 

@@ -47,8 +47,7 @@ class ListCollective : public Collective {
       keep->tensors.push_back(in);
       if (writes_output) {
         Tensor* out = nullptr;
-        SHVD_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out),
-                      done);
+        SHVD_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out), done);
         specs[i].op.output = const_cast<char*>(out->tensor_data().data());
         keep->tensors.push_back(*out);
       }
@@ -129,10 +128,9 @@ class AlltoallOp : public Collective {
     const std::string name = NameAt(ctx, 2);
     std::vector<Spec> specs(1);
     SHVD_OK_ASYNC(ctx, Describe(ctx, name, kAlltoall, 0, 1, in, true, &specs[0]), done);
-    OP_REQUIRES_ASYNC(ctx, in.dims() > 0,
-                      StatusOf(2, "alltoall needs a tensor with at least one dimension", name,
-                               nullptr, 0),
-                      done);
+    OP_REQUIRES_ASYNC(
+        ctx, in.dims() > 0,
+        StatusOf(2, "alltoall needs a tensor with at least one dimension", name, nullptr, 0), done);
     const int64_t rows = in.dim_size(0);
     const int32_t size = Api()->process_set_size(static_cast<int32_t>(process_set_));
     std::vector<int64_t>& s = specs[0].splits;
@@ -142,10 +140,13 @@ class AlltoallOp : public Collective {
     }
     if (s.empty() && size > 0) {
       if (rows % size != 0) {
-        ctx->SetStatus(StatusOf(2, "alltoall without splits needs the first dimension (" +
-                                       std::to_string(rows) + ") to divide evenly by the "
-                                       "number of ranks (" + std::to_string(size) +
-                                       "); pass splits=", name, nullptr, 0));
+        ctx->SetStatus(StatusOf(2,
+                                "alltoall without splits needs the first dimension (" +
+                                    std::to_string(rows) +
+                                    ") to divide evenly by the "
+                                    "number of ranks (" +
+                                    std::to_string(size) + "); pass splits=",
+                                name, nullptr, 0));
         done();
         return;
       }
@@ -157,8 +158,8 @@ class AlltoallOp : public Collective {
            [](Call& call, const std::vector<shvd_result>& rs) {
              TF_RETURN_IF_ERROR(OutputFromCore(call, 0, 0, rs[0], call.ctx->input(0).dtype()));
              Tensor* received = nullptr;
-             TF_RETURN_IF_ERROR(call.ctx->allocate_output(1, TensorShape({rs[0].nreceived}),
-                                                          &received));
+             TF_RETURN_IF_ERROR(
+                 call.ctx->allocate_output(1, TensorShape({rs[0].nreceived}), &received));
              for (int32_t i = 0; i < rs[0].nreceived; ++i) {
                received->flat<int32_t>()(i) = static_cast<int32_t>(rs[0].received_splits[i]);
              }
@@ -221,7 +222,7 @@ class ProcessSetQueryOp : public tf::OpKernel {
                                               "spark_hvd.tensorflow"));
     const int32_t id = static_cast<int32_t>(process_set_);
     const int32_t rank = Api()->process_set_rank(id);
-    int32_t value = query_ == "size" ? Api()->process_set_size(id)
+    int32_t value = query_ == "size"   ? Api()->process_set_size(id)
                     : query_ == "rank" ? rank
                                        : (rank >= 0 ? 1 : 0);
     Tensor* out = nullptr;
@@ -234,9 +235,9 @@ class ProcessSetQueryOp : public tf::OpKernel {
   int64_t process_set_ = 0;
 };
 
+using ::tensorflow::register_kernel::Name;
 using tf::DEVICE_CPU;
 using tf::DEVICE_GPU;
-using ::tensorflow::register_kernel::Name;
 
 REGISTER_KERNEL_BUILDER(Name("SparkHvdAllreduce").Device(DEVICE_CPU), AllreduceOp);
 REGISTER_KERNEL_BUILDER(Name("SparkHvdReducescatter").Device(DEVICE_CPU), ReducescatterOp);

@@ -4,11 +4,11 @@
 // group negotiated together (`grouped`) or a batch submitted together (broadcast of many
 // variables). `tensor_name` is the collective's name, the same on every rank (a list's members
 // are `<name>.<i>`): an input, not an attribute, so that an eager loop of ops named anew
-// each call keeps using one kernel instead of filling TensorFlow's kernel cache. The collectives are not stateful, as Horovod's are not: a
-// graph runs independent ones in any order, so ranks may build them in different orders,
-// and one whose result nothing uses is pruned (on every rank alike). Barrier, join and
-// the process-set queries are stateful (they have no data to depend on, or their answer
-// changes between runs in an elastic job).
+// each call keeps using one kernel instead of filling TensorFlow's kernel cache. The collectives
+// are not stateful, as Horovod's are not: a graph runs independent ones in any order, so ranks may
+// build them in different orders, and one whose result nothing uses is pruned (on every rank
+// alike). Barrier, join and the process-set queries are stateful (they have no data to depend on,
+// or their answer changes between runs in an elastic job).
 #pragma once
 
 #include "tensorflow/core/framework/op.h"
@@ -20,8 +20,9 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 #define SHVD_REDUCED_TYPES "{uint8, int8, int16, int32, int64, half, bfloat16, float, double, bool}"
-#define SHVD_ALL_TYPES \
-  "{uint8, int8, uint16, int16, int32, uint32, int64, uint64, half, bfloat16, float, double, bool}"
+#define SHVD_ALL_TYPES                                                                         \
+  "{uint8, int8, uint16, int16, int32, uint32, int64, uint64, half, bfloat16, float, double, " \
+  "bool}"
 
 inline absl::Status SameShapes(InferenceContext* c) {
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
@@ -52,17 +53,17 @@ inline absl::Status Scalar(InferenceContext* c) {
 }
 
 // Allreduce and reducescatter: the tensors, then the prescale and postscale factors.
-#define SHVD_REDUCTION_OP(op_name, shape_fn)          \
-  REGISTER_OP(op_name)                                 \
-      .Input("tensors: T")                             \
-      .Input("prescale: double")                       \
-      .Input("postscale: double")                      \
-      .Input("tensor_name: string")                    \
-      .Output("reduced: T")                            \
-      .Attr("T: list(" SHVD_REDUCED_TYPES ") >= 1")    \
-      .Attr("reduce_op: int")                          \
-      .Attr("process_set_id: int = 0")                 \
-      .Attr("grouped: bool = false")                   \
+#define SHVD_REDUCTION_OP(op_name, shape_fn)        \
+  REGISTER_OP(op_name)                              \
+      .Input("tensors: T")                          \
+      .Input("prescale: double")                    \
+      .Input("postscale: double")                   \
+      .Input("tensor_name: string")                 \
+      .Output("reduced: T")                         \
+      .Attr("T: list(" SHVD_REDUCED_TYPES ") >= 1") \
+      .Attr("reduce_op: int")                       \
+      .Attr("process_set_id: int = 0")              \
+      .Attr("grouped: bool = false")                \
       .SetShapeFn(shape_fn)
 
 SHVD_REDUCTION_OP("SparkHvdAllreduce", SameShapes);
@@ -110,10 +111,7 @@ REGISTER_OP("SparkHvdBarrier")
     .SetIsStateful()
     .SetShapeFn(Scalar);
 
-REGISTER_OP("SparkHvdJoin")
-    .Output("last_rank: int32")
-    .SetIsStateful()
-    .SetShapeFn(Scalar);
+REGISTER_OP("SparkHvdJoin").Output("last_rank: int32").SetIsStateful().SetShapeFn(Scalar);
 
 // size, rank (within the set, -1 outside it) or included (1 or 0), read when it runs.
 REGISTER_OP("SparkHvdProcessSetQuery")
