@@ -25,19 +25,18 @@
 
 namespace driver {
 
-#define SHVD_FAKE_API(X)                                                                         \
-  X(cudaGetDeviceCount)                                                                          \
-  X(cudaGetDevice) X(cudaSetDevice) X(cudaMalloc) X(cudaFree) X(cudaMallocHost) X(cudaFreeHost)  \
-      X(cudaMemcpyAsync) X(cudaMemsetAsync) X(cudaStreamCreateWithFlags) X(cudaStreamDestroy)    \
-          X(cudaStreamSynchronize) X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags)            \
-              X(cudaEventDestroy) X(cudaEventRecord) X(cudaEventQuery) X(cudaEventSynchronize)   \
-                  X(cudaGetErrorString) X(cudaRuntimeGetVersion) X(ncclGetVersion)               \
-                      X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy) X(ncclCommAbort) \
-                          X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError)     \
-                              X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather)                 \
-                                  X(ncclReduceScatter) X(ncclSend) X(ncclRecv) X(ncclGroupStart) \
-                                      X(ncclGroupEnd) X(ncclRedOpCreatePreMulSum)                \
-                                          X(ncclRedOpDestroy)
+// clang-format off
+#define SHVD_FAKE_API(X)                                                                      \
+  X(cudaGetDeviceCount) X(cudaGetDevice) X(cudaSetDevice) X(cudaMalloc) X(cudaFree)           \
+  X(cudaMallocHost) X(cudaFreeHost) X(cudaMemcpyAsync) X(cudaMemsetAsync)                     \
+  X(cudaStreamCreateWithFlags) X(cudaStreamDestroy) X(cudaStreamSynchronize)                  \
+  X(cudaStreamWaitEvent) X(cudaEventCreateWithFlags) X(cudaEventDestroy) X(cudaEventRecord)   \
+  X(cudaEventQuery) X(cudaEventSynchronize) X(cudaGetErrorString) X(cudaRuntimeGetVersion)    \
+  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy)                 \
+  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError)         \
+  X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter) X(ncclSend)         \
+  X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd) X(ncclRedOpCreatePreMulSum) X(ncclRedOpDestroy)
+// clang-format on
 
 struct Api {
 #define SHVD_FIELD(name) name##_t name = nullptr;
