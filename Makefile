@@ -124,7 +124,8 @@ CXX_FILES = $(shell git ls-files '*.cc' '*.h')
 
 lint: $(STAMP_DEPS)
 	$(VENV)/bin/ruff check --quiet .
-	$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FILES)
+	@echo "clang-format --dry-run --Werror ($(words $(CXX_FILES)) C++ files)"
+	@$(VENV)/bin/clang-format --dry-run --Werror $(CXX_FILES)
 
 format: $(STAMP_DEPS)
 	$(VENV)/bin/ruff check --quiet --fix .
