@@ -184,14 +184,14 @@ def busy(seconds: float) -> None:
 
 
 def stall_warning() -> None:
-    """The last rank computes for 8 s holding the GIL (SPARK_HVD_HEARTBEAT_TIMEOUT_S is 1.2
-    here: as 40 s are to the default 6) before a fresh tensor, then is 3 s late for a cached
-    one: the others wait, warned of a stall, and never lose it."""
+    """The last rank computes for 40 s holding the GIL (no collective; the heartbeats at
+    their defaults) before a fresh tensor, then is 3 s late for a cached one: the others
+    wait, warned of a stall, and never lose it."""
     n, me = hvd.size(), hvd.rank()
     late = me == n - 1
     out = {}
     if late:
-        busy(8)
+        busy(40)
     out["fresh"] = attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum, name="stall.fresh")
     for _ in range(3):  # the response cache now holds it
         hvd.allreduce(np.full(3, me + 1.0), op=hvd.Sum, name="stall.cached")
