@@ -448,11 +448,7 @@ def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path,
         assert codes[2] == -signal.SIGKILL, (codes, logs[-4000:])
         assert list(codes[:2]) == [0, 0], (codes, logs[-4000:])
     assert "must not overlap" not in logs, logs
-    for r in (0, 1):
-        res = json.loads((tmp_path / f"result{r}").read_text())
-        print(f"rank {r}: {res}")
-        assert res["error"] == "CollectiveTimeoutError", (res, logs[-4000:])
-        assert res["ranks"] == [2], res
+    for res in _waiters_name_rank_2(tmp_path, logs, "SPARK_HVD_TIMEOUT_S", 3):
         if wait == "in_call":
             assert "ncclAllReduce on rank" in res["message"], res
             assert "rank(s) 2 never reached it" in res["message"], res
@@ -460,9 +456,23 @@ def test_a_silent_peer_ends_in_a_timeout_naming_it_not_a_hang(gpu_env, tmp_path,
             # that one fires first: either way the op is named, rank 2 too
             assert "allreduce 'frozen.grad'" in res["message"], res
             assert "rank(s) 2 " in res["message"], res
-        assert "SPARK_HVD_TIMEOUT_S" in res["message"], res
-        assert 3 <= res["after_s"] < 3 + DEADLINE_S, res
+
+
+def _waiters_name_rank_2(tmp_path, logs, setting, timeout_s):
+    """Ranks 0 and 1's results (result<r> files), each checked to be a
+    CollectiveTimeoutError naming rank 2 alone and ``setting``, raised after its timeout_s
+    and followed by a prompt shutdown."""
+    results = []
+    for r in (0, 1):
+        res = json.loads((tmp_path / f"result{r}").read_text())
+        print(f"rank {r}: {res}")
+        assert res["error"] == "CollectiveTimeoutError", (res, logs[-4000:])
+        assert res["ranks"] == [2], res
+        assert setting in res["message"], res
+        assert timeout_s <= res["after_s"] < timeout_s + DEADLINE_S, res
         assert res["shutdown_s"] < DEADLINE_S, res
+        results.append(res)
+    return results
 
 
 # Rank 2 freezes (SIGSTOP, through the fake's SHVD_FAKE_NCCL_STOP_AT_INIT) as it enters
@@ -488,16 +498,9 @@ def test_a_rank_frozen_at_nccl_init_is_named_in_the_timeout(gpu_env, tmp_path):
     with script_job(3, FROZEN_INIT_SCRIPT, tmp_path, env, DEADLINE_S + 40) as (codes, logs):
         assert codes[2] == -signal.SIGKILL, (codes, logs[-4000:])
         assert list(codes[:2]) == [0, 0], (codes, logs[-4000:])
-    for r in (0, 1):
-        res = json.loads((tmp_path / f"result{r}").read_text())
-        print(f"rank {r}: {res}")
-        assert res["error"] == "CollectiveTimeoutError", (res, logs[-4000:])
-        assert res["ranks"] == [2], res
+    for res in _waiters_name_rank_2(tmp_path, logs, "SPARK_HVD_START_TIMEOUT_S=5 s", 5):
         assert "ncclCommInitRank" in res["message"], res
         assert "rank(s) 2 never reached it" in res["message"], res
-        assert "SPARK_HVD_START_TIMEOUT_S=5 s" in res["message"], res
-        assert 5 <= res["after_s"] < 5 + DEADLINE_S, res
-        assert res["shutdown_s"] < DEADLINE_S, res
 
 
 # One rank, its GPU memory cache bounded at 1 MiB: allgathers whose core-allocated outputs
