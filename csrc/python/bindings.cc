@@ -270,34 +270,40 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const Op& o) { return o.entry.req.name; });
 
   // One or more Ops, queued together or not at all (a group is never half submitted).
-  m.def("enqueue", [](const std::vector<Op*>& ops) {
-    DrainReleases();
-    std::vector<TensorEntry> entries;
-    entries.reserve(ops.size());
-    for (Op* o : ops) {
-      if (o->submitted) {
-        Raise(Status::InvalidArgument("op '" + o->entry.req.name +
-                                      "' was submitted already; make a new Op for each submit"));
-      }
-    }
-    std::vector<DataType> dtypes;
-    for (Op* o : ops) {
-      o->submitted = true;
-      dtypes.push_back(o->entry.req.dtype);
-      entries.push_back(std::move(o->entry));
-    }
-    std::vector<std::shared_ptr<OpState>> states;
-    try {
-      states = TheEngine().Enqueue(std::move(entries));
-    } catch (const StatusError& e) {
-      Raise(e.status());
-    }
-    py::list works;
-    for (size_t i = 0; i < states.size(); ++i) {
-      works.append(Work{std::move(states[i]), dtypes[i]});
-    }
-    return works;
-  });
+  // wake=False: the caller waits for these ops right away (a blocking API call), and its
+  // wait runs the cycle (Engine::Drive): the engine thread is not woken for them.
+  m.def(
+      "enqueue",
+      [](const std::vector<Op*>& ops, bool wake) {
+        DrainReleases();
+        std::vector<TensorEntry> entries;
+        entries.reserve(ops.size());
+        for (Op* o : ops) {
+          if (o->submitted) {
+            Raise(
+                Status::InvalidArgument("op '" + o->entry.req.name +
+                                        "' was submitted already; make a new Op for each submit"));
+          }
+        }
+        std::vector<DataType> dtypes;
+        for (Op* o : ops) {
+          o->submitted = true;
+          dtypes.push_back(o->entry.req.dtype);
+          entries.push_back(std::move(o->entry));
+        }
+        std::vector<std::shared_ptr<OpState>> states;
+        try {
+          states = TheEngine().Enqueue(std::move(entries), wake);
+        } catch (const StatusError& e) {
+          Raise(e.status());
+        }
+        py::list works;
+        for (size_t i = 0; i < states.size(); ++i) {
+          works.append(Work{std::move(states[i]), dtypes[i]});
+        }
+        return works;
+      },
+      py::arg("ops"), py::arg("wake") = true);
 
   // An enqueued op, as the caller holds it (c10d's Work): dropping it never
   // frees what the op is still using; a result nobody claims is freed with it.
@@ -310,7 +316,14 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "wait",
           [](const Work& w, double timeout_s) {
-            bool done = Native([&] { return TheEngine().completions().Wait(*w.state, timeout_s); });
+            // A wait long enough to be a real one first runs the engine's next cycles on
+            // this thread where the job allows it (Engine::Drive): no thread hand-off.
+            const bool drive = timeout_s < 0 || timeout_s >= 0.1;
+            bool done = Native([&] {
+              Engine& engine = TheEngine();
+              return (drive && engine.Drive(*w.state)) ||
+                     engine.completions().Wait(*w.state, timeout_s);
+            });
             DrainReleases();
             return done;
           },
