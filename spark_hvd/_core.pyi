@@ -128,9 +128,10 @@ def rank() -> int: ...
 def size() -> int: ...
 def controller() -> str:
     """"gloo" or "mpi"."""
-def enqueue(ops: List[Op]) -> List[Work]:
+def enqueue(ops: List[Op], wake: bool = True) -> List[Work]:
     """Queues the ops together or none of them (a group is never half submitted); each
-    Op is submitted once."""
+    Op is submitted once. ``wake=False``: the caller waits for them at once, and its wait
+    runs the engine's cycle where the job allows it, so the engine thread is not woken."""
 def tuned_parameters() -> Dict[str, Any]:
     """The fusion threshold (bytes) and cycle time (ms) the engine uses now, as
     ``fusion_threshold``, ``cycle_time_ms``; ``autotune``: rank 0 runs
@@ -143,6 +144,9 @@ def cache_stats() -> Dict[str, int]:
 def op_allocations() -> int:
     """Heap allocations of op states and queue entries since the process started: flat
     over the steps of a job in steady state (the engine reuses them)."""
+def driven_cycles() -> int:
+    """Engine cycles run on API threads waiting for their op (instead of the engine's
+    thread) since the process started."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

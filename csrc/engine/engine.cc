@@ -139,6 +139,7 @@ void Engine::Connect() {
 }
 
 void Engine::Loop(std::promise<Status>* ready) {
+  engine_thread_ = std::this_thread::get_id();
   try {
     Connect();
   } catch (const StatusError& e) {
@@ -277,8 +278,17 @@ bool Engine::RunCycle(std::vector<Request> incoming) {
     stopping_ = true;
     return false;
   }
+  const bool api_thread = std::this_thread::get_id() != engine_thread_;
   for (const Response& r : cr.responses) {
     if (!stop.ok()) break;
+    if (api_thread && (r.device != kCpuDevice || r.op == OpType::kJoin || r.op == kAddProcessSet ||
+                       r.op == kRemoveProcessSet)) {
+      // TakeNewOffThread keeps these on the engine thread; reaching here is a bug.
+      stop = Status::Internal(std::string("an API thread was about to run ") + OpTypeName(r.op) +
+                              " on device " + std::to_string(r.device) +
+                              ", which only the engine thread may run");
+      break;
+    }
     SHVD_LOG(kTrace, "engine") << "cycle response " << OpTypeName(r.op) << " "
                                << (r.tensors.empty() ? std::string("-") : r.tensors[0].name) << " x"
                                << r.tensors.size() << " error=" << static_cast<int>(r.error);
@@ -324,6 +334,7 @@ bool Engine::Drive(const OpState& state) {
     if (stopping_.load() || shutdown_requested_.load() || !executor_) break;
     std::vector<Request> incoming;
     if (!queue_.TakeNewOffThread(&incoming)) break;  // an op for the engine thread
+    driven_cycles_.fetch_add(1, std::memory_order_relaxed);
     if (!RunCycle(std::move(incoming))) break;
     done = completions_.Done(state);
   }

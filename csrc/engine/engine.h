@@ -75,6 +75,8 @@ class Engine {
   // Heap allocations of op states, queue entries and queue nodes since the process
   // started: flat over the steps of a job in steady state (tests read it).
   int64_t OpAllocations() const { return op_states_.made() + queue_.made(); }
+  // Cycles run by API threads (Drive) since the process started.
+  int64_t DrivenCycles() const { return driven_cycles_.load(); }
   std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
   std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
 
@@ -121,6 +123,8 @@ class Engine {
   Status stop_;                        // why the loop ends (OK: our own shutdown)
   std::atomic<bool> stopping_{false};  // a cycle ended the job: no more cycles
   bool last_idle_ = false;             // the last cycle's CycleResult::idle
+  std::thread::id engine_thread_;      // the loop's thread
+  std::atomic<int64_t> driven_cycles_{0};
 
   Completions completions_;
   TensorQueue queue_;

@@ -384,6 +384,10 @@ PYBIND11_MODULE(_core, m) {
       "op_allocations", [] { return TheEngine().OpAllocations(); },
       "Heap allocations of op states and queue entries since the process started: flat "
       "over the steps of a job in steady state (the engine reuses them).");
+  m.def(
+      "driven_cycles", [] { return TheEngine().DrivenCycles(); },
+      "Engine cycles run on API threads waiting for their op (Engine::Drive) since the "
+      "process started.");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {
