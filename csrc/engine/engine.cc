@@ -176,32 +176,32 @@ void Engine::Loop(std::promise<Status>* ready) {
   }
   stop_ = Status::OK();
   stopping_ = false;
-  last_idle_ = false;
+  handed_back_ = false;
+  cycle_wait_ = std::chrono::duration<double, std::milli>(tuner_.cycle_time_ms());
+  next_cycle_ = Clock::now();
   running_ = true;
   ready->set_value(Status::OK());  // `ready` dies with Init's frame: no use after this
 
-  using Ms = std::chrono::duration<double, std::milli>;
-  auto wait = Ms(tuner_.cycle_time_ms());
+  // Sleep out the cycle unless work arrives: a rank that enqueues while the engine idles
+  // starts the next exchange at once (peers join it on their own cycle), so a blocking op
+  // does not pay up to a whole cycle of latency. RunCycle sets when the next cycle is due
+  // (next_cycle_), whichever thread ran it: a wake-up for work a Driving API thread has
+  // already run finds nothing due and sleeps again, so it adds no cycle.
   while (true) {
-    const auto start = std::chrono::steady_clock::now();
+    Clock::time_point next;
     {
       std::lock_guard<std::mutex> cycle(cycle_mu_);
-      if (stopping_.load() || !RunCycle(queue_.TakeNew())) break;
+      if (stopping_.load()) break;
+      handed_back_ = false;
+      const bool due = Clock::now() >= next_cycle_ || shutdown_requested_.load() ||
+                       (!negotiating_.load() && queue_.HasNew());
+      if (due && !RunCycle(queue_.TakeNew())) break;
+      next = next_cycle_;
     }
-    // Sleep out the cycle unless work arrives: a rank that enqueues while the
-    // engine idles starts the next exchange at once (peers join it on their own
-    // cycle), so a blocking op does not pay up to a whole cycle of latency.
-    // While every rank is idle the pause doubles up to SPARK_HVD_IDLE_CYCLE_TIME_MS:
-    // 1 ms cycles cost ~15% of a core per rank on loopback with nothing to do.
-    // The cycle time is SPARK_HVD_CYCLE_TIME_MS, or autotune's (the same cycle everywhere).
-    // (Cycles a Driving API thread ran in between count as this thread's.)
-    const Ms cycle(tuner_.cycle_time_ms());
-    const Ms idle_cap = std::max(cycle, Ms(env::IdleCycleTimeMs()));
-    wait = last_idle_ ? std::min(wait * 2, idle_cap) : cycle;
-    const bool negotiating = negotiating_.load();
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, start + wait, [this, negotiating] {
-      return shutdown_requested_.load() || stopping_.load() || (!negotiating && queue_.HasNew());
+    cv_.wait_until(lock, next, [this] {
+      return shutdown_requested_.load() || stopping_.load() || handed_back_.load() ||
+             (!negotiating_.load() && queue_.HasNew());
     });
   }
   // No cycle runs from here on (stopping_ is set, under cycle_mu_, before any driver
@@ -254,6 +254,7 @@ void Engine::Loop(std::promise<Status>* ready) {
 }
 
 bool Engine::RunCycle(std::vector<Request> incoming) {
+  const auto start = Clock::now();
   const bool want_shutdown = shutdown_requested_.load();
   CycleResult cr;
   Status stop = Status::OK();
@@ -314,7 +315,15 @@ bool Engine::RunCycle(std::vector<Request> incoming) {
     stopping_ = true;
     return false;
   }
-  last_idle_ = cr.idle;
+  // The next cycle: SPARK_HVD_CYCLE_TIME_MS (or autotune's: the same everywhere) after
+  // this one while any rank has work; while every rank is idle the pause doubles up to
+  // SPARK_HVD_IDLE_CYCLE_TIME_MS (1 ms cycles cost ~15% of a core per rank on loopback
+  // with nothing to do). `idle` comes from exchanged data: all ranks back off together.
+  using Ms = std::chrono::duration<double, std::milli>;
+  const Ms cycle(tuner_.cycle_time_ms());
+  const Ms idle_cap = std::max(cycle, Ms(env::IdleCycleTimeMs()));
+  cycle_wait_ = cr.idle ? std::min(cycle_wait_ * 2, idle_cap) : cycle;
+  next_cycle_ = start + std::chrono::duration_cast<Clock::duration>(cycle_wait_);
   negotiating_ = controller_->HasPending();
   return true;
 }
@@ -341,9 +350,10 @@ bool Engine::Drive(const OpState& state) {
   const bool hand_back = stopping_.load() || negotiating_.load() || queue_.HasNew();
   cycle.unlock();
   if (hand_back) {
-    // The engine thread takes over (or stops: stopping_ is set).
+    // The engine thread takes over, at next_cycle_ (or stops: stopping_ is set).
     {
       std::lock_guard<std::mutex> lock(mu_);
+      handed_back_ = true;
     }
     cv_.notify_one();
   }

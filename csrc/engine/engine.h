@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <future>
 #include <memory>
@@ -122,8 +123,11 @@ class Engine {
   std::unique_ptr<Executor> executor_;
   Status stop_;                        // why the loop ends (OK: our own shutdown)
   std::atomic<bool> stopping_{false};  // a cycle ended the job: no more cycles
-  bool last_idle_ = false;             // the last cycle's CycleResult::idle
-  std::thread::id engine_thread_;      // the loop's thread
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point next_cycle_;                               // when the next cycle is due
+  std::chrono::duration<double, std::milli> cycle_wait_{1.0};  // the pause before it
+  std::atomic<bool> handed_back_{false};  // a Drive left work for the engine thread
+  std::thread::id engine_thread_;         // the loop's thread
   std::atomic<int64_t> driven_cycles_{0};
 
   Completions completions_;
