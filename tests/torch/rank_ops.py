@@ -498,12 +498,21 @@ def check_grad_through_compression():
 
 # -- errors --------------------------------------------------------------------------
 
-class _FakeCuda(torch.Tensor):
-    """A CPU tensor that reports a CUDA device (this torch build has no CUDA)."""
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that reports a CUDA device (this torch build has no CUDA), by each
+    of torch's ways of asking."""
 
     @property
     def device(self):
         return torch.device("cuda", 0)
+
+    @property
+    def is_cuda(self):
+        return True
+
+    @property
+    def is_cpu(self):
+        return False
 
     @property
     def is_cuda(self):
@@ -519,7 +528,7 @@ def check_cuda_tensor_is_refused_clearly():
     tensors = []
     if torch.cuda.is_available():
         tensors.append(torch.ones(3, device="cuda"))
-    tensors.append(torch.Tensor._make_subclass(_FakeCuda, torch.ones(3)))
+    tensors.append(torch.Tensor._make_subclass(FakeCuda, torch.ones(3)))
     for t in tensors:
         for call in (lambda: hvd.allreduce(t), lambda: hvd.allgather_async(t),
                      lambda: hvd.broadcast_(t, 0), lambda: hvd.allreduce_async_(t)):
