@@ -70,14 +70,16 @@ class _Store(Protocol):
     def wait(self, keys: List[str], timeout_s: float) -> None: ...
 
 class Op:
-    """One op to enqueue, with keyword fields only: input/output are addresses, owner the
+    """One op to enqueue, with keyword fields only: input/output are addresses (or
+    C-contiguous numpy arrays standing for their data pointers), owner the
     object that keeps them valid (the core holds it until the op is done with it),
     stream the CUDA stream that produced a device input (0: the default stream). A
     device op (device >= 0) records its ready event on that stream here, at submit;
     the calling thread's current CUDA device must be ``device``."""
 
     def __init__(self, *, op: OpType, name: str, dtype: DataType, shape: Sequence[int],
-                 input: int = 0, output: int = 0, reduce_op: ReduceOp = ReduceOp.SUM,
+                 input: Union[int, npt.NDArray[Any]] = 0,
+                 output: Union[int, npt.NDArray[Any]] = 0, reduce_op: ReduceOp = ReduceOp.SUM,
                  prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
                  process_set: int = 0, device: int = -1, splits: Sequence[int] = (),
                  group: str = "", group_size: int = 0, owner: Any = None,
@@ -132,6 +134,14 @@ def enqueue(ops: List[Op], wake: bool = True) -> List[Work]:
     """Queues the ops together or none of them (a group is never half submitted); each
     Op is submitted once. ``wake=False``: the caller waits for them at once, and its wait
     runs the engine's cycle where the job allows it, so the engine thread is not woken."""
+def submit(op: OpType, name: str, dtype: DataType, shape: Sequence[int],
+           input: Union[int, npt.NDArray[Any]], output: Union[int, npt.NDArray[Any]],
+           reduce_op: ReduceOp, prescale: float, postscale: float, root: int,
+           process_set: int, device: int, splits: Sequence[int], group: str, group_size: int,
+           owner: Any, stream: int, wake: bool = True) -> Work:
+    """One op alone, its fields positional in Op's order: ``enqueue([Op(...)])[0]``
+    without the keyword parsing and the lists (the per-call path of a small op); ``wake``
+    as enqueue's."""
 def tuned_parameters() -> Dict[str, Any]:
     """The fusion threshold (bytes) and cycle time (ms) the engine uses now, as
     ``fusion_threshold``, ``cycle_time_ms``; ``autotune``: rank 0 runs
