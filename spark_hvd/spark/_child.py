@@ -21,7 +21,9 @@ the task, which signals the child's whole session, unless the worker was killed
 outright.)
 
 Once the record is written the child ends as the interpreter would, but without tearing the
-interpreter down: it joins its non-daemon threads, runs the ``atexit`` handlers (spark_hvd's
+interpreter down: it does what the interpreter's exit does first (``threading._shutdown``:
+thread pools left open are told to finish, non-daemon threads joined), runs the ``atexit``
+handlers (spark_hvd's
 own shutdown is one; ``logging`` flushes its handlers in another), flushes Python's and C's
 standard streams, then ``os._exit`` with its code, as ``multiprocessing`` ends a forked child.
 Tearing down an interpreter that imported torch (and ``torch._dynamo``, which any optimizer
@@ -94,10 +96,9 @@ def _failure(exc: BaseException, what: str, own_frame: bool = False) -> dict:
 def _exit_now(code: int) -> None:
     """End the process with ``code``: Python's exit up to the interpreter's teardown (see the
     module docstring), then ``os._exit``."""
-    main_thread = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main_thread and not thread.daemon:
-            thread.join()
+    # What the interpreter's exit does first (CPython's own function): the hooks that tell
+    # thread pools left open to finish (concurrent.futures), then joining non-daemon threads.
+    threading._shutdown()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
