@@ -23,9 +23,9 @@ outright.)
 Once the record is written the child ends as the interpreter would, but without tearing the
 interpreter down: it does what the interpreter's exit does first (``threading._shutdown``:
 thread pools left open are told to finish, non-daemon threads joined), runs the ``atexit``
-handlers (spark_hvd's
-own shutdown is one; ``logging`` flushes its handlers in another), flushes Python's and C's
-standard streams, then ``os._exit`` with its code, as ``multiprocessing`` ends a forked child.
+handlers (spark_hvd's own shutdown is one; ``logging`` flushes its handlers in another),
+flushes Python's and C's standard streams, then ``os._exit`` with its code, as
+``multiprocessing`` ends a forked child.
 Tearing down an interpreter that imported torch (and ``torch._dynamo``, which any optimizer
 imports) takes seconds the job waits for; what is skipped is only the destruction of the
 remaining modules and objects, which Python does not promise to finalize at exit anyway.
