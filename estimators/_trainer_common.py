@@ -10,7 +10,7 @@ import os
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -148,8 +148,9 @@ def nonfinite_weights_error(names: Sequence[str], epoch: int, epochs: int, step:
     return TrainingInputError(
         f"the model's weights are non-finite at epoch {epoch + 1}/{epochs}, step "
         f"{step}/{steps} (rank {rank}; {since}): {shown}, though the training loss stayed "
-        f"finite (a layer such as ReLU can turn NaN inputs into finite outputs while their "
-        f"gradients are NaN); training stopped there (terminate_on_nan=True). Fix: check the "
+        f"finite (its gradients were not: a finite loss can have an infinite gradient, and a "
+        f"layer such as ReLU can turn NaN inputs into finite outputs while their gradients "
+        f"are NaN); training stopped there (terminate_on_nan=True). Fix: check the "
         f"data for NaN or infinite values (the training data holds none unless "
         f"allow_nonfinite=True), lower the learning rate, or pass terminate_on_nan=False to "
         f"train on")
@@ -230,6 +231,26 @@ class LossWatch:
             epoch, step = slots[slot]
             raise nonfinite_loss_error(float(seen[slot]), epoch, self.epochs, step + 1,
                                        self.steps, self.rank)
+
+    def check_weights(self, named_parameters: Iterable[Tuple[str, Any]], epoch: int) -> None:
+        """At the end of ``epoch``, before its checkpoint: an error naming the parameters
+        that are NaN or infinite though every step's loss was finite.  A finite loss can
+        have an infinite gradient (``sqrt`` at 0): the optimizer's step then makes the
+        weights NaN, which the next step's loss shows, but after the epoch's last step
+        nothing would, and the checkpoint and the returned model would hold them.  One
+        device sync per epoch."""
+        if not self.enabled:
+            return
+        import torch
+        params = [(n, p.detach()) for n, p in named_parameters if p.is_floating_point()]
+        if not params:
+            return
+        finite = torch.stack([torch.isfinite(p).all() for _, p in params])
+        if bool(finite.all()):
+            return
+        names = [n for (n, _), ok in zip(params, finite.tolist()) if not ok]
+        raise nonfinite_weights_error(names, epoch, self.epochs, self.steps, self.steps,
+                                      (epoch, 0), self.rank)
 
 
 def announce_start(config: TrainConfig, rank: int, start_epoch: int, started: float,

@@ -13,7 +13,9 @@ One rank, in order:
 4. Wrap the optimizer in ``hvd.DistributedOptimizer``; build the train/validation readers
    on this rank's shard (equal steps on every rank, see spark_hvd.data).
 5. Each epoch: train ``steps`` batches (``backward_passes_per_step`` backward passes per
-   optimizer step, the loss divided by that count so accumulated gradients are a mean),
+   optimizer step, the loss divided by that count so accumulated gradients are a mean; with
+   ``terminate_on_nan`` a NaN or infinite loss stops the rank at its step, and non-finite
+   weights at the epoch's end, before its checkpoint),
    validate, allreduce the sums of loss/metrics and row counts (so the epoch's numbers are
    averages over every row of every rank), call the callbacks, and on rank 0 print the
    epoch line and write ``last.pt`` (and ``best.pt`` when the monitored loss improved)
@@ -443,6 +445,7 @@ class _EpochRunner:
                 progress.update(step + 1, lambda: float(sums["loss"]) / max(rows_seen, 1)
                                 if rows_seen else float("nan"))
             self.watch.flush()
+            self.watch.check_weights(model.named_parameters(), epoch)
         finally:
             batches.close()
         val_sums: Dict[str, Any] = {}

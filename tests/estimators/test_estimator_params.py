@@ -611,6 +611,27 @@ def test_a_nonfinite_loss_stops_the_rank_naming_epoch_and_step(buffered):
     off.flush()
 
 
+def test_weights_made_nonfinite_by_the_epochs_last_step_stop_the_rank_before_its_checkpoint():
+    """A finite loss with an infinite gradient (sqrt at 0) makes the weights NaN at the
+    epoch's last step, where no later loss shows it: the epoch's end names the parameter."""
+    from spark_hvd.estimators._trainer_common import LossWatch, TrainingInputError
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    watch = LossWatch(True, rank=1, epochs=2, steps=5)
+    watch.check_weights(net.named_parameters(), 0)  # finite: nothing
+    loss = torch.sqrt(net(torch.zeros(1, 2)).sum() * 0)  # 0, with an infinite gradient
+    watch.step(loss, 1, 4)
+    loss.backward()
+    optimizer.step()
+    with pytest.raises(TrainingInputError) as err:
+        watch.check_weights(net.named_parameters(), 1)
+    assert str(err.value).startswith(
+        "the model's weights are non-finite at epoch 2/2, step 5/5 (rank 1; finite at the "
+        "epoch's start): '0.weight', '0.bias', '1.weight' and 1 more, though the training "
+        "loss stayed finite"), err.value
+    LossWatch(False, rank=0, epochs=2, steps=5).check_weights(net.named_parameters(), 1)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
 def test_a_nonfinite_loss_on_a_gpu_is_found_without_a_sync_per_step():
     from spark_hvd.estimators._trainer_common import LossWatch, TrainingInputError

@@ -249,6 +249,50 @@ def test_the_childs_pythonpath_leaves_out_what_pth_files_add(tmp_path, monkeypat
         {"PYTHONPATH": str(dirs["foreign"])}).split(os.pathsep)
 
 
+def _leaves_work_for_the_exit(where):
+    """Run in a rank's child: a thread still running, a thread pool left open, an atexit
+    handler, C output in stdio's buffer, and an object only the interpreter's teardown
+    would finalize."""
+    import atexit
+    import ctypes
+    import time
+
+    class Teardown:
+        def __del__(self):  # late in the teardown: no builtins left, os still there
+            os.close(os.open(os.path.join(where, "finalized"), os.O_CREAT | os.O_WRONLY))
+
+    sys.modules["__main__"].left_behind = Teardown()
+    atexit.register(print, "atexit handler ran")
+
+    def late():
+        time.sleep(0.2)
+        print("thread finished")
+    threading.Thread(target=late).start()
+    from concurrent.futures import ThreadPoolExecutor
+    ThreadPoolExecutor(1).submit(print, "pool ran")  # left open: its thread waits for more
+    ctypes.CDLL(None).printf(b"printed by C\n")
+    return 7
+
+
+def test_the_child_ends_as_python_would_without_tearing_the_interpreter_down(tmp_path):
+    """The rank's child (_child.py, run as the task runs it) joins its threads (a thread
+    pool left open is told to finish, as at the interpreter's exit), runs the atexit
+    handlers and flushes Python's and C's output, then leaves without the interpreter's
+    teardown (seconds once torch is imported): a module global's finalizer, which only that
+    teardown would call, does not run."""
+    import pickle
+    payload, result = tmp_path / "payload.pkl", tmp_path / "result.pkl"
+    payload.write_bytes(cloudpickle.dumps((_leaves_work_for_the_exit, (str(tmp_path),), {})))
+    proc = subprocess.run([sys.executable, CHILD_SCRIPT, str(payload), str(result),
+                           str(os.getpid())], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    record = pickle.loads(result.read_bytes())
+    assert record["ok"] and pickle.loads(record["value"]) == 7
+    for line in ("thread finished", "pool ran", "atexit handler ran", "printed by C"):
+        assert line in proc.stdout.splitlines(), proc.stdout
+    assert not (tmp_path / "finalized").exists()
+
+
 @pytest.mark.parametrize("conf, connect, bound, announced", [
     ({_checks.DRIVER_HOST: "localhost"}, False, "127.0.0.1", "127.0.0.1"),
     ({_checks.DRIVER_HOST: "localhost", _checks.DRIVER_BIND_ADDRESS: "0.0.0.0"}, False,
