@@ -7,6 +7,7 @@
 #include <map>
 
 #include "backends/host_adasum.h"
+#include "common/alloc_count.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/executor.h"
@@ -57,6 +58,7 @@ void Engine::Init(const EngineOptions& options) {
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "shvd_engine");  // top -H, perf (15 chars max)
 #endif
+    CountAllocations counted;  // _core.engine_allocations() (common/alloc_count.h)
     Loop(&ready);
   });
   Status s = fut.get();

@@ -11,6 +11,7 @@
 
 #include "backends/cuda/events.h"
 #include "backends/cuda/loader.h"
+#include "common/alloc_count.h"
 #include "common/config.h"
 #include "common/env.h"
 #include "common/types.h"
@@ -371,6 +372,14 @@ PYBIND11_MODULE(_core, m) {
       "op_allocations", [] { return TheEngine().OpAllocations(); },
       "Heap allocations of op states and queue entries since the process started: flat "
       "over the steps of a job in steady state (the engine reuses them).");
+  m.def(
+      "engine_allocations", [] { return CountedAllocations(); },
+      "Heap allocations (operator new) made by the engine's thread since the process "
+      "started: flat over the steps of a job in steady state (common/alloc_count.h).");
+  m.def(
+      "_probe_allocations", [] { return ProbeCountedAllocations(); },
+      "Self-check of engine_allocations' hook: what it counts of a vector and a string "
+      "growing on the heap (>= 2 when it sees both).");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {
