@@ -167,13 +167,14 @@ void Engine::Loop(std::promise<Status>* ready) {
   using Ms = std::chrono::duration<double, std::milli>;
   auto wait = Ms(tuner_.cycle_time_ms());
   Status stop = Status::OK();
+  std::vector<Request> incoming;  // kept from cycle to cycle with cr: no allocation per cycle
+  CycleResult cr;
   while (true) {
     const auto start = std::chrono::steady_clock::now();
-    std::vector<Request> incoming = queue_.TakeNew();
+    queue_.TakeNew(&incoming);
     const bool want_shutdown = shutdown_requested_.load();
-    CycleResult cr;
     try {
-      cr = controller_->Cycle(control_, std::move(incoming), want_shutdown);
+      controller_->Cycle(control_, &incoming, want_shutdown, &cr);
     } catch (const StatusError& e) {
       stop = e.status();
       break;

@@ -62,12 +62,11 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
   has_new_.store(!new_.empty(), std::memory_order_seq_cst);
 }
 
-std::vector<Request> TensorQueue::TakeNew() {
+void TensorQueue::TakeNew(std::vector<Request>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Request> out;
-  out.swap(new_);
+  out->swap(new_);
   has_new_.store(false, std::memory_order_seq_cst);
-  return out;
 }
 
 EntryPtr TensorQueue::Take(int32_t process_set, const std::string& name) {

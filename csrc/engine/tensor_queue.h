@@ -63,8 +63,10 @@ class TensorQueue {
   void Add(std::vector<TensorEntry> entries);
   // Lock-free (the engine polls it while it spins); sequentially consistent with Add.
   bool HasNew() const { return has_new_.load(std::memory_order_seq_cst); }
-  // The requests added since the last call, in order of addition.
-  std::vector<Request> TakeNew();
+  // The requests added since the last call, in order of addition, into *out (emptied
+  // first); the queue keeps out's old capacity for the next ones, so neither side
+  // allocates a vector per cycle.
+  void TakeNew(std::vector<Request>* out);
   // The entry for a negotiated tensor (null when this rank holds none: it joined,
   // or is not in the process set).
   EntryPtr Take(int32_t process_set, const std::string& name);

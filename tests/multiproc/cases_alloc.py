@@ -4,8 +4,9 @@ the C++ library; csrc/common/alloc_count.h), run by case_worker.py on 2 ranks ov
 and shm (test_mp_alloc.py).
 
 Each case warms a step up (its tensors cached, the engine's buffers grown), then runs N
-and 2N more steps: an allreduce (fused and not), a broadcast and the steady cycles
-between them allocate nothing; an allgather allocates exactly its output, which the
+and 2N more steps, fenced (_fence), under names longer than a string's inline buffer (so
+that a copied name would allocate): an allreduce (fused and not), a broadcast and the
+steady cycles between them allocate nothing; an allgather allocates exactly its output, which the
 caller keeps (the buffer, the object sharing it, the shape), and nothing else.
 """
 
@@ -29,11 +30,12 @@ STEPS = 60
 ALLGATHER_OUTPUT_ALLOCATIONS = 3
 
 
-def _engine_allocations_over(step, steps: int) -> int:
-    before = _core.engine_allocations()
-    for i in range(steps):
-        step(i)
-    return _core.engine_allocations() - before
+def _fence() -> None:
+    """A cached allreduce every rank runs: it allocates nothing in steady state. Reading
+    the count between two fences sees only the steps between them: no rank is still on
+    an earlier op, or already on a later, uncached one (whose request, received in full,
+    allocates on every rank's engine)."""
+    hvd.allreduce(np.zeros(1, np.float32), name="alloc.steady.fence")
 
 
 def _check_steady(ctx, step, per_step: int = 0) -> None:
@@ -44,8 +46,15 @@ def _check_steady(ctx, step, per_step: int = 0) -> None:
         "numpy (or anything else that loads libstdc++)")
     for i in range(WARM_STEPS):
         step(i)
-    grown_n = _engine_allocations_over(step, STEPS)
-    grown_2n = _engine_allocations_over(step, 2 * STEPS)
+        _fence()
+    counts = [_core.engine_allocations()]
+    for steps in (STEPS, 2 * STEPS):
+        for i in range(steps):
+            step(i)
+        _fence()
+        counts.append(_core.engine_allocations())
+    _fence()  # no rank goes on to the next case (or to shutdown) before all have counted
+    grown_n, grown_2n = counts[1] - counts[0], counts[2] - counts[1]
     assert (grown_n, grown_2n) == (per_step * STEPS, 2 * per_step * STEPS), (
         f"rank {ctx.rank}: the engine thread made {grown_n} heap allocations over {STEPS} "
         f"steady steps and {grown_2n} over {2 * STEPS}; expected {per_step} per step "
@@ -59,10 +68,11 @@ def steady_allreduce(ctx):
 
     def step(i):
         # Eight async ones that the cycle may fuse, then one blocking (a loss).
-        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"alloc.ar.{j}") for j in range(8)]
+        hs = [hvd.allreduce_async(x, op=hvd.Sum, name=f"alloc.steady.allreduce.{j}")
+              for j in range(8)]
         for h in hs:
             assert_same(hvd.synchronize(h), want)
-        assert_same(hvd.allreduce(x, op=hvd.Sum, name="alloc.ar.loss"), want)
+        assert_same(hvd.allreduce(x, op=hvd.Sum, name="alloc.steady.allreduce.loss"), want)
 
     _check_steady(ctx, step)
 
@@ -74,7 +84,7 @@ def steady_broadcast(ctx):
     want = values(np.float32, root, (16,))
 
     def step(i):
-        assert_same(hvd.broadcast(x, root, name="alloc.bc"), want)
+        assert_same(hvd.broadcast(x, root, name="alloc.steady.broadcast"), want)
 
     _check_steady(ctx, step)
 
@@ -85,6 +95,6 @@ def steady_allgather(ctx):
     want = np.concatenate([values(np.float32, r, (2, 3)) for r in range(ctx.size)])
 
     def step(i):
-        assert_same(hvd.allgather(x, name="alloc.ag"), want)
+        assert_same(hvd.allgather(x, name="alloc.steady.allgather"), want)
 
     _check_steady(ctx, step, per_step=ALLGATHER_OUTPUT_ALLOCATIONS)
