@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "common/reduce.h"
 
@@ -103,8 +104,8 @@ double PostFactor(const ReduceArgs& a) {
 }
 
 Status HostAllreduce(const ReduceArgs& a, const SegmentReduce& reduce, HostReduceScratch* kept) {
-  HostReduceScratch local;
-  HostReduceScratch* scratch = kept != nullptr ? kept : &local;
+  std::optional<HostReduceScratch> local;  // a one-off's (made only then: it reserves)
+  HostReduceScratch* scratch = kept != nullptr ? kept : &local.emplace();
   if (Overlap(a, &scratch->spans)) return Packed(a, reduce, scratch);
   std::vector<Segment>& segments = scratch->segments;
   segments.clear();

@@ -39,6 +39,10 @@ class SegmentReduce {
 // What HostAllreduce works in, kept by its caller (a communicator) from op to op so
 // that steady state allocates nothing: cleared, never shrunk.
 struct HostReduceScratch {
+  HostReduceScratch() {  // room for a fusion of 64 tensors from the start
+    segments.reserve(64);
+    spans.reserve(128);
+  }
   std::vector<Segment> segments;
   std::vector<std::vector<uint8_t>> neutral;  // a joined rank's tensors
   std::vector<uint8_t> packed;                // tensors that share memory, packed

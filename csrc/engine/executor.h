@@ -25,7 +25,10 @@ class Executor {
         queue_(queue),
         completions_(completions),
         in_flight_(in_flight),
-        timeline_(timeline) {}
+        timeline_(timeline) {
+    es_.reserve(64);  // a fusion of 64 tensors before any growth
+    args_.tensors.reserve(64);
+  }
 
   // Executes one response. A non-OK return means a communicator failed: the
   // engine must stop (the response's own ops have already been failed).

@@ -6,8 +6,9 @@ and shm (test_mp_alloc.py).
 Each case warms a step up (its tensors cached, the engine's buffers grown), then runs N
 and 2N more steps, fenced (_fence), under names longer than a string's inline buffer (so
 that a copied name would allocate): an allreduce (fused and not), a broadcast and the
-steady cycles between them allocate nothing; an allgather allocates exactly its output, which the
-caller keeps (the buffer, the object sharing it, the shape), and nothing else.
+steady cycles between them allocate nothing (but for HIGH_WATER_ALLOCATIONS, once); an
+allgather allocates exactly its output, which the caller keeps (the buffer, the object
+sharing it, the shape), and nothing else.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from refdata import assert_same, values  # noqa: E402
 
 CASES = Registry()
 WARM_STEPS = 30
-STEPS = 60
+STEPS = 100
+# The engine's kept lists grow, once, when a cycle first brings more responses (or a fused
+# response more tensors) than any before: how the async ops fall into cycles depends on
+# timing, so that may come after the warm-up. A few allocations per new response or tensor,
+# never more with more steps; an allocation per op or per cycle makes at least STEPS.
+HIGH_WATER_ALLOCATIONS = 32
 # An allgather's output: its buffer (a vector and the shared owner made with it) and the
 # output shape; the caller keeps them (executor.cc).
 ALLGATHER_OUTPUT_ALLOCATIONS = 3
@@ -55,10 +61,12 @@ def _check_steady(ctx, step, per_step: int = 0) -> None:
         counts.append(_core.engine_allocations())
     _fence()  # no rank goes on to the next case (or to shutdown) before all have counted
     grown_n, grown_2n = counts[1] - counts[0], counts[2] - counts[1]
-    assert (grown_n, grown_2n) == (per_step * STEPS, 2 * per_step * STEPS), (
+    extra_n, extra_2n = grown_n - per_step * STEPS, grown_2n - 2 * per_step * STEPS
+    assert 0 <= extra_n <= HIGH_WATER_ALLOCATIONS and 0 <= extra_2n <= HIGH_WATER_ALLOCATIONS, (
         f"rank {ctx.rank}: the engine thread made {grown_n} heap allocations over {STEPS} "
-        f"steady steps and {grown_2n} over {2 * STEPS}; expected {per_step} per step "
-        "(csrc/engine: reuse member buffers, free lists or fixed arrays per op)")
+        f"steady steps and {grown_2n} over {2 * STEPS}; expected {per_step} per step (and "
+        f"at most {HIGH_WATER_ALLOCATIONS} more in each: kept lists reaching a new high-water "
+        "mark). csrc/engine: reuse member buffers, free lists or fixed arrays per op")
 
 
 @CASES.case("steady_allreduce_allocates_nothing")
