@@ -146,9 +146,6 @@ def op_allocations() -> int:
 def engine_allocations() -> int:
     """Heap allocations (operator new) made by the engine's thread since the process
     started: flat over the steps of a job in steady state (common/alloc_count.h)."""
-def _probe_allocations() -> int:
-    """Self-check of engine_allocations' hook: what it counts of a vector and a string
-    growing on the heap (>= 2 when it sees both)."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...
