@@ -70,14 +70,16 @@ class _Store(Protocol):
     def wait(self, keys: List[str], timeout_s: float) -> None: ...
 
 class Op:
-    """One op to enqueue, with keyword fields only: input/output are addresses, owner the
+    """One op to enqueue, with keyword fields only: input/output are addresses (or
+    C-contiguous numpy arrays standing for their data pointers), owner the
     object that keeps them valid (the core holds it until the op is done with it),
     stream the CUDA stream that produced a device input (0: the default stream). A
     device op (device >= 0) records its ready event on that stream here, at submit;
     the calling thread's current CUDA device must be ``device``."""
 
     def __init__(self, *, op: OpType, name: str, dtype: DataType, shape: Sequence[int],
-                 input: int = 0, output: int = 0, reduce_op: ReduceOp = ReduceOp.SUM,
+                 input: Union[int, npt.NDArray[Any]] = 0,
+                 output: Union[int, npt.NDArray[Any]] = 0, reduce_op: ReduceOp = ReduceOp.SUM,
                  prescale: float = 1.0, postscale: float = 1.0, root: int = 0,
                  process_set: int = 0, device: int = -1, splits: Sequence[int] = (),
                  group: str = "", group_size: int = 0, owner: Any = None,
@@ -128,9 +130,18 @@ def rank() -> int: ...
 def size() -> int: ...
 def controller() -> str:
     """"gloo" or "mpi"."""
-def enqueue(ops: List[Op]) -> List[Work]:
+def enqueue(ops: List[Op], wake: bool = True) -> List[Work]:
     """Queues the ops together or none of them (a group is never half submitted); each
-    Op is submitted once."""
+    Op is submitted once. ``wake=False``: the caller waits for them at once, and its wait
+    runs the engine's cycle where the job allows it, so the engine thread is not woken."""
+def submit(op: OpType, name: str, dtype: DataType, shape: Sequence[int],
+           input: Union[int, npt.NDArray[Any]], output: Union[int, npt.NDArray[Any]],
+           reduce_op: ReduceOp, prescale: float, postscale: float, root: int,
+           process_set: int, device: int, splits: Sequence[int], group: str, group_size: int,
+           owner: Any, stream: int, wake: bool = True) -> Work:
+    """One op alone, its fields positional in Op's order: ``enqueue([Op(...)])[0]``
+    without the keyword parsing and the lists (the per-call path of a small op); ``wake``
+    as enqueue's."""
 def tuned_parameters() -> Dict[str, Any]:
     """The fusion threshold (bytes) and cycle time (ms) the engine uses now, as
     ``fusion_threshold``, ``cycle_time_ms``; ``autotune``: rank 0 runs
@@ -144,8 +155,12 @@ def op_allocations() -> int:
     """Heap allocations of op states and queue entries since the process started: flat
     over the steps of a job in steady state (the engine reuses them)."""
 def engine_allocations() -> int:
-    """Heap allocations (operator new) made by the engine's thread since the process
-    started: flat over the steps of a job in steady state (common/alloc_count.h)."""
+    """Heap allocations (operator new) made by the engine's thread, and by the engine
+    cycles API threads run (Drive), since the process started: flat over the steps of a
+    job in steady state (common/alloc_count.h)."""
+def driven_cycles() -> int:
+    """Engine cycles run on API threads waiting for their op (instead of the engine's
+    thread) since the process started."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

@@ -54,7 +54,14 @@ class Handle:
         return f"Handle({'group of %d' % len(self.members) if self.members else 'op'}, {state})"
 
 
-_batch = threading.local()  # .pending: [(_core.Op, handle)] while a submit_together block runs
+class _Batch(threading.local):
+    pending: Optional[List[Tuple[Any, Handle]]] = None  # while a submit_together block runs
+    # False while ``blocking`` submits: this thread waits for the ops at once, and its wait
+    # runs the engine's cycle (the core's Engine::Drive), so the engine thread is not woken.
+    wake: bool = True
+
+
+_batch = _Batch()  # .pending: [(_core.Op, handle)] inside a submit_together block
 
 
 @contextlib.contextmanager
@@ -62,7 +69,7 @@ def submit_together() -> Iterator[None]:
     """Ops submitted inside the block reach the core together when it ends, or,
     if the block raises or any op is invalid, none of them do: a group is never
     left half submitted. Nested blocks submit with the outermost one."""
-    if getattr(_batch, "pending", None) is not None:
+    if _batch.pending is not None:
         yield
         return
     _batch.pending = []
@@ -77,7 +84,7 @@ def submit_together() -> Iterator[None]:
 
 def _enqueue(pending: List[Tuple[Any, Handle]]) -> None:
     try:
-        works = _core.enqueue([op for op, _ in pending])
+        works = _core.enqueue([op for op, _ in pending], _batch.wake)
     except SparkHvdError as exc:
         raise explain_failure(exc) from None
     for (_, handle), work in zip(pending, works):
@@ -85,29 +92,56 @@ def _enqueue(pending: List[Tuple[Any, Handle]]) -> None:
 
 
 def submit(op: int, name: str, dtype: int, shape: Sequence[int], in_ptr: int, out_ptr: int,
-           owner: Any, finish: Callable, *, reduce_op: int = 0, prescale: float = 1.0,
+           owner: Any, finish: Callable, *, reduce_op: int = Sum, prescale: float = 1.0,
            postscale: float = 1.0, root: int = 0, process_set: ProcessSet = global_process_set,
            device: int = -1, splits: Sequence[int] = (), group: str = "",
            group_size: int = 0, stream: int = 0) -> Handle:
     """Queues one op on the core (or on the enclosing ``submit_together`` block);
-    raises at once for invalid input. ``owner`` keeps in_ptr/out_ptr valid; a device
+    raises at once for invalid input. ``in_ptr``/``out_ptr`` are addresses, or numpy
+    arrays standing for theirs (C-contiguous); ``owner`` keeps them valid; a device
     tensor gives the CUDA ``stream`` that produced it (0: the default stream).
     ``root`` (broadcast) is a global rank; the core gets its rank within the set."""
+    return submit_op(op, name, dtype, shape, in_ptr, out_ptr, owner, finish, reduce_op,
+                     prescale, postscale, root, process_set, device, splits, group, group_size,
+                     stream)
+
+
+def submit_op(op, name, dtype, shape, in_ptr, out_ptr, owner, finish, reduce_op, prescale,
+              postscale, root, process_set, device, splits, group, group_size,
+              stream) -> Handle:
+    """``submit`` with every field positional, for the framework layers' per-call path
+    (the small blocking collectives): no keyword dicts, and enum and number conversions
+    only where a caller passed something else."""
     set_id = process_set._require()
     if op == OpType.BROADCAST:
         root = process_set._set_rank_of(int(root))
-    spec = _core.Op(op=OpType(op), name=name, dtype=DataType(dtype),
-                    shape=[int(d) for d in shape], input=int(in_ptr), output=int(out_ptr),
-                    reduce_op=ReduceOp(reduce_op), prescale=float(prescale),
-                    postscale=float(postscale), root=int(root), process_set=set_id,
-                    device=int(device), splits=[int(s) for s in splits], group=group,
-                    group_size=int(group_size), owner=owner, stream=int(stream))
+    if type(op) is not OpType:
+        op = OpType(op)
+    if type(dtype) is not DataType:
+        dtype = DataType(dtype)
+    if type(reduce_op) is not ReduceOp:
+        reduce_op = ReduceOp(reduce_op)
+    if not isinstance(shape, tuple) or not isinstance(splits, tuple):  # torch.Size is one
+        shape = tuple(int(d) for d in shape)
+        splits = tuple(int(s) for s in splits)
+    if type(prescale) is not float or type(postscale) is not float:
+        prescale, postscale = float(prescale), float(postscale)
     handle = Handle(None, finish)
-    pending = getattr(_batch, "pending", None)
+    pending = _batch.pending
     if pending is not None:
-        pending.append((spec, handle))
-    else:
-        _enqueue([(spec, handle)])
+        pending.append((_core.Op(op=op, name=name, dtype=dtype, shape=shape, input=in_ptr,
+                                 output=out_ptr, reduce_op=reduce_op, prescale=prescale,
+                                 postscale=postscale, root=int(root), process_set=set_id,
+                                 device=int(device), splits=splits, group=group,
+                                 group_size=int(group_size), owner=owner,
+                                 stream=int(stream)), handle))
+        return handle
+    try:
+        handle.work = _core.submit(op, name, dtype, shape, in_ptr, out_ptr, reduce_op,
+                                   prescale, postscale, int(root), set_id, int(device), splits,
+                                   group, int(group_size), owner, int(stream), _batch.wake)
+    except SparkHvdError as exc:
+        raise explain_failure(exc) from None
     return handle
 
 
@@ -128,6 +162,19 @@ def poll(handle: Handle) -> bool:
     if handle.members is not None:
         return all(poll(h) for h in handle.members)
     return handle.work.poll()
+
+
+def blocking(submit_async: Callable[..., Handle], *args, **kwargs):
+    """``synchronize(submit_async(*args, **kwargs))`` for a blocking call: the ops are
+    queued without waking the engine thread, as this thread waits for them at once and
+    runs the engine's next cycles itself where the job allows it (one thread hand-off less
+    each way)."""
+    _batch.wake = False
+    try:
+        handle = submit_async(*args, **kwargs)
+    finally:
+        _batch.wake = True
+    return synchronize(handle)
 
 
 def synchronize(handle: Handle):
@@ -166,11 +213,13 @@ def _name(name: Optional[str], op: str, process_set: ProcessSet = global_process
 
 
 def _reduce_op(op, average, default=Average) -> ReduceOp:
-    if op is not None and average is not None:
+    if average is None:
+        if op is None:
+            op = default
+        return op if type(op) is ReduceOp else ReduceOp(op)
+    if op is not None:
         raise InvalidArgumentError("give either op= or the deprecated average=, not both")
-    if average is not None:
-        return Average if average else Sum
-    return ReduceOp(default if op is None else op)
+    return Average if average else Sum
 
 
 def _array(tensor) -> np.ndarray:
@@ -194,7 +243,7 @@ def allreduce_async(tensor, average=None, name: Optional[str] = None, op=None,
     rop = _reduce_op(op, average)
     return submit(OpType.ALLREDUCE, _name(name, "allreduce", process_set), numpy_code(arr.dtype),
                   arr.shape,
-                  arr.ctypes.data, out.ctypes.data, (arr, out), lambda r: out,
+                  arr, out, (arr, out), lambda r: out,
                   reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
                   process_set=process_set)
 
@@ -203,8 +252,8 @@ def allreduce(tensor, average=None, name: Optional[str] = None, op=None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduces `tensor` across ranks (default: Average) and returns the result."""
-    return synchronize(allreduce_async(tensor, average, name, op, prescale_factor,
-                                       postscale_factor, process_set))
+    return blocking(allreduce_async, tensor, average, name, op, prescale_factor,
+                    postscale_factor, process_set)
 
 
 def grouped_allreduce_async(tensors, average=None, name: Optional[str] = None, op=None,
@@ -219,8 +268,8 @@ def grouped_allreduce_async(tensors, average=None, name: Optional[str] = None, o
         for i, a in enumerate(arrays):
             out = np.empty_like(a)
             handles.append(submit(
-                OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a.ctypes.data,
-                out.ctypes.data, (a, out), (lambda r, o=out: o), reduce_op=rop,
+                OpType.ALLREDUCE, f"{base}.{i}", numpy_code(a.dtype), a.shape, a,
+                out, (a, out), (lambda r, o=out: o), reduce_op=rop,
                 prescale=prescale_factor, postscale=postscale_factor, process_set=process_set,
                 group=base, group_size=len(arrays)))
     return GroupHandle(handles, list)
@@ -229,8 +278,8 @@ def grouped_allreduce_async(tensors, average=None, name: Optional[str] = None, o
 def grouped_allreduce(tensors, average=None, name: Optional[str] = None, op=None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
-    return synchronize(grouped_allreduce_async(tensors, average, name, op, prescale_factor,
-                                               postscale_factor, process_set))
+    return blocking(grouped_allreduce_async, tensors, average, name, op, prescale_factor,
+                    postscale_factor, process_set)
 
 
 # -- allgather, broadcast, alltoall, reducescatter -------------------------------
@@ -242,14 +291,14 @@ def allgather_async(tensor, name: Optional[str] = None,
         arr = arr.reshape(1)
     return submit(OpType.ALLGATHER, _name(name, "allgather", process_set), numpy_code(arr.dtype),
                   arr.shape,
-                  arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
+                  arr, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
                   process_set=process_set)
 
 
 def allgather(tensor, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Concatenates every rank's tensor along the first dimension (sizes may differ)."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    return blocking(allgather_async, tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors, name: Optional[str] = None,
@@ -260,7 +309,7 @@ def grouped_allgather_async(tensors, name: Optional[str] = None,
     base = _name(name, "grouped_allgather", process_set)
     with submit_together():
         handles = [submit(OpType.ALLGATHER, f"{base}.{i}", numpy_code(a.dtype), a.shape,
-                          a.ctypes.data, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
+                          a, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
                           process_set=process_set, group=base, group_size=len(arrays))
                    for i, a in enumerate(arrays)]
     return GroupHandle(handles, list)
@@ -268,7 +317,7 @@ def grouped_allgather_async(tensors, name: Optional[str] = None,
 
 def grouped_allgather(tensors, name: Optional[str] = None,
                       process_set: ProcessSet = global_process_set) -> List[np.ndarray]:
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return blocking(grouped_allgather_async, tensors, name, process_set)
 
 
 def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
@@ -277,14 +326,14 @@ def broadcast_async(tensor, root_rank: int, name: Optional[str] = None,
     out = arr.copy()
     return submit(OpType.BROADCAST, _name(name, "broadcast", process_set), numpy_code(arr.dtype),
                   arr.shape,
-                  out.ctypes.data, out.ctypes.data, (out,), lambda r: out, root=root_rank,
+                  out, out, (out,), lambda r: out, root=root_rank,
                   process_set=process_set)
 
 
 def broadcast(tensor, root_rank: int, name: Optional[str] = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Returns root_rank's tensor on every rank."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    return blocking(broadcast_async, tensor, root_rank, name, process_set)
 
 
 def alltoall_async(tensor, splits=None, name: Optional[str] = None,
@@ -302,7 +351,7 @@ def alltoall_async(tensor, splits=None, name: Optional[str] = None,
     splits = [int(s) for s in np.asarray(splits).reshape(-1)]
     return submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), numpy_code(arr.dtype),
                   arr.shape,
-                  arr.ctypes.data, 0, (arr,),
+                  arr, 0, (arr,),
                   lambda r, dt=arr.dtype: (_typed(r, dt), np.asarray(r[2], dtype=np.int32)),
                   splits=splits, process_set=process_set)
 
@@ -310,7 +359,7 @@ def alltoall_async(tensor, splits=None, name: Optional[str] = None,
 def alltoall(tensor, splits=None, name: Optional[str] = None,
              process_set: ProcessSet = global_process_set) -> Tuple[np.ndarray, np.ndarray]:
     """Sends splits[i] rows to rank i; returns (received rows, rows received from each rank)."""
-    return synchronize(alltoall_async(tensor, splits, name, process_set))
+    return blocking(alltoall_async, tensor, splits, name, process_set)
 
 
 def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
@@ -321,7 +370,7 @@ def reducescatter_async(tensor, name: Optional[str] = None, op=Average,
         raise InvalidArgumentError("reducescatter needs a tensor with at least one dimension")
     return submit(OpType.REDUCESCATTER, _name(name, "reducescatter", process_set),
                   numpy_code(arr.dtype),
-                  arr.shape, arr.ctypes.data, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
+                  arr.shape, arr, 0, (arr,), lambda r, dt=arr.dtype: _typed(r, dt),
                   reduce_op=_reduce_op(op, None), prescale=prescale_factor,
                   postscale=postscale_factor, process_set=process_set)
 
@@ -331,8 +380,8 @@ def reducescatter(tensor, name: Optional[str] = None, op=Average,
                   postscale_factor: float = 1.0) -> np.ndarray:
     """Reduces across ranks, then gives rank i the i-th block of rows (first ranks get the
     remainder rows)."""
-    return synchronize(reducescatter_async(tensor, name, op, process_set, prescale_factor,
-                                           postscale_factor))
+    return blocking(reducescatter_async, tensor, name, op, process_set, prescale_factor,
+                    postscale_factor)
 
 
 def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
@@ -348,7 +397,7 @@ def grouped_reducescatter_async(tensors, name: Optional[str] = None, op=Average,
     rop = _reduce_op(op, None)
     with submit_together():
         handles = [submit(OpType.REDUCESCATTER, f"{base}.{i}", numpy_code(a.dtype), a.shape,
-                          a.ctypes.data, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
+                          a, 0, (a,), lambda r, dt=a.dtype: _typed(r, dt),
                           reduce_op=rop, prescale=prescale_factor, postscale=postscale_factor,
                           process_set=process_set, group=base, group_size=len(arrays))
                    for i, a in enumerate(arrays)]
@@ -359,8 +408,8 @@ def grouped_reducescatter(tensors, name: Optional[str] = None, op=Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> List[np.ndarray]:
-    return synchronize(grouped_reducescatter_async(tensors, name, op, process_set,
-                                                   prescale_factor, postscale_factor))
+    return blocking(grouped_reducescatter_async, tensors, name, op, process_set,
+                    prescale_factor, postscale_factor)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:

@@ -10,6 +10,7 @@ they live above those, in ``spark_hvd._basics``.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import List, Optional, Sequence
@@ -29,7 +30,7 @@ class _Runtime:
         self.topology: Optional[Topology] = None
         self.init_count = 0
         self.atexit_registered = False
-        self.name_counters: dict = {}
+        self.name_counters: dict = {}  # (op, process set id) -> itertools.count
         # An elastic job's worker: its own registration (kept across resets), its id,
         # how many places it asked for, and the epoch it is in.
         self.worker_client: Optional[RendezvousClient] = None
@@ -41,10 +42,11 @@ class _Runtime:
     def auto_name(self, op: str, process_set_id: Optional[int] = 0) -> str:
         """Deterministic name for an unnamed op: identical across the ranks of a
         process set that issue their unnamed ops of each kind in the same order."""
-        key = (op, process_set_id)
-        with self.lock:
-            n = self.name_counters.get(key, 0)
-            self.name_counters[key] = n + 1
+        counter = self.name_counters.get((op, process_set_id))
+        if counter is None:
+            with self.lock:
+                counter = self.name_counters.setdefault((op, process_set_id), itertools.count())
+        n = next(counter)  # one step under the GIL: threads never share a number
         return f"{op}.noname.{n}" if not process_set_id else f"{op}.noname.ps{process_set_id}.{n}"
 
     # -- lost ranks --------------------------------------------------------

@@ -39,6 +39,10 @@ _FROM_CODE = {code: dt for dt, code in _NUMPY.items()}
 
 def numpy_code(dtype) -> DataType:
     """The core's code for a numpy dtype; a clear error for unsupported ones."""
+    if isinstance(dtype, np.dtype):  # an array's: no conversion on the per-op path
+        code = _NUMPY.get(dtype)
+        if code is not None:
+            return code
     dt = np.dtype(dtype)
     try:
         return _NUMPY[dt]

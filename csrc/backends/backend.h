@@ -58,6 +58,9 @@ class Backend {
   virtual bool Enabled(const BackendOptions& options) const = 0;
   // Can its communicator carry the engine's per-cycle control exchange?
   virtual bool ControlPlane() const { return false; }
+  // May its communicators be called from any thread, one call at a time? Then an API
+  // thread that waits for an op may run the engine's cycles itself (Engine::Drive).
+  virtual bool AnyThread() const { return false; }
   // Does it execute `op` on `dtype` tensors of `device` (kCpuDevice or a GPU ordinal)?
   virtual bool Accepts(int32_t device, OpType op, DataType dtype) const = 0;
   // The communicator among every rank of the job. Collective over the job.

@@ -141,6 +141,7 @@ void Engine::Connect() {
 }
 
 void Engine::Loop(std::promise<Status>* ready) {
+  engine_thread_ = std::this_thread::get_id();
   try {
     Connect();
   } catch (const StatusError& e) {
@@ -158,82 +159,64 @@ void Engine::Loop(std::promise<Status>* ready) {
   }
   tuner_.Reset(rank_);
   cache_stats_.Reset();
-  controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_, &cache_stats_);
-  InFlight in_flight(&completions_);
-  Executor executor(rank_, &sets_, &queue_, &completions_, &in_flight, &timeline_);
+  {
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    controller_ = std::make_unique<Controller>(rank_, size_, &sets_, &tuner_, &cache_stats_);
+    in_flight_ = std::make_unique<InFlight>(&completions_);
+    executor_ = std::make_unique<Executor>(rank_, &sets_, &queue_, &completions_, in_flight_.get(),
+                                           &timeline_);
+  }
+  // Drive needs every communicator that runs CPU ops (the control plane's too) to allow
+  // calls from any thread; device ops stay on this thread (TakeNewOffThread).
+  any_thread_ = std::all_of(backends_.begin(), backends_.end(),
+                            [](Backend* b) { return b->AnyThread() || !TakesCpuOps(*b); });
+  {
+    std::string names;
+    for (Backend* b : backends_) names += std::string(names.empty() ? "" : ", ") + b->name();
+    SHVD_LOG(kDebug, "engine") << "backends: " << names << "; API threads "
+                               << (any_thread_ ? "may" : "may not") << " run cycles";
+  }
+  stop_ = Status::OK();
+  stopping_ = false;
+  handed_back_ = false;
+  cycle_wait_ = std::chrono::duration<double, std::milli>(tuner_.cycle_time_ms());
+  next_cycle_ = Clock::now();
   running_ = true;
   ready->set_value(Status::OK());  // `ready` dies with Init's frame: no use after this
 
-  using Ms = std::chrono::duration<double, std::milli>;
-  auto wait = Ms(tuner_.cycle_time_ms());
-  Status stop = Status::OK();
-  std::vector<Request> incoming;  // kept from cycle to cycle with cr: no allocation per cycle
-  CycleResult cr;
+  // Sleep out the cycle unless work arrives: a rank that enqueues while the engine idles
+  // starts the next exchange at once (peers join it on their own cycle), so a blocking op
+  // does not pay up to a whole cycle of latency. RunCycle sets when the next cycle is due
+  // (next_cycle_), whichever thread ran it: a wake-up for work a Driving API thread has
+  // already run finds nothing due and sleeps again, so it adds no cycle.
   while (true) {
-    const auto start = std::chrono::steady_clock::now();
-    queue_.TakeNew(&incoming);
-    const bool want_shutdown = shutdown_requested_.load();
-    try {
-      controller_->Cycle(control_, &incoming, want_shutdown, &cr);
-    } catch (const StatusError& e) {
-      stop = e.status();
-      break;
-    } catch (const std::exception& e) {
-      stop = Status::Internal(std::string("negotiation failed: ") + e.what());
-      break;
-    }
-    if (cr.shutdown) {
-      if (want_shutdown) break;  // our own shutdown(): ops after it are "not initialized"
-      stop =
-          Status::PeerLost("rank(s) " + JoinRanks(cr.shutdown_ranks) +
-                               " shut down (called shutdown() or exited) while this operation "
-                               "was pending on rank " +
-                               std::to_string(rank_) + "; every rank must run the same collectives",
-                           cr.shutdown_ranks);
-      break;
-    }
-    for (const Response& r : cr.responses) {
-      SHVD_LOG(kTrace, "engine") << "cycle response " << OpTypeName(r.op) << " "
-                                 << (r.tensors.empty() ? std::string("-") : r.tensors[0].name)
-                                 << " x" << r.tensors.size()
-                                 << " error=" << static_cast<int>(r.error);
-      try {
-        if (r.op == kAddProcessSet || r.op == kRemoveProcessSet) {
-          ChangeProcessSets(r);
-          continue;
-        }
-        Status s = executor.Execute(r);
-        if (!s.ok()) {
-          // An op that found its communicator aborted fails for the reason the InFlight
-          // thread aborted it (a timeout, a peer's error): that is the reason to stop.
-          const Status first = in_flight.failure();
-          stop = first.ok() ? s : first;
-          break;
-        }
-      } catch (const StatusError& e) {
-        stop = e.status();
-        break;
+    Clock::time_point next;
+    {
+      std::lock_guard<std::mutex> cycle(cycle_mu_);
+      if (stopping_.load()) break;
+      handed_back_ = false;
+      const bool due = Clock::now() >= next_cycle_ || shutdown_requested_.load() ||
+                       (!negotiating_.load() && queue_.HasNew());
+      if (due) {
+        queue_.TakeNew(&incoming_);
+        if (!RunCycle()) break;
       }
+      next = next_cycle_;
     }
-    if (!stop.ok()) break;
-    stop = in_flight.failure();  // a device op failed: its communicator is gone
-    if (!stop.ok()) break;
-    // Sleep out the cycle unless work arrives: a rank that enqueues while the
-    // engine idles starts the next exchange at once (peers join it on their own
-    // cycle), so a blocking op does not pay up to a whole cycle of latency.
-    // While every rank is idle the pause doubles up to SPARK_HVD_IDLE_CYCLE_TIME_MS:
-    // 1 ms cycles cost ~15% of a core per rank on loopback with nothing to do.
-    // The cycle time is SPARK_HVD_CYCLE_TIME_MS, or autotune's (the same cycle everywhere).
-    const Ms cycle(tuner_.cycle_time_ms());
-    const Ms idle_cap = std::max(cycle, Ms(env::IdleCycleTimeMs()));
-    wait = cr.idle ? std::min(wait * 2, idle_cap) : cycle;
-    const bool negotiating = controller_->HasPending();
-    negotiating_ = negotiating;
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, start + wait, [this, negotiating] {
-      return shutdown_requested_.load() || (!negotiating && queue_.HasNew());
+    cv_.wait_until(lock, next, [this] {
+      return shutdown_requested_.load() || stopping_.load() || handed_back_.load() ||
+             (!negotiating_.load() && queue_.HasNew());
     });
   }
+  // No cycle runs from here on (stopping_ is set, under cycle_mu_, before any driver
+  // could start another).
+  {
+    std::lock_guard<std::mutex> cycle(cycle_mu_);
+    stopping_ = true;
+  }
+  Status stop = stop_;
+  InFlight& in_flight = *in_flight_;
   if (!stop.ok() && !shutdown_requested_.load()) {
     // A peer's orderly exit is news only to a rank that still has work in flight.
     if (controller_->HasPending() || stop.code() != StatusCode::kPeerLost) {
@@ -270,6 +253,116 @@ void Engine::Loop(std::promise<Status>* ready) {
   FinalizeBackends();
   liveness_.reset();
   timeline_.Stop();
+  std::lock_guard<std::mutex> cycle(cycle_mu_);
+  executor_.reset();
+  in_flight_.reset();
+}
+
+bool Engine::RunCycle() {
+  CountAllocations counted;  // on a Driving API thread too (common/alloc_count.h)
+  const auto start = Clock::now();
+  const bool want_shutdown = shutdown_requested_.load();
+  const CycleResult& cr = cr_;
+  Status stop = Status::OK();
+  try {
+    controller_->Cycle(control_, &incoming_, want_shutdown, &cr_);
+  } catch (const StatusError& e) {
+    stop = e.status();
+  } catch (const std::exception& e) {
+    stop = Status::Internal(std::string("negotiation failed: ") + e.what());
+  }
+  if (stop.ok() && cr.shutdown) {
+    if (!want_shutdown) {
+      stop =
+          Status::PeerLost("rank(s) " + JoinRanks(cr.shutdown_ranks) +
+                               " shut down (called shutdown() or exited) while this "
+                               "operation was pending on rank " +
+                               std::to_string(rank_) + "; every rank must run the same collectives",
+                           cr.shutdown_ranks);
+    }
+    // else our own shutdown(): ops after it are "not initialized"
+    stop_ = stop;
+    stopping_ = true;
+    return false;
+  }
+  const bool api_thread = std::this_thread::get_id() != engine_thread_;
+  for (const Response& r : cr.responses) {
+    if (!stop.ok()) break;
+    if (api_thread && (r.device != kCpuDevice || r.op == OpType::kJoin || r.op == kAddProcessSet ||
+                       r.op == kRemoveProcessSet)) {
+      // TakeNewOffThread keeps these on the engine thread; reaching here is a bug.
+      stop = Status::Internal(std::string("an API thread was about to run ") + OpTypeName(r.op) +
+                              " on device " + std::to_string(r.device) +
+                              ", which only the engine thread may run");
+      break;
+    }
+    SHVD_LOG(kTrace, "engine") << "cycle response " << OpTypeName(r.op) << " "
+                               << (r.tensors.empty() ? std::string("-") : r.tensors[0].name) << " x"
+                               << r.tensors.size() << " error=" << static_cast<int>(r.error);
+    try {
+      if (r.op == kAddProcessSet || r.op == kRemoveProcessSet) {
+        ChangeProcessSets(r);
+        continue;
+      }
+      Status s = executor_->Execute(r);
+      if (!s.ok()) {
+        // An op that found its communicator aborted fails for the reason the InFlight
+        // thread aborted it (a timeout, a peer's error): that is the reason to stop.
+        const Status first = in_flight_->failure();
+        stop = first.ok() ? s : first;
+      }
+    } catch (const StatusError& e) {
+      stop = e.status();
+    }
+  }
+  if (stop.ok()) stop = in_flight_->failure();  // a device op failed: its communicator is gone
+  if (!stop.ok()) {
+    stop_ = stop;
+    stopping_ = true;
+    return false;
+  }
+  // The next cycle: SPARK_HVD_CYCLE_TIME_MS (or autotune's: the same everywhere) after
+  // this one while any rank has work; while every rank is idle the pause doubles up to
+  // SPARK_HVD_IDLE_CYCLE_TIME_MS (1 ms cycles cost ~15% of a core per rank on loopback
+  // with nothing to do). `idle` comes from exchanged data: all ranks back off together.
+  using Ms = std::chrono::duration<double, std::milli>;
+  const Ms cycle(tuner_.cycle_time_ms());
+  const Ms idle_cap = std::max(cycle, Ms(env::IdleCycleTimeMs()));
+  cycle_wait_ = cr.idle ? std::min(cycle_wait_ * 2, idle_cap) : cycle;
+  next_cycle_ = start + std::chrono::duration_cast<Clock::duration>(cycle_wait_);
+  negotiating_ = controller_->HasPending();
+  return true;
+}
+
+bool Engine::Drive(const OpState& state) {
+  // At most this many cycles on the caller's thread: the first usually finds the op
+  // ready on every rank; when a peer has not submitted it yet, the next ones wait for
+  // that peer's next cycle (its submit, or its engine's idle tick). After that the
+  // engine thread paces the cycles again, so two ranks waiting for ops that do not
+  // match (a stall) never run cycles back to back.
+  constexpr int kCycles = 3;
+  if (!any_thread_ || !running_.load() || shutdown_requested_.load()) return false;
+  std::unique_lock<std::mutex> cycle(cycle_mu_, std::try_to_lock);
+  if (!cycle.owns_lock()) return completions_.Done(state);
+  bool done = completions_.Done(state);
+  for (int i = 0; i < kCycles && !done; ++i) {
+    if (stopping_.load() || shutdown_requested_.load() || !executor_) break;
+    if (!queue_.TakeNewOffThread(&incoming_)) break;  // an op for the engine thread
+    driven_cycles_.fetch_add(1, std::memory_order_relaxed);
+    if (!RunCycle()) break;
+    done = completions_.Done(state);
+  }
+  const bool hand_back = stopping_.load() || negotiating_.load() || queue_.HasNew();
+  cycle.unlock();
+  if (hand_back) {
+    // The engine thread takes over, at next_cycle_ (or stops: stopping_ is set).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handed_back_ = true;
+    }
+    cv_.notify_one();
+  }
+  return done;
 }
 
 void Engine::FinalizeBackends() {
@@ -386,7 +479,7 @@ void Engine::Validate(const Request& req) const {
   }
 }
 
-std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> entries) {
+std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> entries, bool wake) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
@@ -406,7 +499,8 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
     if (!running_.load() || shutdown_requested_.load()) throw StatusError(Stopped());
     queue_.Add(std::move(entries));
   }
-  if (!negotiating_.load()) cv_.notify_one();
+  // A caller that Drives wakes the engine thread itself if it cannot run the cycle.
+  if ((wake || !any_thread_) && !negotiating_.load()) cv_.notify_one();
   return states;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <future>
 #include <memory>
@@ -16,6 +17,8 @@
 #include "backends/registry.h"
 #include "engine/autotune.h"
 #include "engine/controller.h"
+#include "engine/executor.h"
+#include "engine/in_flight.h"
 #include "engine/op_state.h"
 #include "engine/process_set.h"
 #include "engine/tensor_queue.h"
@@ -57,13 +60,24 @@ class Engine {
   // its state (with on_done set) or leave it to the engine. Returns
   // the ops' states, in order. Throws StatusError on bad input, a name already in
   // flight, before init, or after the engine stopped (with the reason).
-  std::vector<std::shared_ptr<OpState>> Enqueue(std::vector<TensorEntry> entries);
+  // `wake` false: the caller waits for these ops at once and will run the cycle itself
+  // (Drive), so the engine thread is not woken for them.
+  std::vector<std::shared_ptr<OpState>> Enqueue(std::vector<TensorEntry> entries, bool wake = true);
+  // Called by a thread about to wait for `state`: when the engine thread is not in a
+  // cycle and every backend of the job may be called from any thread (tcp, shm), runs the
+  // next cycles on this thread (negotiation and execution: the same cycles, in the same
+  // lockstep with the peers, as the engine thread's) until the op is done or a few cycles
+  // passed, then hands back to the engine thread. Saves the engine thread's wake-up and
+  // the caller's at each end of a small blocking op. Returns whether the op is done.
+  bool Drive(const OpState& state);
   Completions& completions() { return completions_; }
   // An op's state from the engine's free list (the C API's, which sets on_done).
   std::shared_ptr<OpState> NewOpState() { return op_states_.New(); }
   // Heap allocations of op states, queue entries and queue nodes since the process
   // started: flat over the steps of a job in steady state (tests read it).
   int64_t OpAllocations() const { return op_states_.made() + queue_.made(); }
+  // Cycles run by API threads (Drive) since the process started.
+  int64_t DrivenCycles() const { return driven_cycles_.load(); }
   std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
   std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
 
@@ -80,6 +94,9 @@ class Engine {
 
  private:
   void Loop(std::promise<Status>* ready);
+  // One cycle over the new requests in incoming_: negotiation, execution. Holds cycle_mu_. Returns
+  // false when the engine must stop (then stop_ says why and stopping_ is set).
+  bool RunCycle();
   void Connect();
   std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
   void ChangeProcessSets(const Response& r);
@@ -96,6 +113,26 @@ class Engine {
   // This rank has tensors in negotiation: an enqueue then waits for the next
   // cycle (batching with others) instead of starting one at once.
   std::atomic<bool> negotiating_{false};
+  // Every backend of this job is AnyThread: API threads may Drive.
+  bool any_thread_ = false;
+
+  // Whoever runs a cycle (the engine thread or a Driving API thread) holds cycle_mu_;
+  // what a cycle uses is guarded by it.
+  std::mutex cycle_mu_;
+  std::unique_ptr<InFlight> in_flight_;
+  std::unique_ptr<Executor> executor_;
+  Status stop_;                        // why the loop ends (OK: our own shutdown)
+  std::atomic<bool> stopping_{false};  // a cycle ended the job: no more cycles
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point next_cycle_;                               // when the next cycle is due
+  std::chrono::duration<double, std::milli> cycle_wait_{1.0};  // the pause before it
+  std::atomic<bool> handed_back_{false};  // a Drive left work for the engine thread
+  std::thread::id engine_thread_;         // the loop's thread
+  std::atomic<int64_t> driven_cycles_{0};
+  // A cycle's new requests and result, kept from cycle to cycle (under cycle_mu_): no
+  // allocation per cycle.
+  std::vector<Request> incoming_;
+  CycleResult cr_;
 
   Completions completions_;
   TensorQueue queue_;

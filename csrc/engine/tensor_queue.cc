@@ -3,6 +3,16 @@
 #include <algorithm>
 
 namespace spark_hvd {
+namespace {
+
+// An op whose execution must stay on the engine thread (device work, process sets' new
+// communicators, join).
+bool ThreadBound(const Request& r) {
+  return r.device != kCpuDevice || r.op == OpType::kJoin || r.op == kAddProcessSet ||
+         r.op == kRemoveProcessSet;
+}
+
+}  // namespace
 
 void TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -40,6 +50,7 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
   // 2. Add them, each in a node and an entry kept from an earlier op where there is one.
   for (auto& e : entries) {
     new_.push_back(e.req);
+    if (ThreadBound(e.req)) ++thread_bound_;
     EntryPtr owned(new (entry_list_->Get(sizeof(TensorEntry))) TensorEntry(std::move(e)),
                    EntryRecycler(entry_list_));
     if (owned->req.op == OpType::kJoin) {
@@ -62,6 +73,15 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
   has_new_.store(!new_.empty(), std::memory_order_seq_cst);
 }
 
+bool TensorQueue::TakeNewOffThread(std::vector<Request>* out) {
+  out->clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (thread_bound_ > 0) return false;
+  out->swap(new_);  // new_ keeps out's old capacity
+  has_new_.store(false, std::memory_order_seq_cst);
+  return true;
+}
+
 void TensorQueue::TakeNew(std::vector<Request>* out) {
   out->clear();
   std::lock_guard<std::mutex> lock(mu_);
@@ -75,6 +95,7 @@ EntryPtr TensorQueue::Take(int32_t process_set, const std::string& name) {
   if (it == entries_.end()) return nullptr;
   Map::node_type node = entries_.extract(it);
   EntryPtr e = std::move(node.mapped());
+  if (ThreadBound(e->req)) --thread_bound_;
   if (spare_.size() < kKeep) {
     if (spare_.capacity() == 0) spare_.reserve(kKeep);
     spare_.push_back(std::move(node));
@@ -84,6 +105,7 @@ EntryPtr TensorQueue::Take(int32_t process_set, const std::string& name) {
 
 EntryPtr TensorQueue::TakeJoin() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (join_) --thread_bound_;
   return std::move(join_);
 }
 
@@ -96,6 +118,7 @@ void TensorQueue::FailAll(Completions* completions, const Status& status) {
     join = std::move(join_);
     new_.clear();
     has_new_.store(false, std::memory_order_seq_cst);
+    thread_bound_ = 0;
   }
   for (auto& kv : entries) {
     completions->Complete(*kv.second->state, status.WithTensor(kv.second->req.name));

@@ -67,6 +67,10 @@ class TensorQueue {
   // first); the queue keeps out's old capacity for the next ones, so neither side
   // allocates a vector per cycle.
   void TakeNew(std::vector<Request>* out);
+  // The same for a cycle run on an API thread (Engine::Drive): false, taking nothing,
+  // while this rank holds an op that only the engine thread may run (a device tensor's,
+  // a join, a process-set change).
+  bool TakeNewOffThread(std::vector<Request>* out);
   // The entry for a negotiated tensor (null when this rank holds none: it joined,
   // or is not in the process set).
   EntryPtr Take(int32_t process_set, const std::string& name);
@@ -102,6 +106,7 @@ class TensorQueue {
   std::vector<const Request*> seen_;   // Add's duplicate check, reused
   std::shared_ptr<FreeList> entry_list_ = std::make_shared<FreeList>(kKeep);
   std::atomic<int64_t> nodes_made_{0};
+  int64_t thread_bound_ = 0;  // entries held that TakeNewOffThread must not run
   EntryPtr join_;
   std::vector<Request> new_;
   std::atomic<bool> has_new_{false};  // !new_.empty(), stored under mu_

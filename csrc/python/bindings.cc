@@ -85,6 +85,20 @@ std::shared_ptr<void> OwnerOf(py::object obj) {
                                [](void* p) { ReleaseLater(static_cast<PyObject*>(p)); });
 }
 
+// An op's input/output address: an int, or a numpy array's data pointer (the numpy
+// layer passes its C-contiguous arrays: arr.ctypes.data would cost it ~1.5 us each).
+uintptr_t AddressOf(py::handle obj) {
+  if (py::isinstance<py::array>(obj)) {
+    auto arr = py::reinterpret_borrow<py::array>(obj);
+    if (!(arr.flags() & py::array::c_style)) {
+      Raise(Status::InvalidArgument(
+          "an op's input or output array must be C-contiguous; pass np.ascontiguousarray(a)"));
+    }
+    return reinterpret_cast<uintptr_t>(arr.data());
+  }
+  return obj.cast<uintptr_t>();
+}
+
 // One op as Python describes it (spark_hvd._ops.submit builds it with keyword fields):
 // parsed into the engine's TensorEntry once, with the GIL held, when the op is
 // submitted. enqueue() moves the entry out; an Op is submitted once.
@@ -94,8 +108,8 @@ struct Op {
 };
 
 Op MakeOp(OpType op, const std::string& name, DataType dtype, std::vector<int64_t> shape,
-          uintptr_t input, uintptr_t output, ReduceOp reduce_op, double prescale, double postscale,
-          int root, int process_set, int device, std::vector<int64_t> splits,
+          py::handle input, py::handle output, ReduceOp reduce_op, double prescale,
+          double postscale, int root, int process_set, int device, std::vector<int64_t> splits,
           const std::string& group, int group_size, py::object owner, uintptr_t stream) {
   Op o;
   TensorEntry& e = o.entry;
@@ -113,8 +127,8 @@ Op MakeOp(OpType op, const std::string& name, DataType dtype, std::vector<int64_
   r.splits = std::move(splits);
   r.group = group;
   r.group_size = group_size;
-  e.input = reinterpret_cast<const void*>(input);
-  e.output = reinterpret_cast<void*>(output);
+  e.input = reinterpret_cast<const void*>(AddressOf(input));
+  e.output = reinterpret_cast<void*>(AddressOf(output));
   e.owner = OwnerOf(std::move(owner));
   e.stream = reinterpret_cast<void*>(stream);
   // A device op's ready event, recorded on its producer stream now, at submit (events.h).
@@ -134,6 +148,16 @@ struct Work {
   std::shared_ptr<OpState> state;
   DataType dtype;  // of the op's tensors (a GPU output's DLPack type)
 };
+
+// The engine's Enqueue with its errors raised as Python exceptions (GIL held: the
+// engine only queues, and wakes its thread).
+std::vector<std::shared_ptr<OpState>> EnqueueEntries(std::vector<TensorEntry> entries, bool wake) {
+  try {
+    return TheEngine().Enqueue(std::move(entries), wake);
+  } catch (const StatusError& e) {
+    Raise(e.status());
+  }
+}
 
 // The core's codes as enum.IntEnum subclasses (spark_hvd._types re-exports them):
 // members compare, hash and pickle as the ints they are, so ReduceOp.SUM == 0
@@ -269,10 +293,11 @@ PYBIND11_MODULE(_core, m) {
   m.def("size", [] { return TheEngine().size(); });
   m.def("controller", [] { return TheEngine().controller_name(); });
 
-  // An op to enqueue: keyword fields only. input/output are addresses (stream: the
-  // CUDA stream that produced a device input, 0 for the default one), and owner is
-  // the Python object that keeps them valid; the core holds it until the op is
-  // finished with, even when the returned Work is dropped first.
+  // An op to enqueue: keyword fields only. input/output are addresses (ints, or
+  // C-contiguous numpy arrays standing for their data pointers; stream: the CUDA stream
+  // that produced a device input, 0 for the default one), and owner is the Python
+  // object that keeps them valid; the core holds it until the op is finished with,
+  // even when the returned Work is dropped first.
   py::class_<Op>(m, "Op")
       .def(py::init(&MakeOp), py::kw_only(), py::arg("op"), py::arg("name"), py::arg("dtype"),
            py::arg("shape"), py::arg("input") = 0, py::arg("output") = 0,
@@ -284,34 +309,60 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("name", [](const Op& o) { return o.entry.req.name; });
 
   // One or more Ops, queued together or not at all (a group is never half submitted).
-  m.def("enqueue", [](const std::vector<Op*>& ops) {
-    DrainReleases();
-    std::vector<TensorEntry> entries;
-    entries.reserve(ops.size());
-    for (Op* o : ops) {
-      if (o->submitted) {
-        Raise(Status::InvalidArgument("op '" + o->entry.req.name +
-                                      "' was submitted already; make a new Op for each submit"));
-      }
-    }
-    std::vector<DataType> dtypes;
-    for (Op* o : ops) {
-      o->submitted = true;
-      dtypes.push_back(o->entry.req.dtype);
-      entries.push_back(std::move(o->entry));
-    }
-    std::vector<std::shared_ptr<OpState>> states;
-    try {
-      states = TheEngine().Enqueue(std::move(entries));
-    } catch (const StatusError& e) {
-      Raise(e.status());
-    }
-    py::list works;
-    for (size_t i = 0; i < states.size(); ++i) {
-      works.append(Work{std::move(states[i]), dtypes[i]});
-    }
-    return works;
-  });
+  // wake=False: the caller waits for these ops right away (a blocking API call), and its
+  // wait runs the cycle (Engine::Drive): the engine thread is not woken for them.
+  m.def(
+      "enqueue",
+      [](const std::vector<Op*>& ops, bool wake) {
+        DrainReleases();
+        std::vector<TensorEntry> entries;
+        entries.reserve(ops.size());
+        for (Op* o : ops) {
+          if (o->submitted) {
+            Raise(
+                Status::InvalidArgument("op '" + o->entry.req.name +
+                                        "' was submitted already; make a new Op for each submit"));
+          }
+        }
+        std::vector<DataType> dtypes;
+        for (Op* o : ops) {
+          o->submitted = true;
+          dtypes.push_back(o->entry.req.dtype);
+          entries.push_back(std::move(o->entry));
+        }
+        std::vector<std::shared_ptr<OpState>> states = EnqueueEntries(std::move(entries), wake);
+        py::list works;
+        for (size_t i = 0; i < states.size(); ++i) {
+          works.append(Work{std::move(states[i]), dtypes[i]});
+        }
+        return works;
+      },
+      py::arg("ops"), py::arg("wake") = true);
+
+  // One op alone, with the fields positional in Op's order: what enqueue([Op(...)])
+  // does, without the keyword parsing, the Op and the lists (the per-call cost of a
+  // small blocking collective; spark_hvd._ops.submit uses it outside a batch). wake as
+  // enqueue's.
+  m.def(
+      "submit",
+      [](OpType op, const std::string& name, DataType dtype, std::vector<int64_t> shape,
+         py::handle input, py::handle output, ReduceOp reduce_op, double prescale, double postscale,
+         int root, int process_set, int device, std::vector<int64_t> splits,
+         const std::string& group, int group_size, py::object owner, uintptr_t stream, bool wake) {
+        DrainReleases();
+        Op o = MakeOp(op, name, dtype, std::move(shape), input, output, reduce_op, prescale,
+                      postscale, root, process_set, device, std::move(splits), group, group_size,
+                      std::move(owner), stream);
+        std::vector<TensorEntry> entries;
+        entries.push_back(std::move(o.entry));
+        std::vector<std::shared_ptr<OpState>> states = EnqueueEntries(std::move(entries), wake);
+        return Work{std::move(states[0]), dtype};
+      },
+      py::arg("op"), py::arg("name"), py::arg("dtype"), py::arg("shape"), py::arg("input"),
+      py::arg("output"), py::arg("reduce_op"), py::arg("prescale"), py::arg("postscale"),
+      py::arg("root"), py::arg("process_set"), py::arg("device"), py::arg("splits"),
+      py::arg("group"), py::arg("group_size"), py::arg("owner"), py::arg("stream"),
+      py::arg("wake") = true);
 
   // An enqueued op, as the caller holds it (c10d's Work): dropping it never
   // frees what the op is still using; a result nobody claims is freed with it.
@@ -324,7 +375,14 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "wait",
           [](const Work& w, double timeout_s) {
-            bool done = Native([&] { return TheEngine().completions().Wait(*w.state, timeout_s); });
+            // A wait long enough to be a real one first runs the engine's next cycles on
+            // this thread where the job allows it (Engine::Drive): no thread hand-off.
+            const bool drive = timeout_s < 0 || timeout_s >= 0.1;
+            bool done = Native([&] {
+              Engine& engine = TheEngine();
+              return (drive && engine.Drive(*w.state)) ||
+                     engine.completions().Wait(*w.state, timeout_s);
+            });
             DrainReleases();
             return done;
           },
@@ -387,12 +445,17 @@ PYBIND11_MODULE(_core, m) {
       "over the steps of a job in steady state (the engine reuses them).");
   m.def(
       "engine_allocations", [] { return CountedAllocations(); },
-      "Heap allocations (operator new) made by the engine's thread since the process "
-      "started: flat over the steps of a job in steady state (common/alloc_count.h).");
+      "Heap allocations (operator new) made by the engine's thread, and by the engine "
+      "cycles API threads run (Drive), since the process started: flat over the steps of a "
+      "job in steady state (common/alloc_count.h).");
   m.def(
       "_probe_allocations", [] { return ProbeCountedAllocations(); },
       "Self-check of engine_allocations' hook: what it counts of a vector and a string "
       "growing on the heap (>= 2 when it sees both).");
+  m.def(
+      "driven_cycles", [] { return TheEngine().DrivenCycles(); },
+      "Engine cycles run on API threads waiting for their op (Engine::Drive) since the "
+      "process started.");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {

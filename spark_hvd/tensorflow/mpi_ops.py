@@ -35,7 +35,8 @@ from spark_hvd.tensorflow import _async
 from spark_hvd.tensorflow._async import RunTimeScale
 from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
                                         _first_dim_unknown, _not_autograph, _rest, _set_shape,
-                                        collective_name, host_call, in_order, kernels)
+                                        collective_name, host_call, in_order, kernels,
+                                        records_gradient)
 from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import broadcast_variables
 
@@ -138,7 +139,7 @@ def _allreduce_raw(tensor, op, prescale, postscale, name, process_set):
 
 
 def _allreduce_dense(tensor, op, prescale, postscale, name, process_set):
-    if not _differentiable(tensor.dtype):
+    if not _differentiable(tensor.dtype) or not records_gradient():
         return _allreduce_raw(tensor, op, prescale, postscale, name, process_set)
 
     @tf.custom_gradient
@@ -222,7 +223,7 @@ def _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set):
 
 
 def _grouped_allreduce_dense(tensors, op, prescale, postscale, name, process_set):
-    if not any(_differentiable(t.dtype) for t in tensors):
+    if not any(_differentiable(t.dtype) for t in tensors) or not records_gradient():
         return _grouped_allreduce_raw(tensors, op, prescale, postscale, name, process_set)
 
     @tf.custom_gradient
@@ -318,7 +319,7 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
     name = collective_name(name, "allgather", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
-    if not _differentiable(tensor.dtype):
+    if not _differentiable(tensor.dtype) or not records_gradient():
         return _allgather_raw(tensor, name, process_set)
 
     @tf.custom_gradient
@@ -403,7 +404,7 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
     name = collective_name(name, "broadcast", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
-    if not _differentiable(tensor.dtype):
+    if not _differentiable(tensor.dtype) or not records_gradient():
         return _broadcast_raw(tensor, root_rank, name, process_set)
 
     @tf.custom_gradient

@@ -30,7 +30,6 @@ from spark_hvd._basics import rank
 from spark_hvd._types import ReduceOp
 from spark_hvd.torch._gather_ops import (allgather_async, alltoall_async, grouped_allgather_async,
                                          grouped_reducescatter_async, reducescatter_async)
-from spark_hvd.torch._handles import synchronize
 from spark_hvd.torch._reduce_ops import allreduce_async, broadcast_async, grouped_allreduce_async
 
 
@@ -42,14 +41,14 @@ class AllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (name, op, prescale, postscale, process_set)
-        return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale,
-                                           process_set))
+        return _ops.blocking(allreduce_async, tensor, None, name, op, prescale, postscale,
+                             process_set)
 
     @staticmethod
     def backward(ctx, grad):
         name, op, prescale, postscale, process_set = ctx.args
-        g = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name), op,
-                                        prescale, postscale, process_set))
+        g = _ops.blocking(allreduce_async, grad.contiguous(), None, _grad_name(name), op,
+                          prescale, postscale, process_set)
         return g, None, None, None, None, None
 
 
@@ -57,15 +56,14 @@ class GroupedAllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (name, op, prescale, postscale, process_set)
-        return tuple(synchronize(grouped_allreduce_async(
-            tensors, None, name, op, prescale, postscale, process_set)))
+        return tuple(_ops.blocking(grouped_allreduce_async,
+                                   tensors, None, name, op, prescale, postscale, process_set))
 
     @staticmethod
     def backward(ctx, *grads):
         name, op, prescale, postscale, process_set = ctx.args
-        gs = synchronize(grouped_allreduce_async(
-            [g.contiguous() for g in grads], None, _grad_name(name), op, prescale, postscale,
-            process_set))
+        gs = _ops.blocking(grouped_allreduce_async, [g.contiguous() for g in grads], None,
+                           _grad_name(name), op, prescale, postscale, process_set)
         return (None, None, None, None, None, *gs)
 
 
@@ -76,12 +74,11 @@ def _own_rows(grads, rows, name, process_set):
     allgather of them gives every rank's offsets.
     """
     k = len(rows)
-    every = synchronize(allgather_async(
-        torch.tensor([rows], dtype=torch.int64), f"{name}.sizes" if name else None,
-        process_set)).reshape(-1, k)
-    averaged = synchronize(grouped_allreduce_async(
-        [g.contiguous() for g in grads], None, name, ReduceOp.AVERAGE,
-        process_set=process_set))
+    every = _ops.blocking(allgather_async, torch.tensor([rows], dtype=torch.int64),
+                          f"{name}.sizes" if name else None, process_set).reshape(-1, k)
+    averaged = _ops.blocking(grouped_allreduce_async,
+                             [g.contiguous() for g in grads], None, name, ReduceOp.AVERAGE,
+                             process_set=process_set)
     me = process_set.rank()
     starts = every[:me].sum(dim=0).tolist()
     return [g.narrow(0, start, n) for g, start, n in zip(averaged, starts, rows)]
@@ -96,7 +93,7 @@ class AllgatherFn(torch.autograd.Function):
     def forward(ctx, tensor, name, process_set):
         ctx.args = (name, process_set)
         ctx.shape = tensor.shape
-        return synchronize(allgather_async(tensor, name, process_set))
+        return _ops.blocking(allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx, grad):
@@ -110,7 +107,7 @@ class GroupedAllgatherFn(torch.autograd.Function):
     def forward(ctx, name, process_set, *tensors):
         ctx.args = (name, process_set)
         ctx.shapes = [t.shape for t in tensors]
-        return tuple(synchronize(grouped_allgather_async(tensors, name, process_set)))
+        return tuple(_ops.blocking(grouped_allgather_async, tensors, name, process_set))
 
     @staticmethod
     def backward(ctx, *grads):
@@ -124,13 +121,13 @@ class BroadcastFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.args = (root_rank, name, process_set)
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _ops.blocking(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx, grad):
         root_rank, name, process_set = ctx.args
-        averaged = synchronize(allreduce_async(grad.contiguous(), None, _grad_name(name),
-                                               ReduceOp.AVERAGE, process_set=process_set))
+        averaged = _ops.blocking(allreduce_async, grad.contiguous(), None, _grad_name(name),
+                                 ReduceOp.AVERAGE, process_set=process_set)
         if rank() != root_rank:  # a global rank, as in Horovod
             averaged = torch.zeros_like(averaged)
         return averaged, None, None, None
@@ -140,7 +137,7 @@ class AlltoallFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
         ctx.args, ctx.rows = (name, process_set), tensor.shape[0]
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        out, received = _ops.blocking(alltoall_async, tensor, splits, name, process_set)
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return out, received
@@ -148,8 +145,8 @@ class AlltoallFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_splits):
         name, process_set = ctx.args
-        g, _ = synchronize(alltoall_async(grad.contiguous(), ctx.received, _grad_name(name),
-                                          process_set))
+        g, _ = _ops.blocking(alltoall_async, grad.contiguous(), ctx.received, _grad_name(name),
+                             process_set)
         if g.shape[0] < ctx.rows:  # rows after the splits' sum were not sent
             g = torch.cat([g, g.new_zeros((ctx.rows - g.shape[0],) + tuple(g.shape[1:]))])
         return g, None, None, None
@@ -168,13 +165,13 @@ class ReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.args = (name, process_set, _reducescatter_scale(op, process_set, prescale, postscale))
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale,
-                                               postscale))
+        return _ops.blocking(reducescatter_async, tensor, name, op, process_set, prescale,
+                             postscale)
 
     @staticmethod
     def backward(ctx, grad):
         name, process_set, scale = ctx.args
-        g = synchronize(allgather_async(grad.contiguous(), _grad_name(name), process_set))
+        g = _ops.blocking(allgather_async, grad.contiguous(), _grad_name(name), process_set)
         return (g * scale if scale != 1.0 else g), None, None, None, None, None
 
 
@@ -182,12 +179,12 @@ class GroupedReducescatterFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.args = (name, process_set, _reducescatter_scale(op, process_set, prescale, postscale))
-        return tuple(synchronize(grouped_reducescatter_async(
-            tensors, name, op, process_set, prescale, postscale)))
+        return tuple(_ops.blocking(grouped_reducescatter_async,
+                                   tensors, name, op, process_set, prescale, postscale))
 
     @staticmethod
     def backward(ctx, *grads):
         name, process_set, scale = ctx.args
-        gs = synchronize(grouped_allgather_async([g.contiguous() for g in grads],
-                                                 _grad_name(name), process_set))
+        gs = _ops.blocking(grouped_allgather_async, [g.contiguous() for g in grads],
+                           _grad_name(name), process_set)
         return (None, None, None, None, None, *[g * scale if scale != 1.0 else g for g in gs])

@@ -24,15 +24,23 @@ def _name(name: Optional[str], op: str, process_set=None) -> str:
 
 
 def _submit(op: int, name: str, tensor: torch.Tensor, out: Optional[torch.Tensor], owner,
-            finish: Callable, **kw) -> Handle:
+            finish: Callable, reduce_op=_ops.Sum, prescale: float = 1.0, postscale: float = 1.0,
+            root: int = 0, process_set=_ops.global_process_set, splits=(), group: str = "",
+            group_size: int = 0) -> Handle:
     """Submits one op on ``tensor`` (into ``out``); ``owner`` holds every tensor
-    whose pointer goes to the core."""
+    whose pointer goes to the core. ``tensor`` has passed ``check``."""
+    out_ptr = out.data_ptr() if out is not None else 0
+    if not tensor.is_cuda:
+        return _ops.submit_op(op, name, dtype_code(tensor.dtype), tensor.shape, tensor.data_ptr(),
+                              out_ptr, owner, finish, reduce_op, prescale, postscale, root,
+                              process_set, -1, splits, group, group_size, 0)
     device, stream = device_of(tensor)
-    args = (op, name, dtype_code(tensor.dtype), shape_of(tensor), tensor.data_ptr(),
-            out.data_ptr() if out is not None else 0, owner, finish)
-    if device >= 0 and torch.cuda.current_device() != device:
+    args = (op, name, dtype_code(tensor.dtype), shape_of(tensor), tensor.data_ptr(), out_ptr,
+            owner, finish, reduce_op, prescale, postscale, root, process_set, device, splits,
+            group, group_size, stream)
+    if torch.cuda.current_device() != device:
         # The core records the op's ready event on the tensor's stream, with its device
         # current (torch's guard switches without making a context on another GPU).
         with torch.cuda.device(device):
-            return _ops.submit(*args, device=device, stream=stream, **kw)
-    return _ops.submit(*args, device=device, stream=stream, **kw)
+            return _ops.submit_op(*args)
+    return _ops.submit_op(*args)

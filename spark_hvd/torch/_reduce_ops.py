@@ -87,8 +87,8 @@ def allreduce_(tensor, average=None, name: Optional[str] = None, op=None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduces ``tensor`` across ranks in place and returns it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return _ops.blocking(allreduce_async_, tensor, average, name, op, prescale_factor,
+                         postscale_factor, process_set)
 
 
 # -- grouped allreduce --------------------------------------------------------------
@@ -124,8 +124,8 @@ def grouped_allreduce_async_(tensors, average=None, name: Optional[str] = None, 
 def grouped_allreduce_(tensors, average=None, name: Optional[str] = None, op=None,
                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> List[torch.Tensor]:
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return _ops.blocking(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                         postscale_factor, process_set)
 
 
 # -- sparse allreduce (allgather of indices and values) --------------------------------------
@@ -204,4 +204,4 @@ def broadcast_async_(tensor, root_rank: int, name: Optional[str] = None,
 
 def broadcast_(tensor, root_rank: int, name: Optional[str] = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _ops.blocking(broadcast_async_, tensor, root_rank, name, process_set)

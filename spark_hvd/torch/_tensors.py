@@ -44,10 +44,25 @@ def check(tensor, what: str) -> torch.Tensor:
 
     Raises InvalidArgumentError for non-tensors, CUDA tensors where the CUDA runtime
     does not load, tensors on other devices, sparse tensors and unsupported dtypes.
+    Called on every op: the common case (a strided CPU tensor of a supported dtype
+    that records no gradient) costs a few attribute reads.
     """
     if not isinstance(tensor, torch.Tensor):
         raise InvalidArgumentError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.device.type == "cuda":
+    if not tensor.is_cpu:
+        _check_device(tensor, what)
+    if tensor.layout is not torch.strided:
+        raise InvalidArgumentError(
+            f"{what}: {tensor.layout} tensors are not supported; convert with .to_dense() "
+            "(DistributedOptimizer(sparse_as_dense=True)) or use sparse_allreduce_async")
+    if tensor.dtype not in _CODES:
+        dtype_code(tensor.dtype)  # raises, naming the supported dtypes
+    # detach() makes a new tensor object; one that records no gradient has no history
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
+def _check_device(tensor: torch.Tensor, what: str) -> None:
+    if tensor.is_cuda:
         if not _gpu_operations():
             from spark_hvd import _core
 
@@ -58,15 +73,9 @@ def check(tensor, what: str) -> torch.Tensor:
                 "Install the nvidia-nccl and nvidia-cuda-runtime wheels (GPU builds of PyTorch "
                 "bring them) or set SPARK_HVD_CUDA_LIBRARY / SPARK_HVD_NCCL_LIBRARY, or move "
                 "the tensor to the CPU (tensor.cpu()).")
-    elif tensor.device.type != "cpu":
+    else:
         raise InvalidArgumentError(f"{what}: the tensor is on {tensor.device}; spark_hvd.torch "
                                    "supports CPU and CUDA tensors")
-    if tensor.layout != torch.strided:
-        raise InvalidArgumentError(
-            f"{what}: {tensor.layout} tensors are not supported; convert with .to_dense() "
-            "(DistributedOptimizer(sparse_as_dense=True)) or use sparse_allreduce_async")
-    dtype_code(tensor.dtype)
-    return tensor.detach()
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,7 +91,7 @@ def device_of(tensor: torch.Tensor) -> Tuple[int, int]:
     """(device id, producing stream) for the core: (-1, 0) for a CPU tensor; a CUDA
     tensor's ordinal and the current stream of its device (the core's NCCL work waits
     for what is queued there)."""
-    if tensor.device.type != "cuda":
+    if not tensor.is_cuda:
         return -1, 0
     return tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream
 
@@ -91,8 +100,8 @@ def contiguous(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_contiguous() else tensor.contiguous()
 
 
-def shape_of(tensor: torch.Tensor) -> List[int]:
-    return list(tensor.shape)
+def shape_of(tensor: torch.Tensor) -> Tuple[int, ...]:
+    return tensor.shape  # a torch.Size: a tuple of ints
 
 
 def from_result(result, dtype: torch.dtype) -> torch.Tensor:

@@ -258,6 +258,43 @@ def _(ctx):
     chk.done()
 
 
+@CASES.case("nccl_allreduce/device_ops_stay_on_the_engine_thread_beside_blocking_cpu_ops")
+def _(ctx):
+    """A thread waiting for a blocking CPU op runs the engine's cycles itself (Engine::Drive)
+    but never one that holds a GPU op: while a second thread makes blocking CPU allreduces,
+    GPU allreduces submitted here all run on the engine thread (a cycle that ran one on an
+    API thread stops the engine with an internal error: every op here would fail)."""
+    import threading
+
+    errors = []
+
+    def cpu_loop():
+        try:
+            for i in range(150):
+                got = hvd.allreduce(np.full(3, float(ctx.rank + i), np.float32), op=hvd.Sum,
+                                    name="g.drive.cpu")
+                want = sum(float(r + i) for r in range(ctx.size))
+                assert np.all(got == want), (i, got, want)
+        except Exception as exc:  # reported below, on the case's thread
+            errors.append(exc)
+
+    t = threading.Thread(target=cpu_loop)
+    t.start()
+    chk = Checks()
+    for step in range(30):
+        hs = [allreduce_async(values(np.float32, ctx.rank, (8,), salt=step + j),
+                              f"g.drive.gpu.{j}", "Sum") for j in range(3)]
+        for j, h in enumerate(hs):
+            want = reduce([values(np.float32, r, (8,), salt=step + j) for r in range(ctx.size)],
+                          "Sum", np.float32)
+            chk.same(wait_for(h, HANG_S, f"step {step} gpu tensor {j}", ctx), want,
+                     f"step {step} gpu tensor {j}")
+    t.join(HANG_S)
+    assert not t.is_alive(), "the CPU allreduce thread hangs"
+    assert not errors, errors[0]
+    chk.done()
+
+
 # -- ops with core-allocated GPU outputs ---------------------------------------------------
 
 @CASES.case("nccl_allgather/ragged_every_dtype")

@@ -330,6 +330,31 @@ def expected_gradients(dtype):
     }
 
 
+def check_eager_ops_without_a_tape_skip_custom_gradient():
+    """Eagerly with no GradientTape active, allreduce, broadcast and allgather give the same
+    result without tf.custom_gradient (~115 us a call); under a tape the gradient is
+    still Horovod's."""
+    r, n = rn()
+    x = tf.fill([3], float(r + 1))
+    real = tf.custom_gradient
+
+    def refused(f):
+        raise AssertionError("went through tf.custom_gradient")
+
+    tf.custom_gradient = refused
+    try:
+        same(hvd.allreduce(x, op=hvd.Sum, name="notape.ar"), tf.fill([3], n * (n + 1) / 2))
+        same(hvd.broadcast(x, n - 1, name="notape.bc"), tf.fill([3], float(n)))
+        same(hvd.allgather(x, name="notape.ag"),
+             tf.concat([tf.fill([3], float(j + 1)) for j in range(n)], 0))
+    finally:
+        tf.custom_gradient = real
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = hvd.allreduce(x, op=hvd.Sum, name="notape.tape") * (r + 1)
+    same(tape.gradient(loss, x), tf.fill([3], n * (n + 1) / 2))
+
+
 def check_gradients_match_closed_forms_eager():
     got = {d.name: op_gradients(d) for d in FLOATS}
     for d in FLOATS:

@@ -14,16 +14,12 @@ from spark_hvd.torch._tensors import check, from_result
 from spark_hvd.torch.compression import Compression
 from spark_hvd.torch.optimizer import GradientsPendingError, _make_groups, _parameter_names
 
-
-class _FakeCuda(torch.Tensor):
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
+from rank_ops import FakeCuda  # a CPU tensor that says it is on cuda:0
 
 
 def test_check_refuses_cuda_with_the_fix(monkeypatch):
     monkeypatch.setattr(_tensors, "_gpu_operations", lambda: False)
-    t = torch.Tensor._make_subclass(_FakeCuda, torch.ones(2))
+    t = torch.Tensor._make_subclass(FakeCuda, torch.ones(2))
     with pytest.raises(InvalidArgumentError) as info:
         check(t, "allreduce")
     msg = str(info.value)
@@ -39,7 +35,7 @@ def test_check_takes_cuda_where_the_cuda_runtime_loads_even_without_nccl(monkeyp
     monkeypatch.setattr(basics, "nccl_built", lambda: False)
     _tensors._gpu_operations.cache_clear()
     try:
-        t = torch.Tensor._make_subclass(_FakeCuda, torch.ones(2))
+        t = torch.Tensor._make_subclass(FakeCuda, torch.ones(2))
         assert check(t, "allreduce").device.type == "cuda"
     finally:
         _tensors._gpu_operations.cache_clear()
@@ -67,6 +63,8 @@ def test_check_detaches():
     x = torch.ones(3, requires_grad=True)
     out = check(x, "allreduce")
     assert not out.requires_grad and out.data_ptr() == x.data_ptr()
+    y = torch.ones(3)
+    assert check(y, "allreduce") is y  # nothing to detach: no new tensor per op
 
 
 def test_from_result_views_bytes_as_dtype():

@@ -202,6 +202,28 @@ def test_steady_steps_allocate_no_op_state_or_queue_entry():
         f"the engine thread made {engine_grown} heap allocations over 1800 steady ops")
 
 
+def test_a_caller_that_waits_runs_the_cycle_itself():
+    """Engine::Drive: a blocking op enqueued with wake=False is negotiated and executed on
+    the waiting thread (tcp and shm allow calls from any thread), not handed to the
+    engine thread, which is not even woken. Without Drive each op would wait for the
+    engine's idle tick (up to SPARK_HVD_IDLE_CYCLE_TIME_MS) and driven_cycles stays 0."""
+    from spark_hvd import _core
+    from spark_hvd._types import DataType, OpType
+
+    before = _core.driven_cycles()
+    for i in range(100):
+        x = np.full(4, float(i), np.float32)
+        op = _core.Op(op=OpType.ALLREDUCE, name="single.drive", dtype=DataType.FLOAT32,
+                      shape=[4], input=x.ctypes.data, output=x.ctypes.data, owner=x)
+        (work,) = _core.enqueue([op], wake=False)
+        assert work.wait()
+        work.result()
+        assert np.all(x == float(i))
+    driven = _core.driven_cycles() - before
+    # The engine's idle timer may take a few of the cycles; the caller runs the rest.
+    assert driven >= 50, f"only {driven} of 100 blocking ops' cycles ran on the caller"
+
+
 def test_repeated_steps_with_changing_shape_and_op():
     for s in range(20):
         x = sample(np.float32, (4,), s)
@@ -351,6 +373,68 @@ def test_part_of_a_group_is_refused():
         _ops.submit(OpType.ALLREDUCE, "single.part.0", numpy_code(x.dtype), x.shape,
                     x.ctypes.data, x.ctypes.data, (x,), lambda r: x, group="single.part",
                     group_size=2)
+
+
+def test_submit_takes_numpy_arrays_for_addresses():
+    """_core.submit (one op, positional) and Op take a C-contiguous array for an
+    address, and refuse any other array rather than read it in the wrong order."""
+    from spark_hvd import _core
+    from spark_hvd._types import DataType, OpType, ReduceOp
+
+    x = np.arange(6, dtype=np.float32)
+    out = np.zeros_like(x)
+    work = _core.submit(OpType.ALLREDUCE, "single.addr", DataType.FLOAT32, x.shape, x, out,
+                        ReduceOp.SUM, 2.0, 1.0, 0, 0, -1, (), "", 0, (x, out), 0)
+    assert work.wait(-1.0)
+    work.result()
+    same(out, x * 2)
+    (work,) = _core.enqueue([_core.Op(op=OpType.ALLREDUCE, name="single.addr.op",
+                                      dtype=DataType.FLOAT32, shape=x.shape, input=x,
+                                      output=out.ctypes.data, owner=(x, out))])
+    assert work.wait(-1.0)
+    work.result()
+    same(out, x)
+    strided = np.arange(12, dtype=np.float32)[::2]
+    with pytest.raises(hvd.InvalidArgumentError, match="C-contiguous"):
+        _core.submit(OpType.ALLREDUCE, "single.addr.strided", DataType.FLOAT32, strided.shape,
+                     strided, strided, ReduceOp.SUM, 1.0, 1.0, 0, 0, -1, (), "", 0, strided, 0)
+
+
+def test_one_op_goes_positional_and_a_batch_through_op(monkeypatch):
+    """Outside a submit_together block an op skips Op's keyword parsing (the per-call
+    cost of small blocking ops); inside one, every op is an Op enqueued together."""
+    from spark_hvd import _core
+
+    def refused(*args, **kwargs):
+        raise AssertionError("not on this path")
+
+    x = np.arange(3, dtype=np.float32)
+    with monkeypatch.context() as m:
+        m.setattr(_core, "Op", refused)
+        same(hvd.allreduce(x, name="single.path.one", op=hvd.Sum), x)
+        same(hvd.broadcast(x, 0, name="single.path.bcast"), x)
+        same(hvd.allgather(x, name="single.path.gather"), x)
+    with monkeypatch.context() as m:
+        m.setattr(_core, "submit", refused)
+        got = hvd.grouped_allreduce([x, x + 1], name="single.path.group", op=hvd.Sum)
+    same(got[0], x)
+    same(got[1], x + 1)
+
+
+def test_generated_names_are_distinct_across_threads():
+    import threading
+
+    from spark_hvd._runtime import RUNTIME
+
+    got, threads = [], []
+    for _ in range(4):
+        threads.append(threading.Thread(
+            target=lambda: got.extend(RUNTIME.auto_name("single.threads", 7) for _ in range(500))))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(got) == sorted(f"single.threads.noname.ps7.{n}" for n in range(2000))
 
 
 def test_group_with_an_invalid_member_submits_nothing():

@@ -22,6 +22,7 @@ class ShmBackend : public Backend {
     }
     return true;
   }
+  bool AnyThread() const override { return true; }
   bool Accepts(int32_t device, OpType, DataType) const override { return device == kCpuDevice; }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
     return ConnectShmAll(o);

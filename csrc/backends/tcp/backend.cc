@@ -21,6 +21,7 @@ class TcpBackend : public Backend {
     return false;
   }
   bool ControlPlane() const override { return true; }
+  bool AnyThread() const override { return true; }
   bool Accepts(int32_t device, OpType, DataType) const override { return device == kCpuDevice; }
   std::unique_ptr<Communicator> Connect(const BackendOptions& o) override {
     return TcpCommunicator::Connect(o, AllRanks(o.size), 0);
