@@ -154,6 +154,10 @@ def cache_stats() -> Dict[str, int]:
 def op_allocations() -> int:
     """Heap allocations of op states and queue entries since the process started: flat
     over the steps of a job in steady state (the engine reuses them)."""
+def engine_allocations() -> int:
+    """Heap allocations (operator new) made by the engine's thread, and by the engine
+    cycles API threads run (Drive), since the process started: flat over the steps of a
+    job in steady state (common/alloc_count.h)."""
 def driven_cycles() -> int:
     """Engine cycles run on API threads waiting for their op (instead of the engine's
     thread) since the process started."""

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "common/reduce.h"
 
@@ -9,12 +10,10 @@ namespace spark_hvd {
 namespace {
 
 // Do any two tensors' inputs/outputs share memory?
-bool Overlap(const ReduceArgs& a) {
-  struct Span {
-    uintptr_t begin, end;
-    size_t tensor;
-  };
-  std::vector<Span> spans;
+bool Overlap(const ReduceArgs& a, std::vector<HostReduceScratch::Span>* scratch) {
+  using Span = HostReduceScratch::Span;
+  std::vector<Span>& spans = *scratch;
+  spans.clear();
   const size_t dsize = DataTypeSize(a.dtype);
   for (size_t i = 0; i < a.tensors.size(); ++i) {
     const ReduceTensor& t = a.tensors[i];
@@ -71,17 +70,21 @@ void Prepare(const ReduceArgs& a, const ReduceTensor& t, void* dst) {
 }
 
 // The overlapping case: every input read into one packed buffer, reduced, copied out.
-Status Packed(const ReduceArgs& a, const SegmentReduce& reduce) {
+Status Packed(const ReduceArgs& a, const SegmentReduce& reduce, HostReduceScratch* scratch) {
   const size_t dsize = DataTypeSize(a.dtype);
   int64_t total = 0;
   for (const auto& t : a.tensors) total += t.count;
-  std::vector<uint8_t> packed(static_cast<size_t>(total) * dsize);
+  std::vector<uint8_t>& packed = scratch->packed;
+  if (packed.size() < static_cast<size_t>(total) * dsize) {
+    packed.resize(static_cast<size_t>(total) * dsize);
+  }
   size_t offset = 0;
   for (const auto& t : a.tensors) {
     Prepare(a, t, packed.data() + offset);
     offset += static_cast<size_t>(t.count) * dsize;
   }
-  Status s = ReducePrepared(a, {Segment{packed.data(), total}}, reduce);
+  scratch->segments.assign(1, Segment{packed.data(), total});
+  Status s = ReducePrepared(a, scratch->segments, reduce);
   if (!s.ok()) return s;
   offset = 0;
   for (const auto& t : a.tensors) {
@@ -100,16 +103,21 @@ double PostFactor(const ReduceArgs& a) {
              : a.postscale;
 }
 
-Status HostAllreduce(const ReduceArgs& a, const SegmentReduce& reduce) {
-  if (Overlap(a)) return Packed(a, reduce);
-  std::vector<Segment> segments;
-  std::vector<std::vector<uint8_t>> scratch(a.tensors.size());  // joined: neutral values
+Status HostAllreduce(const ReduceArgs& a, const SegmentReduce& reduce, HostReduceScratch* kept) {
+  std::optional<HostReduceScratch> local;  // a one-off's (made only then: it reserves)
+  HostReduceScratch* scratch = kept != nullptr ? kept : &local.emplace();
+  if (Overlap(a, &scratch->spans)) return Packed(a, reduce, scratch);
+  std::vector<Segment>& segments = scratch->segments;
+  segments.clear();
+  size_t joined = 0;  // tensors of a rank that has joined, each in its own scratch
   for (size_t i = 0; i < a.tensors.size(); ++i) {
     const ReduceTensor& t = a.tensors[i];
     void* dst = t.output;
     if (dst == nullptr) {
-      scratch[i].resize(static_cast<size_t>(t.count) * DataTypeSize(a.dtype));
-      dst = scratch[i].data();
+      if (scratch->neutral.size() <= joined) scratch->neutral.resize(joined + 1);
+      std::vector<uint8_t>& neutral = scratch->neutral[joined++];
+      neutral.resize(static_cast<size_t>(t.count) * DataTypeSize(a.dtype));
+      dst = neutral.data();
     }
     Prepare(a, t, dst);
     segments.push_back(Segment{dst, t.count});

@@ -9,16 +9,53 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backends/communicator.h"
 
 namespace spark_hvd {
 
-using SegmentReduce = std::function<Status(const std::vector<Segment>& segments, double scale)>;
+// The backend's reduction of prepared segments: a reference to the caller's callable
+// (valid for the call it is passed to), so that passing a lambda allocates nothing.
+class SegmentReduce {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same<std::decay_t<F>, SegmentReduce>::value>>
+  SegmentReduce(F&& f)  // NOLINT: implicit, from a lambda at the call
+      : fn_(const_cast<void*>(static_cast<const void*>(&f))),
+        call_([](void* fn, const std::vector<Segment>& segments, double scale) {
+          return (*static_cast<std::remove_reference_t<F>*>(fn))(segments, scale);
+        }) {}
+  Status operator()(const std::vector<Segment>& segments, double scale) const {
+    return call_(fn_, segments, scale);
+  }
 
-Status HostAllreduce(const ReduceArgs& args, const SegmentReduce& reduce);
+ private:
+  void* fn_;
+  Status (*call_)(void*, const std::vector<Segment>&, double);
+};
+
+// What HostAllreduce works in, kept by its caller (a communicator) from op to op so
+// that steady state allocates nothing: cleared, never shrunk.
+struct HostReduceScratch {
+  HostReduceScratch() {  // room for a fusion of 64 tensors from the start
+    segments.reserve(64);
+    spans.reserve(128);
+  }
+  std::vector<Segment> segments;
+  std::vector<std::vector<uint8_t>> neutral;  // a joined rank's tensors
+  std::vector<uint8_t> packed;                // tensors that share memory, packed
+  struct Span {
+    uintptr_t begin, end;
+    size_t tensor;
+  };
+  std::vector<Span> spans;  // the overlap check's
+};
+
+// `scratch` may be null (a one-off: local buffers).
+Status HostAllreduce(const ReduceArgs& args, const SegmentReduce& reduce,
+                     HostReduceScratch* scratch = nullptr);
 
 // What multiplies a reduced sum, as Horovod computes it: the postscale, divided by the
 // contributing ranks for Average (for every dtype: integers go through double and are

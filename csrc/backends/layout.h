@@ -16,7 +16,18 @@ namespace spark_hvd {
 
 class SegmentLayout {
  public:
-  SegmentLayout(const std::vector<Segment>& segments, size_t elem) {
+  // One to keep (a communicator's): room for a fusion of 64 tensors from the start.
+  SegmentLayout() {
+    ptrs_.reserve(64);
+    starts_.reserve(64);
+  }
+  SegmentLayout(const std::vector<Segment>& segments, size_t elem) { Reset(segments, elem); }
+  // Lays out `segments` anew, reusing this layout's vectors (a communicator keeps one:
+  // no allocation per op).
+  void Reset(const std::vector<Segment>& segments, size_t elem) {
+    ptrs_.clear();
+    starts_.clear();
+    bytes_ = 0;
     for (const auto& seg : segments) {
       if (seg.count <= 0) continue;
       ptrs_.push_back(static_cast<char*>(seg.data));

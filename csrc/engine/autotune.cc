@@ -106,7 +106,7 @@ void Autotuner::Apply(const CycleHeader& root, int64_t cycle) {
   searching_view_ = searching;
 }
 
-void Autotuner::Measure(const std::vector<Response>& responses) {
+void Autotuner::Measure(const ResponseList& responses) {
   if (!searching_ || responses.empty()) return;
   bool boundary = false;  // a name comes again: this cycle begins a new step
   int64_t bytes = 0;

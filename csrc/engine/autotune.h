@@ -71,7 +71,7 @@ class Autotuner {
   void Apply(const CycleHeader& root, int64_t cycle);
   // After fusion, rank 0 while searching: measures this cycle's responses and may
   // choose the parameters of the next cycle.
-  void Measure(const std::vector<Response>& responses);
+  void Measure(const ResponseList& responses);
 
   // The parameters in force (engine thread).
   int64_t fusion_threshold_bytes() const { return current_.fusion_threshold_bytes; }

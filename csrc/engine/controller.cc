@@ -18,8 +18,9 @@ bool Cacheable(const Request& r) {
           r.op == OpType::kAlltoall || r.op == OpType::kReducescatter);
 }
 
-std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
-  return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
+// The same shape after the first dimension (and the same rank)?
+bool SameTail(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  return a.size() == b.size() && (a.empty() || std::equal(a.begin() + 1, a.end(), b.begin() + 1));
 }
 
 }  // namespace
@@ -46,38 +47,54 @@ Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotu
       cache_(env::CacheCapacity()),
       stalls_(rank, sets),
       joined_(static_cast<size_t>(size), false),
-      join_cycle_(static_cast<size_t>(size), -1) {}
+      join_cycle_(static_cast<size_t>(size), -1),
+      cached_key_(static_cast<size_t>(cache_.capacity())) {
+  spare_local_.reserve(kKeepNodes);
+  key_.reserve(64);
+}
 
-void Controller::File(Request req) {
+void Controller::File(Request&& req) {
   if (req.op == OpType::kJoin) {
     join_pending_ = true;
     return;
   }
-  const std::string key = TensorKey(req);
+  AssignTensorKey(&key_, req.process_set, req.name);
   const bool cacheable = Cacheable(req);
-  int64_t slot = cacheable ? cache_.Find(key) : -1;
+  int64_t slot = cacheable ? cache_.Find(key_) : -1;
   if (slot >= 0 && cache_.Matches(slot, req)) {
-    cached_local_[slot] = key;
+    AssignKept(&cached_key_[static_cast<size_t>(slot)], key_);
     ++stats_->hits;
   } else {
-    to_send_.push_back(key);
+    to_send_.push_back(key_);
     if (cacheable) ++stats_->misses;
   }
-  local_[key] = std::move(req);
-}
-
-std::vector<int32_t> Controller::Active(const ProcessSet& set) const {
-  std::vector<int32_t> active;
-  for (int32_t r : set.ranks) {
-    if (!joined_[static_cast<size_t>(r)]) active.push_back(r);
+  auto it = local_.find(key_);
+  if (it != local_.end()) {
+    it->second = std::move(req);
+  } else if (spare_local_.empty()) {
+    std::string key;
+    AssignKept(&key, key_);  // as roomy as a refilled one: later keys fit it
+    local_.emplace(std::move(key), std::move(req));
+  } else {  // a node of an answered request, refilled
+    LocalMap::node_type node = std::move(spare_local_.back());
+    spare_local_.pop_back();
+    AssignKept(&node.key(), key_);
+    node.mapped() = std::move(req);
+    local_.insert(std::move(node));
   }
-  return active;
 }
 
-Response Controller::Build(const std::map<int32_t, Request>& requests,
-                           const ProcessSet* set) const {
+void Controller::Active(const ProcessSet& set, std::vector<int32_t>* out) const {
+  out->clear();
+  for (int32_t r : set.ranks) {
+    if (!joined_[static_cast<size_t>(r)]) out->push_back(r);
+  }
+}
+
+void Controller::Build(const std::map<int32_t, Request>& requests, const ProcessSet* set,
+                       Response* out) const {
   const Request& first = requests.begin()->second;
-  Response r;
+  Response& r = *out;
   r.op = first.op;
   r.dtype = first.dtype;
   r.reduce_op = first.reduce_op;
@@ -86,18 +103,26 @@ Response Controller::Build(const std::map<int32_t, Request>& requests,
   r.root = first.root;
   r.process_set = first.process_set;
   r.device = first.device;
-  r.active = Active(*set);
+  Active(*set, &r.active);
+  r.extra.clear();
+  r.error = StatusCode::kOk;
+  r.error_message.clear();
+  r.error_ranks.clear();
+  r.group.clear();
   // The tensor goes in first: an error response must still name it, so every
   // rank fails its own entry instead of waiting for it forever.
-  r.tensors.push_back({first.name, first.shape, {}});
-  ResponseTensor& t = r.tensors.back();
+  r.tensors.clear();
+  ResponseTensor& t = r.tensors.Add();
+  AssignKept(&t.name, first.name);  // within the kept capacities: no allocation
+  t.shape = first.shape;
+  t.rank_dims.clear();
 
-  const std::string what = "tensor '" + first.name + "' (" + OpTypeName(first.op) + ")";
+  auto what = [&] { return "tensor '" + first.name + "' (" + OpTypeName(first.op) + ")"; };
   auto mismatch = [&](const std::string& field, const std::string& a, int32_t rb,
                       const std::string& b) {
     r.error = StatusCode::kMismatch;
     r.error_ranks = {first.rank, rb};
-    r.error_message = what + ": " + field + " differs between ranks: rank " +
+    r.error_message = what() + ": " + field + " differs between ranks: rank " +
                       std::to_string(first.rank) + " has " + a + ", rank " + std::to_string(rb) +
                       " has " + b + ". Every rank must submit the same " + field + " for a name.";
   };
@@ -119,7 +144,7 @@ Response Controller::Build(const std::map<int32_t, Request>& requests,
     } else if (q.op == OpType::kBroadcast && q.root != first.root) {
       mismatch("root rank", std::to_string(first.root), q.rank, std::to_string(q.root));
     } else if ((q.op == OpType::kAllgather || q.op == OpType::kAlltoall) &&
-               (q.shape.size() != first.shape.size() || Tail(q.shape) != Tail(first.shape))) {
+               !SameTail(q.shape, first.shape)) {
       mismatch("shape after the first dimension", ShapeString(first.shape), q.rank,
                ShapeString(q.shape));
     } else if ((q.op == OpType::kAllreduce || q.op == OpType::kBroadcast ||
@@ -139,7 +164,7 @@ Response Controller::Build(const std::map<int32_t, Request>& requests,
       mismatch("group size (tensors in group '" + first.group + "')",
                std::to_string(first.group_size), q.rank, std::to_string(q.group_size));
     }
-    if (r.error != StatusCode::kOk) return r;
+    if (r.error != StatusCode::kOk) return;
   }
 
   const bool anyone_joined = r.active.size() != set->ranks.size();
@@ -151,15 +176,15 @@ Response Controller::Build(const std::map<int32_t, Request>& requests,
     // As Horovod: only allreduce (the joined ranks add zeros) and barrier go on.
     if (first.op != OpType::kAllreduce && first.op != OpType::kBarrier) {
       r.error = StatusCode::kInvalidArgument;
-      r.error_message = what + " is not supported while ranks " + RankList(joined) +
+      r.error_message = what() + " is not supported while ranks " + RankList(joined) +
                         " have joined (as in Horovod); only allreduce and barrier are";
-      return r;
+      return;
     }
     if (first.reduce_op == ReduceOp::kAdasum) {
       r.error = StatusCode::kInvalidArgument;
       r.error_message =
-          what + ": Adasum is not supported while ranks " + RankList(joined) + " have joined";
-      return r;
+          what() + ": Adasum is not supported while ranks " + RankList(joined) + " have joined";
+      return;
     }
   }
 
@@ -179,37 +204,44 @@ Response Controller::Build(const std::map<int32_t, Request>& requests,
       if (sr < 0) continue;
       if (kv.second.splits.size() != n) {
         r.error = StatusCode::kInvalidArgument;
-        r.error_message = what + ": rank " + std::to_string(kv.first) + " gave " +
+        r.error_message = what() + ": rank " + std::to_string(kv.first) + " gave " +
                           std::to_string(kv.second.splits.size()) + " splits for " +
                           std::to_string(n) + " ranks";
-        return r;
+        return;
       }
       for (size_t j = 0; j < n; ++j)
         t.rank_dims[static_cast<size_t>(sr) * n + j] = kv.second.splits[j];
     }
   } else if (first.op == kAddProcessSet || first.op == kRemoveProcessSet) {
-    r.extra = first.splits;
+    r.extra.assign(first.splits.begin(), first.splits.end());
   }
-  return r;
 }
 
-CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incoming, bool shutdown) {
+void Controller::Cycle(Communicator* control, std::vector<Request>* incoming, bool shutdown,
+                       CycleResult* out) {
   ++cycle_;
-  for (auto& r : incoming) File(std::move(r));
-  CycleRecords records = Exchange(control, shutdown);
+  for (auto& r : *incoming) File(std::move(r));
+  incoming->clear();
+  Exchange(control, shutdown);
+  const CycleRecords& records = records_;
 
-  CycleResult result;
+  CycleResult& result = *out;
+  result.responses.clear();
+  result.shutdown = false;
+  result.shutdown_ranks.clear();
+  result.idle = false;
   for (int32_t r = 0; r < size_; ++r) {
     if (records.headers[r].flags & kFlagShutdown) result.shutdown_ranks.push_back(r);
   }
   if (!result.shutdown_ranks.empty()) {
     result.shutdown = true;
-    return result;
+    return;
   }
   tuner_->Apply(records.headers[0], cycle_);
   ApplyJoins(records);
   ApplyRequests(records);
-  std::vector<Response> ready;
+  ResponseList& ready = ready_;
+  ready.clear();
   ReadyCached(records, &ready);
   ReadyTable(&ready);
   ReadyJoin(&ready);
@@ -219,31 +251,32 @@ CycleResult Controller::Cycle(Communicator* control, std::vector<Request> incomi
   Answered(ready);
   result.idle =
       !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() && table_.empty();
-  result.responses = FuseResponses(std::move(ready), tuner_->fusion_threshold_bytes());
+  FuseResponses(ready, tuner_->fusion_threshold_bytes(), &result.responses);
   tuner_->Measure(result.responses);
-  return result;
 }
 
-CycleRecords Controller::Exchange(Communicator* control, bool shutdown) {
-  Writer payload;
+void Controller::Exchange(Communicator* control, bool shutdown) {
+  Writer& payload = payload_;
+  payload.Clear();
   for (const auto& key : to_send_) {
     auto it = local_.find(key);
     if (it != local_.end()) WriteRequest(payload, it->second);
   }
   to_send_.clear();
-  CycleRecords x;
+  CycleRecords& x = records_;
   const int64_t bit_bytes = ((cache_.capacity() + 63) / 64) * 8;
   x.record_bytes = static_cast<int64_t>(sizeof(CycleHeader)) + bit_bytes;
-  std::vector<char> mine(static_cast<size_t>(x.record_bytes), 0);
+  std::vector<char>& mine = mine_;
+  mine.assign(static_cast<size_t>(x.record_bytes), 0);
   CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_), 0,
                 0};
   tuner_->Publish(&h);
   if (shutdown) h.flags |= kFlagShutdown;
   if (join_pending_) h.flags |= kFlagJoined;
   std::memcpy(mine.data(), &h, sizeof(h));
-  for (const auto& kv : cached_local_) {
-    mine[sizeof(CycleHeader) + static_cast<size_t>(kv.first / 8)] |=
-        static_cast<char>(1 << (kv.first % 8));
+  for (size_t slot = 0; slot < cached_key_.size(); ++slot) {
+    if (cached_key_[slot].empty()) continue;
+    mine[sizeof(CycleHeader) + slot / 8] |= static_cast<char>(1 << (slot % 8));
   }
   x.records.resize(static_cast<size_t>(x.record_bytes * size_));
   Status s = control->AllgatherFixed(mine.data(), x.records.data(), x.record_bytes);
@@ -257,12 +290,12 @@ CycleRecords Controller::Exchange(Communicator* control, bool shutdown) {
     x.uncached_bytes[r] = x.headers[r].uncached_bytes;
     total += x.uncached_bytes[r];
   }
+  x.uncached.clear();
   if (total > 0) {
     x.uncached.resize(static_cast<size_t>(total));
     s = control->Allgatherv(payload.data().data(), &x.uncached[0], x.uncached_bytes);
     if (!s.ok()) throw StatusError(s);
   }
-  return x;
 }
 
 void Controller::ApplyJoins(const CycleRecords& records) {
@@ -284,10 +317,10 @@ void Controller::ApplyRequests(const CycleRecords& records) {
       const int64_t slot = cache_.Find(key);
       if (slot >= 0) {
         cache_.Erase(slot);
-        auto it = cached_local_.find(slot);
-        if (it != cached_local_.end()) {
-          to_send_.push_back(it->second);  // resend in full next cycle
-          cached_local_.erase(it);
+        std::string& mine = cached_key_[static_cast<size_t>(slot)];
+        if (!mine.empty()) {
+          to_send_.push_back(mine);  // resend in full next cycle
+          mine.clear();
         }
       }
       TableEntry& te = table_[key];
@@ -301,7 +334,7 @@ void Controller::ApplyRequests(const CycleRecords& records) {
   }
 }
 
-void Controller::ReadyCached(const CycleRecords& records, std::vector<Response>* ready) {
+void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
   for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
     CacheSlot& cs = cache_.slot(slot);
     if (!cs.valid) continue;
@@ -310,24 +343,28 @@ void Controller::ReadyCached(const CycleRecords& records, std::vector<Response>*
       cache_.Erase(slot);
       continue;
     }
-    bool any = false;
-    for (int32_t m : set->ranks) any = any || records.Bit(m, slot);
-    const std::vector<int32_t> active = Active(*set);
-    bool every = !active.empty();
-    for (int32_t a : active) every = every && records.Bit(a, slot);
+    bool any = false, every = true, anyone_active = false;
+    for (int32_t m : set->ranks) {
+      const bool bit = records.Bit(m, slot);
+      any = any || bit;
+      if (joined_[static_cast<size_t>(m)]) continue;
+      anyone_active = true;
+      every = every && bit;
+    }
+    every = every && anyone_active;
     if (any && cs.first_bit_cycle < 0) {
       cs.first_bit_cycle = cycle_;
       cs.first_bit_us = NowMicros();
     }
     if (every) {
-      ready->push_back(Build(cs.requests, set));
+      Build(cs.requests, set, &ready->Add());  // into a kept response: no allocation
       cs.first_bit_cycle = -1;
       cs.reported = false;
     }
   }
 }
 
-void Controller::ReadyTable(std::vector<Response>* ready) {
+void Controller::ReadyTable(ResponseList* ready) {
   // Entries every active member submitted, in first-seen order.
   std::vector<std::pair<int64_t, std::string>> order;
   for (const auto& kv : table_) order.emplace_back(kv.second.seq, kv.first);
@@ -346,11 +383,12 @@ void Controller::ReadyTable(std::vector<Response>* ready) {
       resp.error_message = "process set " + std::to_string(first.process_set) +
                            " does not exist (removed?) for tensor '" + first.name + "'";
     } else {
-      const std::vector<int32_t> active = Active(*set);
+      std::vector<int32_t> active;
+      Active(*set, &active);
       bool every = !active.empty();
       for (int32_t a : active) every = every && te.requests.count(a) > 0;
       if (!every) continue;
-      resp = Build(te.requests, set);
+      Build(te.requests, set, &resp);
       if (resp.error == StatusCode::kOk && Cacheable(first) &&
           te.requests.size() == set->ranks.size()) {
         cache_.Put(te.requests);
@@ -366,7 +404,7 @@ void Controller::ReadyTable(std::vector<Response>* ready) {
   groups.Close(&table_, ready);
 }
 
-void Controller::ReadyJoin(std::vector<Response>* ready) {
+void Controller::ReadyJoin(ResponseList* ready) {
   if (!std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) return;
   int32_t last = 0;
   for (int32_t r = 0; r < size_; ++r) {
@@ -378,13 +416,19 @@ void Controller::ReadyJoin(std::vector<Response>* ready) {
   ready->push_back(std::move(j));
 }
 
-void Controller::Answered(const std::vector<Response>& responses) {
+void Controller::Answered(const ResponseList& responses) {
   for (const Response& r : responses) {
     if (r.op == OpType::kJoin) join_pending_ = false;
-    for (const auto& t : r.tensors) local_.erase(TensorKey(r.process_set, t.name));
+    for (const auto& t : r.tensors) {
+      AssignTensorKey(&key_, r.process_set, t.name);
+      auto it = local_.find(key_);
+      if (it == local_.end()) continue;
+      LocalMap::node_type node = local_.extract(it);  // kept for File to refill
+      if (spare_local_.size() < kKeepNodes) spare_local_.push_back(std::move(node));
+    }
   }
-  for (auto it = cached_local_.begin(); it != cached_local_.end();) {
-    it = local_.count(it->second) ? std::next(it) : cached_local_.erase(it);
+  for (std::string& key : cached_key_) {
+    if (!key.empty() && !local_.count(key)) key.clear();
   }
 }
 

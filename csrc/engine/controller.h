@@ -51,7 +51,7 @@
 namespace spark_hvd {
 
 struct CycleResult {
-  std::vector<Response> responses;
+  ResponseList responses;
   bool shutdown = false;
   std::vector<int32_t> shutdown_ranks;
   // Nothing pending on any rank (no request, cache bit, join or partial group):
@@ -65,26 +65,31 @@ class Controller {
   Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner,
              CacheStats* stats);
 
-  // Runs one negotiation cycle over this rank's new requests. Throws StatusError
-  // when the control plane fails.
-  CycleResult Cycle(Communicator* control, std::vector<Request> incoming, bool shutdown);
+  // Runs one negotiation cycle over this rank's new requests, moved out of *incoming
+  // (left empty, its capacity kept), into *result (refilled: a result kept from cycle
+  // to cycle, like the controller's own buffers, allocates nothing in steady state).
+  // Throws StatusError when the control plane fails.
+  void Cycle(Communicator* control, std::vector<Request>* incoming, bool shutdown,
+             CycleResult* result);
 
   // Has this rank requests (or a join) not yet answered by a response?
   bool HasPending() const { return !local_.empty() || join_pending_; }
 
  private:
-  void File(Request req);                                       // step 1
-  CycleRecords Exchange(Communicator* control, bool shutdown);  // steps 2-3
-  void ApplyJoins(const CycleRecords& records);                 // step 4
-  void ApplyRequests(const CycleRecords& records);              // step 4
-  void ReadyCached(const CycleRecords& records, std::vector<Response>* ready);
-  void ReadyTable(std::vector<Response>* ready);  // steps 4-5 (groups)
-  void ReadyJoin(std::vector<Response>* ready);   // step 5
+  void File(Request&& req);                             // step 1
+  void Exchange(Communicator* control, bool shutdown);  // steps 2-3, into records_
+  void ApplyJoins(const CycleRecords& records);         // step 4
+  void ApplyRequests(const CycleRecords& records);      // step 4
+  void ReadyCached(const CycleRecords& records, ResponseList* ready);
+  void ReadyTable(ResponseList* ready);  // steps 4-5 (groups)
+  void ReadyJoin(ResponseList* ready);   // step 5
   // Forgets this rank's record of every tensor a response answers.
-  void Answered(const std::vector<Response>& responses);
+  void Answered(const ResponseList& responses);
 
-  Response Build(const std::map<int32_t, Request>& requests, const ProcessSet* set) const;
-  std::vector<int32_t> Active(const ProcessSet& set) const;
+  // Fills *r (every field: it may be a kept one) with the response to `requests`.
+  void Build(const std::map<int32_t, Request>& requests, const ProcessSet* set, Response* r) const;
+  // The set's ranks that have not joined.
+  void Active(const ProcessSet& set, std::vector<int32_t>* out) const;
 
   int32_t rank_;
   int32_t size_;
@@ -102,10 +107,23 @@ class Controller {
   std::vector<int64_t> join_cycle_;
 
   // This rank only.
-  std::map<std::string, Request> local_;         // unanswered requests, by TensorKey
-  std::deque<std::string> to_send_;              // TensorKeys to send in full
-  std::map<int64_t, std::string> cached_local_;  // slot -> TensorKey (sent as a bit)
+  using LocalMap = std::map<std::string, Request>;
+  LocalMap local_;                   // unanswered requests, by TensorKey
+  std::deque<std::string> to_send_;  // TensorKeys to send in full
+  // By cache slot: the TensorKey of this rank's request sent as that slot's bit, or "".
+  std::vector<std::string> cached_key_;
   bool join_pending_ = false;
+
+  // Reused every cycle, so that a steady cycle allocates nothing: nodes of answered
+  // requests (refilled by File), a key being looked up, the exchange's buffers and
+  // records, the ready responses before fusion.
+  static constexpr size_t kKeepNodes = 1024;
+  std::vector<LocalMap::node_type> spare_local_;
+  std::string key_;
+  Writer payload_;
+  std::vector<char> mine_;
+  CycleRecords records_;
+  ResponseList ready_;
 };
 
 }  // namespace spark_hvd

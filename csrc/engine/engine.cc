@@ -7,6 +7,7 @@
 #include <map>
 
 #include "backends/host_adasum.h"
+#include "common/alloc_count.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/executor.h"
@@ -57,6 +58,7 @@ void Engine::Init(const EngineOptions& options) {
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "shvd_engine");  // top -H, perf (15 chars max)
 #endif
+    CountAllocations counted;  // _core.engine_allocations() (common/alloc_count.h)
     Loop(&ready);
   });
   Status s = fut.get();
@@ -195,7 +197,10 @@ void Engine::Loop(std::promise<Status>* ready) {
       handed_back_ = false;
       const bool due = Clock::now() >= next_cycle_ || shutdown_requested_.load() ||
                        (!negotiating_.load() && queue_.HasNew());
-      if (due && !RunCycle(queue_.TakeNew())) break;
+      if (due) {
+        queue_.TakeNew(&incoming_);
+        if (!RunCycle()) break;
+      }
       next = next_cycle_;
     }
     std::unique_lock<std::mutex> lock(mu_);
@@ -253,13 +258,14 @@ void Engine::Loop(std::promise<Status>* ready) {
   in_flight_.reset();
 }
 
-bool Engine::RunCycle(std::vector<Request> incoming) {
+bool Engine::RunCycle() {
+  CountAllocations counted;  // on a Driving API thread too (common/alloc_count.h)
   const auto start = Clock::now();
   const bool want_shutdown = shutdown_requested_.load();
-  CycleResult cr;
+  const CycleResult& cr = cr_;
   Status stop = Status::OK();
   try {
-    cr = controller_->Cycle(control_, std::move(incoming), want_shutdown);
+    controller_->Cycle(control_, &incoming_, want_shutdown, &cr_);
   } catch (const StatusError& e) {
     stop = e.status();
   } catch (const std::exception& e) {
@@ -341,10 +347,9 @@ bool Engine::Drive(const OpState& state) {
   bool done = completions_.Done(state);
   for (int i = 0; i < kCycles && !done; ++i) {
     if (stopping_.load() || shutdown_requested_.load() || !executor_) break;
-    std::vector<Request> incoming;
-    if (!queue_.TakeNewOffThread(&incoming)) break;  // an op for the engine thread
+    if (!queue_.TakeNewOffThread(&incoming_)) break;  // an op for the engine thread
     driven_cycles_.fetch_add(1, std::memory_order_relaxed);
-    if (!RunCycle(std::move(incoming))) break;
+    if (!RunCycle()) break;
     done = completions_.Done(state);
   }
   const bool hand_back = stopping_.load() || negotiating_.load() || queue_.HasNew();

@@ -94,9 +94,9 @@ class Engine {
 
  private:
   void Loop(std::promise<Status>* ready);
-  // One cycle over the new requests `incoming`: negotiation, execution. Holds cycle_mu_. Returns
+  // One cycle over the new requests in incoming_: negotiation, execution. Holds cycle_mu_. Returns
   // false when the engine must stop (then stop_ says why and stopping_ is set).
-  bool RunCycle(std::vector<Request> incoming);
+  bool RunCycle();
   void Connect();
   std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
   void ChangeProcessSets(const Response& r);
@@ -129,6 +129,10 @@ class Engine {
   std::atomic<bool> handed_back_{false};  // a Drive left work for the engine thread
   std::thread::id engine_thread_;         // the loop's thread
   std::atomic<int64_t> driven_cycles_{0};
+  // A cycle's new requests and result, kept from cycle to cycle (under cycle_mu_): no
+  // allocation per cycle.
+  std::vector<Request> incoming_;
+  CycleResult cr_;
 
   Completions completions_;
   TensorQueue queue_;

@@ -10,8 +10,19 @@
 namespace spark_hvd {
 namespace {
 
-std::vector<int64_t> Tail(const std::vector<int64_t>& shape) {
-  return shape.empty() ? shape : std::vector<int64_t>(shape.begin() + 1, shape.end());
+// Elements of one row: the product of the dimensions after the first.
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// `rows`, then `shape` after its first dimension (one allocation: the caller's output).
+void SetOutputShape(std::vector<int64_t>* out, int64_t rows, const std::vector<int64_t>& shape) {
+  out->clear();
+  out->reserve(std::max<size_t>(shape.size(), 1));
+  out->push_back(rows);
+  for (size_t i = 1; i < shape.size(); ++i) out->push_back(shape[i]);
 }
 
 std::string Upper(std::string s) {
@@ -21,8 +32,10 @@ std::string Upper(std::string s) {
 
 }  // namespace
 
-void Executor::Phase(const Entries& es, const char* phase, int64_t start_us) {
+void Executor::Phase(const Entries& es, const Communicator* comm, const char* op,
+                     int64_t start_us) {
   if (!timeline_->active()) return;
+  const std::string phase = Upper(comm->name()) + op;
   int64_t now = NowMicros();
   for (const auto& e : es) {
     if (e) timeline_->Event(e->req.name, phase, start_us, now);
@@ -38,7 +51,12 @@ Status Executor::Execute(const Response& r) {
     }
     return Status::OK();
   }
-  Entries es;
+  Entries& es = es_;
+  es.clear();
+  struct Release {  // the entries go (their buffers' owners released) when the op is done
+    Entries& es;
+    ~Release() { es.clear(); }
+  } release{es};
   for (const auto& t : r.tensors) es.push_back(queue_->Take(r.process_set, t.name));
   auto fail_all = [&](const Status& s) {  // each entry's error names its own tensor
     for (auto& e : es) {
@@ -103,7 +121,12 @@ Status Executor::Execute(const Response& r) {
       break;
     case OpType::kBarrier: {
       s = comm->Barrier();
-      Phase(es, "BARRIER", start);
+      if (timeline_->active()) {
+        const int64_t now = NowMicros();
+        for (const auto& e : es) {
+          if (e) timeline_->Event(e->req.name, "BARRIER", start, now);
+        }
+      }
       break;
     }
     default:
@@ -128,7 +151,8 @@ Status Executor::Execute(const Response& r) {
 }
 
 Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
-  ReduceArgs args;
+  ReduceArgs& args = args_;
+  args.tensors.clear();
   args.dtype = r.dtype;
   args.op = r.reduce_op;
   args.prescale = r.prescale;
@@ -145,15 +169,15 @@ Status Executor::Allreduce(const Response& r, Entries& es, Communicator* comm) {
   const bool adasum = args.op == ReduceOp::kAdasum;
   Status s = adasum ? HostAdasum(args, comm) : comm->Allreduce(args);
   if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + (adasum ? "_ADASUM" : "_ALLREDUCE")).c_str(), t1);
+  Phase(es, comm, adasum ? "_ADASUM" : "_ALLREDUCE", t1);
   return Status::OK();
 }
 
 Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
   const ResponseTensor& t = r.tensors[0];
-  const int64_t row_bytes =
-      NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
-  std::vector<int64_t> bytes(t.rank_dims.size());
+  const int64_t row_bytes = RowElements(t.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  std::vector<int64_t>& bytes = bytes_;
+  bytes.resize(t.rank_dims.size());
   int64_t rows = 0;
   for (size_t i = 0; i < bytes.size(); ++i) {
     bytes[i] = t.rank_dims[i] * row_bytes;
@@ -167,11 +191,8 @@ Status Executor::Allgather(const Response& r, Entries& es, Communicator* comm) {
   int64_t t1 = NowMicros();
   s = comm->Allgatherv(e ? e->input : nullptr, out.data, bytes);
   if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_ALLGATHER").c_str(), t1);
-  if (e) {
-    e->state->output_shape = Tail(t.shape);
-    e->state->output_shape.insert(e->state->output_shape.begin(), rows);
-  }
+  Phase(es, comm, "_ALLGATHER", t1);
+  if (e) SetOutputShape(&e->state->output_shape, rows, t.shape);
   return Status::OK();
 }
 
@@ -195,7 +216,7 @@ Status Executor::Broadcast(const Response& r, Entries& es, Communicator* comm) {
   int64_t t1 = NowMicros();
   Status s = comm->Broadcast(buf, bytes, r.root);
   if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_BROADCAST").c_str(), t1);
+  Phase(es, comm, "_BROADCAST", t1);
   return Status::OK();
 }
 
@@ -203,9 +224,11 @@ Status Executor::Alltoall(const Response& r, Entries& es, Communicator* comm) {
   const ResponseTensor& t = r.tensors[0];
   const size_t n = static_cast<size_t>(comm->size());
   const size_t me = static_cast<size_t>(comm->rank());
-  const int64_t row_bytes =
-      NumElements(Tail(t.shape)) * static_cast<int64_t>(DataTypeSize(r.dtype));
-  std::vector<int64_t> send(n), recv(n), recv_rows(n);
+  const int64_t row_bytes = RowElements(t.shape) * static_cast<int64_t>(DataTypeSize(r.dtype));
+  std::vector<int64_t>&send = send_, &recv = recv_, &recv_rows = recv_rows_;
+  send.resize(n);
+  recv.resize(n);
+  recv_rows.resize(n);
   int64_t rows = 0;
   for (size_t j = 0; j < n; ++j) {
     send[j] = t.rank_dims[me * n + j] * row_bytes;
@@ -220,9 +243,8 @@ Status Executor::Alltoall(const Response& r, Entries& es, Communicator* comm) {
   int64_t t1 = NowMicros();
   s = comm->Alltoallv(e->input, send, e->state->output.data, recv);
   if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_ALLTOALL").c_str(), t1);
-  e->state->output_shape = Tail(t.shape);
-  e->state->output_shape.insert(e->state->output_shape.begin(), rows);
+  Phase(es, comm, "_ALLTOALL", t1);
+  SetOutputShape(&e->state->output_shape, rows, t.shape);
   e->state->received_splits = recv_rows;
   return Status::OK();
 }
@@ -240,11 +262,12 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   const int64_t base = d0 / size, rem = d0 % size;
   const int64_t my_rows = base + (me < rem ? 1 : 0);
   const int64_t first_row = me * base + std::min(me, rem);
-  const int64_t row_bytes = NumElements(Tail(t.shape)) * dsize;
+  const int64_t row_bytes = RowElements(t.shape) * dsize;
   Status s = comm->Allocate(my_rows * row_bytes, &e->state->output);
   if (!s.ok()) return s;
-  ReduceArgs args;
-  args.tensors = {ReduceTensor{e->input, nullptr, n}};
+  ReduceArgs& args = args_;
+  args.tensors.clear();
+  args.tensors.push_back(ReduceTensor{e->input, nullptr, n});
   args.dtype = r.dtype;
   args.op = r.reduce_op;
   args.prescale = r.prescale;
@@ -254,8 +277,8 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
   // Equal blocks where the backend has the collective; else reduce the whole tensor
   // and keep this rank's rows.
   const bool equal = rem == 0 && !t.shape.empty();
-  if (!equal || !comm->ReducescatterBlocks(args, my_rows * NumElements(Tail(t.shape)),
-                                           e->state->output.data, &s)) {
+  if (!equal ||
+      !comm->ReducescatterBlocks(args, my_rows * RowElements(t.shape), e->state->output.data, &s)) {
     // Host memory: this executor's scratch, reused. Device memory: a buffer of the op,
     // freed once the work on it is done (cudaFree waits for the device).
     Buffer full;
@@ -278,9 +301,8 @@ Status Executor::Reducescatter(const Response& r, Entries& es, Communicator* com
     }
   }
   if (!s.ok()) return s;
-  Phase(es, (Upper(comm->name()) + "_REDUCESCATTER").c_str(), t1);
-  e->state->output_shape = Tail(t.shape);
-  e->state->output_shape.insert(e->state->output_shape.begin(), my_rows);
+  Phase(es, comm, "_REDUCESCATTER", t1);
+  SetOutputShape(&e->state->output_shape, my_rows, t.shape);
   return Status::OK();
 }
 

@@ -25,7 +25,10 @@ class Executor {
         queue_(queue),
         completions_(completions),
         in_flight_(in_flight),
-        timeline_(timeline) {}
+        timeline_(timeline) {
+    es_.reserve(64);  // a fusion of 64 tensors before any growth
+    args_.tensors.reserve(64);
+  }
 
   // Executes one response. A non-OK return means a communicator failed: the
   // engine must stop (the response's own ops have already been failed).
@@ -38,7 +41,9 @@ class Executor {
   Status Broadcast(const Response& r, Entries& es, Communicator* comm);
   Status Alltoall(const Response& r, Entries& es, Communicator* comm);
   Status Reducescatter(const Response& r, Entries& es, Communicator* comm);
-  void Phase(const Entries& es, const char* phase, int64_t start_us);
+  // A timeline event per entry, named after the communicator's backend and `op` (built
+  // only while the timeline records).
+  void Phase(const Entries& es, const Communicator* comm, const char* op, int64_t start_us);
 
   int32_t rank_;
   ProcessSetTable* sets_;
@@ -49,6 +54,11 @@ class Executor {
   // Reducescatter of uneven rows on host memory: the whole reduced tensor, kept for the
   // next one (grown, never shrunk) so that steady state allocates nothing per op.
   std::vector<uint8_t> host_scratch_;
+  // The op's entries, arguments and byte counts, reused from op to op (cleared, their
+  // capacity kept): no allocation per op in steady state.
+  Entries es_;
+  ReduceArgs args_;
+  std::vector<int64_t> bytes_, send_, recv_, recv_rows_;
 };
 
 }  // namespace spark_hvd

@@ -13,21 +13,20 @@ bool SameKind(const Response& a, const Response& b) {
 
 }  // namespace
 
-std::vector<Response> FuseResponses(std::vector<Response> ready, int64_t threshold_bytes) {
-  std::vector<Response> out;
-  int64_t bytes = 0;  // of out.back()
-  for (auto& r : ready) {
+void FuseResponses(const ResponseList& ready, int64_t threshold_bytes, ResponseList* out) {
+  out->clear();
+  int64_t bytes = 0;  // of out->back()
+  for (const auto& r : ready) {
     const int64_t rb = r.TotalElements() * static_cast<int64_t>(DataTypeSize(r.dtype));
-    if (!out.empty() && threshold_bytes > 0 && Fusable(r) && Fusable(out.back()) &&
-        SameKind(out.back(), r) && bytes + rb <= threshold_bytes) {
-      for (auto& t : r.tensors) out.back().tensors.push_back(std::move(t));
+    if (!out->empty() && threshold_bytes > 0 && Fusable(r) && Fusable(out->back()) &&
+        SameKind(out->back(), r) && bytes + rb <= threshold_bytes) {
+      for (const auto& t : r.tensors) out->back().tensors.push_back(t);
       bytes += rb;
       continue;
     }
     bytes = rb;
-    out.push_back(std::move(r));
+    out->push_back(r);  // copied into a kept response (moving would hand its buffers away)
   }
-  return out;
 }
 
 }  // namespace spark_hvd

@@ -12,7 +12,8 @@ namespace spark_hvd {
 // Merges runs of compatible allreduce responses (same dtype, op, scale factors,
 // process set, device and contributing ranks; no error) while their total stays
 // within threshold_bytes (<= 0: no fusion). Order is kept. Fused Adasum tensors keep
-// their own coefficients (host_adasum.h).
-std::vector<Response> FuseResponses(std::vector<Response> ready, int64_t threshold_bytes);
+// their own coefficients (host_adasum.h). *out is refilled: its kept responses take copies
+// (no allocation once they have held as many tensors, as large).
+void FuseResponses(const ResponseList& ready, int64_t threshold_bytes, ResponseList* out);
 
 }  // namespace spark_hvd

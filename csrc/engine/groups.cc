@@ -70,7 +70,7 @@ std::string GroupPrefix(const std::string& name, size_t tensors) {
 
 }  // namespace
 
-void GroupsReady::Add(const Request& first, Response member, std::vector<Response>* ready) {
+void GroupsReady::Add(const Request& first, Response member, ResponseList* ready) {
   member.group = first.group;
   const std::string key = TensorKey(first.process_set, first.group);
   ReadyGroup& g = open_[key];
@@ -87,7 +87,7 @@ void GroupsReady::Add(const Request& first, Response member, std::vector<Respons
   open_.erase(key);
 }
 
-void GroupsReady::Close(MessageTable* table, std::vector<Response>* ready) {
+void GroupsReady::Close(MessageTable* table, ResponseList* ready) {
   for (auto& kv : open_) {
     const ReadyGroup& g = kv.second;
     auto error = std::find_if(g.members.begin(), g.members.end(),
@@ -105,9 +105,15 @@ void GroupsReady::Close(MessageTable* table, std::vector<Response>* ready) {
   open_.clear();
 }
 
-void FailWholeGroups(MessageTable* table, std::vector<Response>* ready, size_t from) {
+void FailWholeGroups(MessageTable* table, ResponseList* ready, size_t from) {
+  ResponseList& rs = *ready;
+  // Most cycles have no failed grouped tensor: then nothing to do, and nothing allocated.
+  bool any = false;
+  for (size_t i = from; i < rs.size() && !any; ++i) {
+    any = rs[i].error != StatusCode::kOk && !rs[i].group.empty();
+  }
+  if (!any) return;
   std::set<std::string> done;
-  std::vector<Response>& rs = *ready;
   std::vector<bool> merged(rs.size(), false);
   for (size_t i = from; i < rs.size(); ++i) {
     if (rs[i].error == StatusCode::kOk || rs[i].group.empty()) continue;

@@ -43,10 +43,10 @@ class GroupsReady {
  public:
   // Adds a ready member (or an error response for one); when that completes its
   // group without errors, appends the group's members to `ready` (step 2).
-  void Add(const Request& first, Response member, std::vector<Response>* ready);
+  void Add(const Request& first, Response member, ResponseList* ready);
   // Fails every group still open (an error, or incomplete: step 3), with the
   // table members of those groups (step 4).
-  void Close(MessageTable* table, std::vector<Response>* ready);
+  void Close(MessageTable* table, ResponseList* ready);
 
  private:
   std::map<std::string, ReadyGroup> open_;  // by the group's TensorKey
@@ -55,6 +55,6 @@ class GroupsReady {
 // Step 4 for the error responses in ready[from..] of grouped tensors (e.g. the stall
 // inspector's): the other error responses and the table entries of each such group
 // join the first one, whose message then names the group.
-void FailWholeGroups(MessageTable* table, std::vector<Response>* ready, size_t from);
+void FailWholeGroups(MessageTable* table, ResponseList* ready, size_t from);
 
 }  // namespace spark_hvd

@@ -1,5 +1,6 @@
 #include "engine/message.h"
 
+#include <cstdio>
 #include <cstring>
 
 namespace spark_hvd {
@@ -9,6 +10,13 @@ bool Request::Signature(const Request& o) const {
          reduce_op == o.reduce_op && prescale == o.prescale && postscale == o.postscale &&
          root == o.root && process_set == o.process_set && device == o.device &&
          splits == o.splits && group == o.group && group_size == o.group_size;
+}
+
+void AssignTensorKey(std::string* out, int32_t process_set, const std::string& name) {
+  char set[16];
+  const int n = std::snprintf(set, sizeof(set), "%d/", process_set);
+  out->assign(set, static_cast<size_t>(n));
+  out->append(name);
 }
 
 int64_t Response::TotalElements() const {

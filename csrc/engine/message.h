@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/kept_vector.h"
 #include "common/status.h"
 #include "common/types.h"
 
@@ -36,8 +37,22 @@ struct Request {
   bool Signature(const Request& other) const;
 };
 
-// One tensor inside a response.
+// One tensor inside a response. Copying one into another keeps the target's capacity
+// (AssignKept): the controller refills kept responses every cycle.
 struct ResponseTensor {
+  ResponseTensor() = default;
+  ResponseTensor(std::string n, std::vector<int64_t> s, std::vector<int64_t> d)
+      : name(std::move(n)), shape(std::move(s)), rank_dims(std::move(d)) {}
+  ResponseTensor(const ResponseTensor&) = default;
+  ResponseTensor(ResponseTensor&&) noexcept = default;
+  ResponseTensor& operator=(ResponseTensor&&) noexcept = default;
+  ResponseTensor& operator=(const ResponseTensor& o) {
+    AssignKept(&name, o.name);
+    shape = o.shape;
+    rank_dims = o.rank_dims;
+    return *this;
+  }
+
   std::string name;
   std::vector<int64_t> shape;  // the agreed shape (allgather/alltoall: of the lowest active rank)
   std::vector<int64_t> rank_dims;  // allgather: first dim per set rank;
@@ -53,16 +68,20 @@ struct Response {
   int32_t root = 0;
   int32_t process_set = 0;
   int32_t device = kCpuDevice;
-  std::vector<ResponseTensor> tensors;  // > 1 when fused
-  std::vector<int32_t> active;          // set ranks contributing real data (others joined)
-  std::vector<int64_t> extra;           // process-set members; join: {last joined rank}
-  StatusCode error = StatusCode::kOk;   // != kOk: every rank fails these tensors
+  KeptVector<ResponseTensor> tensors;  // > 1 when fused (kept: refilled without allocating)
+  std::vector<int32_t> active;         // set ranks contributing real data (others joined)
+  std::vector<int64_t> extra;          // process-set members; join: {last joined rank}
+  StatusCode error = StatusCode::kOk;  // != kOk: every rank fails these tensors
   std::string error_message;
   std::vector<int32_t> error_ranks;  // the evidence: stall: missing; mismatch: disagreeing
   std::string group;  // grouped ops: the group's name; a failure fails the whole group (groups.h)
 
   int64_t TotalElements() const;
 };
+
+// The responses of a cycle. The controller refills its lists every cycle: their elements,
+// with their strings and vectors, are kept (no allocation per op in steady state).
+using ResponseList = KeptVector<Response>;
 
 // Compact binary encoding used on the control plane.
 class Writer {
@@ -74,6 +93,7 @@ class Writer {
   void Vec(const std::vector<int64_t>& v);
   void Raw(const void* p, size_t n);
   std::string& data() { return buf_; }
+  void Clear() { buf_.clear(); }  // keeps the capacity
 
  private:
   std::string buf_;
@@ -100,6 +120,8 @@ inline std::string TensorKey(int32_t process_set, const std::string& name) {
   return std::to_string(process_set) + "/" + name;
 }
 inline std::string TensorKey(const Request& r) { return TensorKey(r.process_set, r.name); }
+// The same into *out, reusing its capacity (no allocation once it held as long a key).
+void AssignTensorKey(std::string* out, int32_t process_set, const std::string& name);
 
 void WriteRequest(Writer& w, const Request& r);
 Request ReadRequest(Reader& r);

@@ -28,8 +28,7 @@ int64_t StallInspector::Cutoff(const MessageTable& table, ResponseCache& cache) 
 
 void StallInspector::Report(const Request& first, int32_t process_set,
                             const std::vector<int32_t>& got, const std::vector<int32_t>& missing,
-                            int64_t since_us, bool warn, bool expire,
-                            std::vector<Response>* out) const {
+                            int64_t since_us, bool warn, bool expire, ResponseList* out) const {
   const std::string text = "tensor '" + first.name + "' (" + OpTypeName(first.op) +
                            ", process set " + std::to_string(process_set) +
                            ") was submitted by ranks " + RankList(got) + " but not yet by ranks " +
@@ -56,7 +55,7 @@ void StallInspector::Report(const Request& first, int32_t process_set,
 
 void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
                              const std::vector<bool>& joined, MessageTable* table,
-                             ResponseCache* cache, std::vector<Response>* out) {
+                             ResponseCache* cache, ResponseList* out) {
   const double check_s = env::StallCheckTimeS();
   const int64_t now = NowMicros();
   auto overdue = [&](bool reported, int64_t since_us) {

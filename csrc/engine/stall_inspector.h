@@ -25,13 +25,13 @@ class StallInspector {
   // tensors of the table and of the cache. Failed tensors leave the table, and
   // their error responses are appended to `out`.
   void Inspect(int64_t cutoff, const CycleRecords& records, const std::vector<bool>& joined,
-               MessageTable* table, ResponseCache* cache, std::vector<Response>* out);
+               MessageTable* table, ResponseCache* cache, ResponseList* out);
 
  private:
   // Warns and/or appends an error response for one stalled tensor.
   void Report(const Request& first, int32_t process_set, const std::vector<int32_t>& got,
               const std::vector<int32_t>& missing, int64_t since_us, bool warn, bool expire,
-              std::vector<Response>* out) const;
+              ResponseList* out) const;
 
   int32_t rank_;
   ProcessSetTable* sets_;

@@ -74,20 +74,19 @@ void TensorQueue::Add(std::vector<TensorEntry> entries) {
 }
 
 bool TensorQueue::TakeNewOffThread(std::vector<Request>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mu_);
   if (thread_bound_ > 0) return false;
-  out->swap(new_);
-  new_.clear();
+  out->swap(new_);  // new_ keeps out's old capacity
   has_new_.store(false, std::memory_order_seq_cst);
   return true;
 }
 
-std::vector<Request> TensorQueue::TakeNew() {
+void TensorQueue::TakeNew(std::vector<Request>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<Request> out;
-  out.swap(new_);
+  out->swap(new_);
   has_new_.store(false, std::memory_order_seq_cst);
-  return out;
 }
 
 EntryPtr TensorQueue::Take(int32_t process_set, const std::string& name) {

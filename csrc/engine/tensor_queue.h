@@ -63,8 +63,10 @@ class TensorQueue {
   void Add(std::vector<TensorEntry> entries);
   // Lock-free (the engine polls it while it spins); sequentially consistent with Add.
   bool HasNew() const { return has_new_.load(std::memory_order_seq_cst); }
-  // The requests added since the last call, in order of addition.
-  std::vector<Request> TakeNew();
+  // The requests added since the last call, in order of addition, into *out (emptied
+  // first); the queue keeps out's old capacity for the next ones, so neither side
+  // allocates a vector per cycle.
+  void TakeNew(std::vector<Request>* out);
   // The same for a cycle run on an API thread (Engine::Drive): false, taking nothing,
   // while this rank holds an op that only the engine thread may run (a device tensor's,
   // a join, a process-set change).

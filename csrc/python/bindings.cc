@@ -11,6 +11,7 @@
 
 #include "backends/cuda/events.h"
 #include "backends/cuda/loader.h"
+#include "common/alloc_count.h"
 #include "common/config.h"
 #include "common/env.h"
 #include "common/types.h"
@@ -45,9 +46,14 @@ auto Native(F&& f) -> decltype(f()) {
 }
 
 // Python objects whose last core reference went away on a thread without the
-// GIL (the engine's): decref'd by the next binding call that holds the GIL.
+// GIL (the engine's): decref'd by the next binding call that holds the GIL. The two
+// vectors trade places at each drain, keeping their capacity: the engine's push_back
+// allocates nothing per op in steady state.
+constexpr size_t kReleasesKept = 1024;
 std::mutex releases_mu;
 std::vector<PyObject*> releases;
+std::vector<PyObject*> draining;  // GIL held
+bool in_drain = false;            // GIL held
 
 void ReleaseLater(PyObject* obj) {
   if (PyGILState_Check()) {
@@ -59,12 +65,17 @@ void ReleaseLater(PyObject* obj) {
 }
 
 void DrainReleases() {  // GIL held
-  std::vector<PyObject*> batch;
+  // A decref may run Python code that calls a binding: that nested call leaves the
+  // objects released meanwhile to the next drain instead of swapping `draining` away.
+  if (in_drain) return;
+  in_drain = true;
   {
     std::lock_guard<std::mutex> lock(releases_mu);
-    batch.swap(releases);
+    draining.swap(releases);
   }
-  for (PyObject* obj : batch) Py_DECREF(obj);
+  for (PyObject* obj : draining) Py_DECREF(obj);
+  draining.clear();
+  in_drain = false;
 }
 
 // A Python object as the owner of an op's buffers, for the core to hold.
@@ -203,6 +214,9 @@ void BindEnums(py::module_& m) {
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
+  // Room for as many releases between two drains as a job keeps ops in flight.
+  releases.reserve(kReleasesKept);
+  draining.reserve(kReleasesKept);
   m.doc() = "spark_hvd native core (negotiation engine; tcp, gloo, mpi and nccl backends)";
   BindEnums(m);
 
@@ -429,6 +443,15 @@ PYBIND11_MODULE(_core, m) {
       "op_allocations", [] { return TheEngine().OpAllocations(); },
       "Heap allocations of op states and queue entries since the process started: flat "
       "over the steps of a job in steady state (the engine reuses them).");
+  m.def(
+      "engine_allocations", [] { return CountedAllocations(); },
+      "Heap allocations (operator new) made by the engine's thread, and by the engine "
+      "cycles API threads run (Drive), since the process started: flat over the steps of a "
+      "job in steady state (common/alloc_count.h).");
+  m.def(
+      "_probe_allocations", [] { return ProbeCountedAllocations(); },
+      "Self-check of engine_allocations' hook: what it counts of a vector and a string "
+      "growing on the heap (>= 2 when it sees both).");
   m.def(
       "driven_cycles", [] { return TheEngine().DrivenCycles(); },
       "Engine cycles run on API threads waiting for their op (Engine::Drive) since the "

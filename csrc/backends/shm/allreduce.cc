@@ -41,9 +41,12 @@ int ChunkOf(size_t e, size_t count, int n) {
 }  // namespace
 
 Status ShmCommunicator::Allreduce(const ReduceArgs& args) {
-  return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
-    return ReduceSegments(segments, args.dtype, args.op, scale);
-  });
+  return HostAllreduce(
+      args,
+      [&](const std::vector<Segment>& segments, double scale) {
+        return ReduceSegments(segments, args.dtype, args.op, scale);
+      },
+      &reduce_scratch_);
 }
 
 Status ShmCommunicator::ReduceSegments(const std::vector<Segment>& segments, DataType dtype,
@@ -56,7 +59,8 @@ Status ShmCommunicator::ReduceSegments(const std::vector<Segment>& segments, Dat
     return Status::OK();
   }
   const size_t elem = DataTypeSize(dtype);
-  SegmentLayout buf(segments, elem);
+  SegmentLayout& buf = layout_;  // kept: no allocation per op
+  buf.Reset(segments, elem);
   const size_t count = buf.bytes() / elem;
   const bool direct = ReducesDirect(buf.bytes(), count, size());
   const size_t per_round = group_->slot_bytes() / elem;
@@ -83,7 +87,8 @@ Status ShmCommunicator::DirectRound(const SegmentLayout& buf, size_t a, size_t b
   const int n = size();
   const Chain chain{GetReduceFn(dtype, op), dtype, scale};
   alignas(64) char acc[kBlockBytes];
-  std::vector<const char*> in(static_cast<size_t>(n));
+  std::vector<const char*>& in = in_;  // kept: no allocation per op
+  in.resize(static_cast<size_t>(n));
   const size_t block = kBlockBytes / elem;
   for (size_t e = a; e < b; e += block) {
     const size_t len = std::min(block, b - e);
@@ -111,7 +116,8 @@ Status ShmCommunicator::SlicedRound(const SegmentLayout& buf, size_t count, size
   auto piece = [&](int j) { return a + (b - a) * static_cast<size_t>(j) / static_cast<size_t>(n); };
   const Chain chain{GetReduceFnReversed(dtype, op), dtype, scale};
   alignas(64) char acc[kBlockBytes];
-  std::vector<const char*> in(static_cast<size_t>(n));
+  std::vector<const char*>& in = in_;  // kept: no allocation per op
+  in.resize(static_cast<size_t>(n));
   const size_t block = kBlockBytes / elem;
   for (size_t e = piece(rank_), end = piece(rank_ + 1); e < end;) {
     // Within one ring chunk: from its first rank around the ring.
@@ -153,7 +159,8 @@ bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block,
   const size_t last = first + static_cast<size_t>(block);
   const size_t per_round = group_->slot_bytes() / elem;
   alignas(64) char acc[kBlockBytes];
-  std::vector<const char*> in(static_cast<size_t>(n));
+  std::vector<const char*>& in = in_;  // kept: no allocation per op
+  in.resize(static_cast<size_t>(n));
   for (size_t a = 0; a < count; a += per_round) {
     const size_t b = std::min(count, a + per_round);
     uint64_t g;
@@ -215,7 +222,8 @@ Status ShmCommunicator::PieceRounds(const SegmentLayout& buf, size_t count, Data
   const char* what = reduce ? "allreduce (within the host)" : "allgather (within the host)";
   const Chain chain{GetReduceFn(dtype, op), dtype, 1.0};
   alignas(64) char acc[kBlockBytes];
-  std::vector<const char*> in(static_cast<size_t>(n));
+  std::vector<const char*>& in = in_;  // kept: no allocation per op
+  in.resize(static_cast<size_t>(n));
   for (size_t r0 = 0; r0 < longest; r0 += sub) {
     uint64_t g;
     Status s = group_->Next(what, &g);

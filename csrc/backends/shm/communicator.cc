@@ -114,7 +114,8 @@ Status ShmCommunicator::Allgatherv(const void* in, void* out,
 Status ShmCommunicator::Gather(const void* in, void* out,
                                const std::vector<int64_t>& bytes_per_rank, const char* what) {
   const size_t n = bytes_per_rank.size();
-  std::vector<size_t> offset(n + 1, 0);
+  std::vector<size_t>& offset = offset_;
+  offset.assign(n + 1, 0);
   for (size_t r = 0; r < n; ++r) offset[r + 1] = offset[r] + static_cast<size_t>(bytes_per_rank[r]);
   char* dst = static_cast<char*>(out);
   const size_t mine = static_cast<size_t>(bytes_per_rank[static_cast<size_t>(rank_)]);
@@ -145,13 +146,16 @@ Status ShmCommunicator::Gather(const void* in, void* out,
 
 Status ShmCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes) {
   // The engine's per-cycle exchange (and alltoall's sizes).
-  return Gather(in, out, std::vector<int64_t>(members_.size(), bytes), "exchange");
+  fixed_bytes_.assign(members_.size(), bytes);
+  return Gather(in, out, fixed_bytes_, "exchange");
 }
 
 Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                                   const std::vector<int64_t>& recv_bytes) {
   const size_t n = send_bytes.size();
-  std::vector<size_t> soff(n + 1, 0), roff(n + 1, 0);
+  std::vector<size_t>&soff = soff_, &roff = roff_;
+  soff.assign(n + 1, 0);
+  roff.assign(n + 1, 0);
   for (size_t r = 0; r < n; ++r) {
     soff[r + 1] = soff[r] + static_cast<size_t>(send_bytes[r]);
     roff[r + 1] = roff[r] + static_cast<size_t>(recv_bytes[r]);
@@ -165,7 +169,8 @@ Status ShmCommunicator::Alltoallv(const void* in, const std::vector<int64_t>& se
   // Rounds: each slot holds up to `part` bytes for every destination; as many rounds as
   // the largest block of any rank needs (one small allgather tells).
   int64_t my_most = *std::max_element(send_bytes.begin(), send_bytes.end());
-  std::vector<int64_t> most(n);
+  std::vector<int64_t>& most = most_;
+  most.resize(n);
   Status s = AllgatherFixed(&my_most, most.data(), sizeof(int64_t));
   if (!s.ok()) return s;
   const size_t part = group_->slot_bytes() / n;

@@ -42,6 +42,7 @@
 
 #include "backends/backend.h"
 #include "backends/communicator.h"
+#include "backends/host_reduce.h"
 #include "backends/layout.h"
 
 namespace spark_hvd {
@@ -118,6 +119,13 @@ class ShmCommunicator : public Communicator {
   int rank_;
   HostKeys hosts_;
   std::unique_ptr<shm::Group> group_;  // more than one member
+  // Reused by every op (cleared or resized, never shrunk): no allocation per op in steady
+  // state. Offsets and byte counts, the slots a reduction reads, HostAllreduce's scratch.
+  std::vector<size_t> offset_, soff_, roff_;
+  std::vector<int64_t> fixed_bytes_, most_;
+  std::vector<const char*> in_;
+  SegmentLayout layout_;
+  HostReduceScratch reduce_scratch_;
 };
 
 }  // namespace spark_hvd

@@ -73,6 +73,9 @@ Group::Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps
   for (size_t r = 0; r < socks_.size(); ++r) {
     if (socks_[r] >= 0) pidfds_[r] = PeerPidfd(socks_[r]);
   }
+  // Whole at once: the first long wait (maybe long after warm-up) allocates nothing.
+  pfds_.reserve(2 * socks_.size() + 1);
+  peers_.reserve(socks_.size());
 }
 
 Group::~Group() {
@@ -165,8 +168,10 @@ Status Group::Wait(Counter c, uint64_t round, const char* what, int peer) {
 }
 
 Status Group::CheckPeers(const char* what) {
-  std::vector<pollfd> pfds;  // each peer's socket (closed), then its pidfd (exited)
-  std::vector<int> peers;
+  std::vector<pollfd>& pfds = pfds_;  // each peer's socket (closed), then its pidfd (exited)
+  std::vector<int>& peers = peers_;
+  pfds.clear();
+  peers.clear();
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
     pfds.push_back(pollfd{socks_[static_cast<size_t>(r)], POLLRDHUP, 0});

@@ -24,6 +24,8 @@
 // peer seeing its connection close next reports that failure rather than this rank.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -82,6 +84,10 @@ class Group {
   uint64_t round_ = 0;     // the last round this rank started
   uint64_t all_seen_ = 0;  // every peer is known to have started this round
   Status broken_;
+  // CheckPeers' poll set (each peer's socket and pidfd, then the heartbeats' fd) and the
+  // peers it polls, kept: a long wait checks every kLiveCheckS without allocating.
+  std::vector<pollfd> pfds_;
+  std::vector<int> peers_;
 };
 
 // The set-up (connect.cc): this rank's segment made, every member's mapped, a

@@ -73,15 +73,18 @@ Status TcpCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
 }
 
 Status TcpCommunicator::Allreduce(const ReduceArgs& args) {
-  return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
-    if (mesh_) return mesh_->Allreduce(segments, args.dtype, args.op, scale);
-    if (scale != 1.0) {
-      for (const auto& s : segments) {
-        ScaleBuffer(s.data, static_cast<size_t>(s.count), args.dtype, scale);
-      }
-    }
-    return Status::OK();
-  });
+  return HostAllreduce(
+      args,
+      [&](const std::vector<Segment>& segments, double scale) {
+        if (mesh_) return mesh_->Allreduce(segments, args.dtype, args.op, scale);
+        if (scale != 1.0) {
+          for (const auto& s : segments) {
+            ScaleBuffer(s.data, static_cast<size_t>(s.count), args.dtype, scale);
+          }
+        }
+        return Status::OK();
+      },
+      &reduce_scratch_);
 }
 
 Status TcpCommunicator::Allgatherv(const void* in, void* out,

@@ -8,6 +8,7 @@
 
 #include "backends/backend.h"
 #include "backends/communicator.h"
+#include "backends/host_reduce.h"
 
 namespace spark_hvd {
 
@@ -41,7 +42,8 @@ class TcpCommunicator : public Communicator {
   BackendOptions options_;
   std::vector<int32_t> members_;  // job ranks
   int rank_;
-  std::unique_ptr<TcpMesh> mesh_;  // null with one rank
+  std::unique_ptr<TcpMesh> mesh_;     // null with one rank
+  HostReduceScratch reduce_scratch_;  // HostAllreduce's, kept: no allocation per op
 };
 
 }  // namespace spark_hvd

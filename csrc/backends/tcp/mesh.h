@@ -27,6 +27,7 @@
 // so does a peer the job's heartbeats (liveness.h) lost, as soon as they lose it.
 #pragma once
 
+#include <poll.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -129,7 +130,9 @@ class TcpMesh {
   // this rank's taken from `in` (which may already be that block).
   Status AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
                          const char* what);
-  std::vector<size_t> Offsets(const std::vector<int64_t>& bytes) const;
+  // Where each rank's block starts in a concatenation of blocks of these sizes (size + 1
+  // entries, the last one the total), into *offset.
+  void Offsets(const std::vector<int64_t>& bytes, std::vector<size_t>* offset) const;
 
   // One send() or recv() moves at most this much, so reducing and forwarding keep
   // pace with the wire instead of waiting for a whole chunk.
@@ -149,6 +152,17 @@ class TcpMesh {
   PeerLiveness* liveness_;        // may be null
   Status broken_;
   std::vector<char> scratch_;
+  // Reused by every op (cleared, never shrunk): no allocation per op in steady state.
+  // Block offsets and sizes, the transfers of an exchange, what it waits for, the poll
+  // set (and the peers it polls), a segment layout, the barrier's bytes.
+  std::vector<size_t> offset_, soff_, roff_;
+  std::vector<int64_t> fixed_bytes_;
+  std::vector<Transfer> xs_;
+  std::vector<std::pair<int, short>> waits_;
+  std::vector<pollfd> pfds_;
+  std::vector<int> poll_peers_;
+  SegmentLayout layout_;
+  std::vector<char> barrier_;
 };
 
 }  // namespace spark_hvd

@@ -28,7 +28,8 @@ Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, 
                           double scale) {
   if (!broken_.ok()) return broken_;
   const size_t elem = DataTypeSize(dtype);
-  SegmentLayout buf(segments, elem);
+  SegmentLayout& buf = layout_;  // kept: no allocation per op
+  buf.Reset(segments, elem);
   if (buf.bytes() == 0) return Status::OK();
   const size_t count = buf.bytes() / elem;
   // Small buffers go direct (one round trip, every rank receives everything); larger
@@ -50,7 +51,9 @@ Status TcpMesh::DirectAllreduce(const SegmentLayout& buf, DataType dtype, Reduce
   char* slots = scratch_.data();
   char* mine = slots + n * rank_;
   buf.CopyOut(mine);
-  Status s = AllgatherBlocks(mine, slots, Offsets(std::vector<int64_t>(size_, n)), "allreduce");
+  fixed_bytes_.assign(static_cast<size_t>(size_), static_cast<int64_t>(n));
+  Offsets(fixed_bytes_, &offset_);
+  Status s = AllgatherBlocks(mine, slots, offset_, "allreduce");
   if (!s.ok()) return s;
   ReduceFn fn = GetReduceFn(dtype, op);
   char* acc = slots + n * size_;
@@ -193,7 +196,8 @@ Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp
       continue;
     }
     // Nothing moved: wait for the wire.
-    std::vector<std::pair<int, short>> waits;
+    std::vector<std::pair<int, short>>& waits = waits_;
+    waits.clear();
     if (rk < steps) waits.emplace_back(prev, POLLIN);
     if (sk < steps && send_ready() > sent) waits.emplace_back(next, POLLOUT);
     Status s = Wait(waits, last_progress, "allreduce");

@@ -19,18 +19,20 @@ constexpr int64_t kChainBytes = 1 << 20;
 
 // Where each rank's block starts in a concatenation of blocks of these sizes
 // (size + 1 entries, the last one the total).
-std::vector<size_t> TcpMesh::Offsets(const std::vector<int64_t>& bytes) const {
-  std::vector<size_t> offset(static_cast<size_t>(size_) + 1, 0);
-  for (int p = 0; p < size_; ++p) offset[p + 1] = offset[p] + static_cast<size_t>(bytes[p]);
-  return offset;
+void TcpMesh::Offsets(const std::vector<int64_t>& bytes, std::vector<size_t>* offset) const {
+  offset->assign(static_cast<size_t>(size_) + 1, 0);
+  for (int p = 0; p < size_; ++p) (*offset)[p + 1] = (*offset)[p] + static_cast<size_t>(bytes[p]);
 }
 
 Status TcpMesh::AllgatherFixed(const void* in, void* out, int64_t bytes) {
-  return AllgatherBlocks(in, out, Offsets(std::vector<int64_t>(size_, bytes)), "control allgather");
+  fixed_bytes_.assign(static_cast<size_t>(size_), bytes);
+  Offsets(fixed_bytes_, &offset_);
+  return AllgatherBlocks(in, out, offset_, "control allgather");
 }
 
 Status TcpMesh::Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) {
-  return AllgatherBlocks(in, out, Offsets(bytes_per_rank), "allgather");
+  Offsets(bytes_per_rank, &offset_);
+  return AllgatherBlocks(in, out, offset_, "allgather");
 }
 
 Status TcpMesh::AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
@@ -40,7 +42,8 @@ Status TcpMesh::AllgatherBlocks(const void* in, void* out, const std::vector<siz
   char* mine = o + offset[rank_];
   const size_t n = offset[rank_ + 1] - offset[rank_];
   if (n > 0 && mine != in) std::memmove(mine, in, n);
-  std::vector<Transfer> xs;
+  std::vector<Transfer>& xs = xs_;
+  xs.clear();
   for (int k = 1; k < size_; ++k) {
     if (n > 0) xs.push_back({(rank_ + k) % size_, mine, n, true});
   }
@@ -87,7 +90,8 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
         last_progress = Clock::now();
         continue;
       }
-      std::vector<std::pair<int, short>> waits;
+      std::vector<std::pair<int, short>>& waits = waits_;
+      waits.clear();
       if (got < total) waits.emplace_back(prev, POLLIN);
       if (forward && sent < got) waits.emplace_back(next, POLLOUT);
       Status s = Wait(waits, last_progress, "broadcast");
@@ -95,7 +99,8 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
     }
     return Status::OK();
   }
-  std::vector<Transfer> xs;
+  std::vector<Transfer>& xs = xs_;
+  xs.clear();
   if (rank_ == root) {
     for (int k = 1; k < size_; ++k)
       xs.push_back({(rank_ + k) % size_, b, static_cast<size_t>(bytes), true});
@@ -108,13 +113,16 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
 Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes, void* out,
                           const std::vector<int64_t>& recv_bytes) {
   if (!broken_.ok()) return broken_;
-  const std::vector<size_t> soff = Offsets(send_bytes), roff = Offsets(recv_bytes);
+  std::vector<size_t>&soff = soff_, &roff = roff_;
+  Offsets(send_bytes, &soff);
+  Offsets(recv_bytes, &roff);
   const char* i = static_cast<const char*>(in);
   char* o = static_cast<char*>(out);
   if (send_bytes[rank_] > 0) {
     std::memcpy(o + roff[rank_], i + soff[rank_], static_cast<size_t>(send_bytes[rank_]));
   }
-  std::vector<Transfer> xs;
+  std::vector<Transfer>& xs = xs_;
+  xs.clear();
   for (int k = 1; k < size_; ++k) {
     const int p = (rank_ + k) % size_;
     if (send_bytes[p] > 0) {
@@ -131,8 +139,10 @@ Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes
 
 Status TcpMesh::Barrier() {
   char mine = 1;
-  std::vector<char> all(static_cast<size_t>(size_));
-  return AllgatherBlocks(&mine, all.data(), Offsets(std::vector<int64_t>(size_, 1)), "barrier");
+  barrier_.resize(static_cast<size_t>(size_));
+  fixed_bytes_.assign(static_cast<size_t>(size_), 1);
+  Offsets(fixed_bytes_, &offset_);
+  return AllgatherBlocks(&mine, barrier_.data(), offset_, "barrier");
 }
 
 }  // namespace spark_hvd

@@ -32,7 +32,15 @@ TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s,
       fds_(std::move(fds)),
       timeout_s_(timeout_s),
       members_(std::move(members)),
-      liveness_(liveness) {}
+      liveness_(liveness) {
+  // Whole at once: the first op to wait on the wire (maybe long after warm-up) allocates
+  // nothing.
+  const size_t n = static_cast<size_t>(size);
+  xs_.reserve(2 * n);
+  waits_.reserve(2 * n);
+  pfds_.reserve(n + 1);
+  poll_peers_.reserve(n);
+}
 
 TcpMesh::~TcpMesh() {
   for (int fd : fds_) {
@@ -129,8 +137,10 @@ ssize_t TcpMesh::Move(int peer, bool send, char* data, size_t len, const char* w
 
 Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
                      Clock::time_point last_progress, const char* what) {
-  std::vector<pollfd> pfds;
-  std::vector<int> peers;
+  std::vector<pollfd>& pfds = pfds_;
+  std::vector<int>& peers = poll_peers_;
+  pfds.clear();
+  peers.clear();
   for (const auto& w : waits) {
     auto it = std::find(peers.begin(), peers.end(), w.first);
     if (it != peers.end()) {
@@ -157,7 +167,7 @@ Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
 
 Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
   auto last_progress = Clock::now();
-  std::vector<std::pair<int, short>> waits;
+  std::vector<std::pair<int, short>>& waits = waits_;
   Status error;
   while (true) {
     bool progress = false;
