@@ -262,14 +262,17 @@ def _leaves_work_for_the_exit(where):
             os.close(os.open(os.path.join(where, "finalized"), os.O_CREAT | os.O_WRONLY))
 
     sys.modules["__main__"].left_behind = Teardown()
-    atexit.register(print, "atexit handler ran")
+    # Each line in one write: print() writes the text and its newline separately, and the
+    # child's flush after the function returns may fall between the two.
+    atexit.register(sys.stdout.write, "atexit handler ran\n")
 
     def late():
         time.sleep(0.2)
-        print("thread finished")
+        sys.stdout.write("thread finished\n")
     threading.Thread(target=late).start()
     from concurrent.futures import ThreadPoolExecutor
-    ThreadPoolExecutor(1).submit(print, "pool ran")  # left open: its thread waits for more
+    # Left open: its thread waits for more.
+    ThreadPoolExecutor(1).submit(sys.stdout.write, "pool ran\n")
     ctypes.CDLL(None).printf(b"printed by C\n")
     return 7
 
