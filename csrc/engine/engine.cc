@@ -288,8 +288,7 @@ bool Engine::RunCycle() {
   const bool api_thread = std::this_thread::get_id() != engine_thread_;
   for (const Response& r : cr.responses) {
     if (!stop.ok()) break;
-    if (api_thread && (r.device != kCpuDevice || r.op == OpType::kJoin || r.op == kAddProcessSet ||
-                       r.op == kRemoveProcessSet)) {
+    if (api_thread && RunsOnEngineThread(r)) {
       // TakeNewOffThread keeps these on the engine thread; reaching here is a bug.
       stop = Status::Internal(std::string("an API thread was about to run ") + OpTypeName(r.op) +
                               " on device " + std::to_string(r.device) +
@@ -332,6 +331,15 @@ bool Engine::RunCycle() {
   next_cycle_ = start + std::chrono::duration_cast<Clock::duration>(cycle_wait_);
   negotiating_ = controller_->HasPending();
   return true;
+}
+
+bool Engine::RunsOnEngineThread(const Response& r) {
+  if (r.op == OpType::kJoin || r.op == kAddProcessSet || r.op == kRemoveProcessSet) return true;
+  if (r.device == kCpuDevice || r.error != StatusCode::kOk) return false;  // an error: no work
+  // Device work, unless this rank is outside the response's set (the executor skips it:
+  // a set of other ranks' GPU op reaches every rank's response list).
+  ProcessSet* set = sets_.Get(r.process_set);
+  return set != nullptr && set->Contains(rank_);
 }
 
 bool Engine::Drive(const OpState& state) {

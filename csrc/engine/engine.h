@@ -96,6 +96,9 @@ class Engine {
   void Loop(std::promise<Status>* ready);
   // One cycle over the new requests in incoming_: negotiation, execution. Holds cycle_mu_. Returns
   // false when the engine must stop (then stop_ says why and stopping_ is set).
+  // Would executing `r` on this rank do work only the engine thread may do (device work
+  // of a set it belongs to, a join, a process-set change)?
+  bool RunsOnEngineThread(const Response& r);
   bool RunCycle();
   void Connect();
   std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
