@@ -334,7 +334,7 @@ bool Engine::RunCycle() {
 }
 
 bool Engine::RunsOnEngineThread(const Response& r) {
-  if (r.op == OpType::kJoin || r.op == kAddProcessSet || r.op == kRemoveProcessSet) return true;
+  if (EngineThreadOp(r.op)) return true;
   if (r.device == kCpuDevice || r.error != StatusCode::kOk) return false;  // an error: no work
   // Device work, unless this rank is outside the response's set (the executor skips it:
   // a set of other ranks' GPU op reaches every rank's response list).

@@ -94,11 +94,11 @@ class Engine {
 
  private:
   void Loop(std::promise<Status>* ready);
-  // One cycle over the new requests in incoming_: negotiation, execution. Holds cycle_mu_. Returns
-  // false when the engine must stop (then stop_ says why and stopping_ is set).
   // Would executing `r` on this rank do work only the engine thread may do (device work
   // of a set it belongs to, a join, a process-set change)?
   bool RunsOnEngineThread(const Response& r);
+  // One cycle over the new requests in incoming_: negotiation, execution. Holds cycle_mu_.
+  // Returns false when the engine must stop (then stop_ says why and stopping_ is set).
   bool RunCycle();
   void Connect();
   std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
@@ -116,7 +116,7 @@ class Engine {
   // This rank has tensors in negotiation: an enqueue then waits for the next
   // cycle (batching with others) instead of starting one at once.
   std::atomic<bool> negotiating_{false};
-  // Every backend of this job is AnyThread: API threads may Drive.
+  // Every backend of this job that runs CPU ops is AnyThread: API threads may Drive.
   bool any_thread_ = false;
 
   // Whoever runs a cycle (the engine thread or a Driving API thread) holds cycle_mu_;

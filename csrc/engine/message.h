@@ -17,6 +17,12 @@ namespace spark_hvd {
 constexpr OpType kAddProcessSet = static_cast<OpType>(100);
 constexpr OpType kRemoveProcessSet = static_cast<OpType>(101);
 
+// Ops the engine thread alone may carry out, whatever the device (Engine::Drive): a join
+// and the process-set changes, which build communicators of every backend.
+inline bool EngineThreadOp(OpType op) {
+  return op == OpType::kJoin || op == kAddProcessSet || op == kRemoveProcessSet;
+}
+
 struct Request {
   int32_t rank = 0;  // global rank of the submitter
   std::string name;

@@ -7,10 +7,7 @@ namespace {
 
 // An op whose execution must stay on the engine thread (device work, process sets' new
 // communicators, join).
-bool ThreadBound(const Request& r) {
-  return r.device != kCpuDevice || r.op == OpType::kJoin || r.op == kAddProcessSet ||
-         r.op == kRemoveProcessSet;
-}
+bool ThreadBound(const Request& r) { return r.device != kCpuDevice || EngineThreadOp(r.op); }
 
 }  // namespace
 
