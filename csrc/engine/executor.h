@@ -27,6 +27,7 @@ class Executor {
         in_flight_(in_flight),
         timeline_(timeline) {
     es_.reserve(64);  // a fusion of 64 tensors before any growth
+    done_.reserve(64);
     args_.tensors.reserve(64);
   }
 
@@ -57,6 +58,7 @@ class Executor {
   // The op's entries, arguments and byte counts, reused from op to op (cleared, their
   // capacity kept): no allocation per op in steady state.
   Entries es_;
+  std::vector<std::shared_ptr<OpState>> done_;  // the states of es_ as they complete
   ReduceArgs args_;
   std::vector<int64_t> bytes_, send_, recv_, recv_rows_;
 };
