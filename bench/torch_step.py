@@ -256,7 +256,7 @@ def main() -> None:
                   f"{n * args.batch / med[(name, n)]:>10.0f} {cpu_ms:>12.2f}")
     ratio = med[("spark_hvd", 2)] / med[("ddp", 2)]
     print(f"step time spark_hvd / ddp (2 ranks, medians): {ratio:.3f}"
-          f"  ({'meets' if ratio <= 1.0 else 'misses'} the <= 1.0 target)")
+          f"  ({'meets' if ratio <= 0.85 else 'misses'} the <= 0.85 goal)")
     for name in ("spark_hvd", "ddp"):
         eff = med[(name, 1)] / med[(name, 2)]  # (2B / t2) / (2 * B / t1)
         in_run = med[("local", 2)] / med[(name, 2)]
