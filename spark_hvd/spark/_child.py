@@ -93,9 +93,10 @@ def _failure(exc: BaseException, what: str, own_frame: bool = False) -> dict:
             "time": time.time()}
 
 
-def _exit_now(code: int) -> None:
+def exit_now(code: int) -> None:
     """End the process with ``code``: Python's exit up to the interpreter's teardown (see the
-    module docstring), then ``os._exit``."""
+    module docstring), then ``os._exit``. Also how a rank of ``spark_hvd.runner.run`` ends
+    once its value is stored (``spark_hvd.runner._run_rank``)."""
     # What the interpreter's exit does first (CPython's own function): the hooks that tell
     # thread pools left open to finish (concurrent.futures), then joining non-daemon threads.
     threading._shutdown()
@@ -153,4 +154,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    _exit_now(main(sys.argv))
+    exit_now(main(sys.argv))

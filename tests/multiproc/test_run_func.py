@@ -34,6 +34,43 @@ def _rank_1_fails():
     return hvd.rank()
 
 
+def _leaves_work_for_the_exit(where):
+    """A thread still running, an atexit handler, and an object only the interpreter's
+    teardown would finalize; each leaves a file named for it and the rank."""
+    import atexit
+    import os
+    import threading
+    import time
+
+    import spark_hvd as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+
+    def mark(what):
+        os.close(os.open(os.path.join(where, f"{what}.{rank}"), os.O_CREAT | os.O_WRONLY))
+
+    class Teardown:
+        def __del__(self):
+            mark("finalized")
+
+    sys.modules["__main__"].left_behind = Teardown()
+    atexit.register(mark, "atexit")
+    threading.Thread(target=lambda: (time.sleep(0.2), mark("thread"))).start()
+    return rank
+
+
+def test_a_rank_ends_as_python_would_without_tearing_the_interpreter_down(tmp_path):
+    """Once its value is stored a rank joins its threads, runs the atexit handlers (the
+    job's shutdown is one) and leaves without the interpreter's teardown, which takes
+    seconds once torch is imported (a run of a torch function at 2 ranks: 2.6-3.0 s
+    against 4.1-4.6 s): a module global's finalizer, which only that teardown would call,
+    does not run."""
+    assert run(_leaves_work_for_the_exit, args=(str(tmp_path),), np=2, env=ENV) == [0, 1]
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["atexit.0", "atexit.1", "thread.0", "thread.1"], left
+
+
 def test_values_come_back_in_rank_order():
     got = run(_sum_of_ranks, args=(2,), kwargs={"offset": 1}, np=3, env=ENV)
     assert got == [{"rank": r, "size": 3, "value": 13.0} for r in range(3)]
