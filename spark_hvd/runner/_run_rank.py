@@ -1,7 +1,7 @@
 """One rank of :func:`spark_hvd.runner.run`: ``python -m spark_hvd.runner._run_rank`` fetches
 the pickled call from the rendezvous store, runs it, and stores the return value under
 this rank (the rank spark_hvd gave it last: an elastic job's final rank), then ends without
-the interpreter's teardown (``spark_hvd.spark._child.exit_now``)."""
+the interpreter's teardown (``spark_hvd._job.exit``)."""
 
 import os
 import sys
@@ -34,6 +34,6 @@ if __name__ == "__main__":
     _main()
     # The value is stored: end as the interpreter would, but without its teardown (seconds
     # once torch is imported), as a Spark rank's child does. A failure above exits as usual.
-    from spark_hvd.spark._child import exit_now
+    from spark_hvd._job.exit import exit_now
 
     exit_now(0)

@@ -13,30 +13,23 @@ failure also prints its traceback to stderr (which the driver shows with the
 rank's other output) and exits with code 1.
 
 It is run as a file, not with ``-m``, and imports nothing but the standard
-library and cloudpickle (which the payload's functions are rebuilt with), so a
-function that does not use spark_hvd does not pay for importing it.  It dies
-with its parent, the task's Python worker: PR_SET_PDEATHSIG (SIGKILL) on Linux,
+library and cloudpickle (which the payload's functions are rebuilt with) until its record
+is written, so a function that does not use spark_hvd does not pay for importing it.  It
+dies with its parent, the task's Python worker: PR_SET_PDEATHSIG (SIGKILL) on Linux,
 a watchdog thread elsewhere.  (Processes the function started itself are ended by
 the task, which signals the child's whole session, unless the worker was killed
 outright.)
 
 Once the record is written the child ends as the interpreter would, but without tearing the
-interpreter down: it does what the interpreter's exit does first (``threading._shutdown``:
-thread pools left open are told to finish, non-daemon threads joined), runs the ``atexit``
-handlers (spark_hvd's own shutdown is one; ``logging`` flushes its handlers in another),
-flushes Python's and C's standard streams, then ``os._exit`` with its code, as
-``multiprocessing`` ends a forked child.
-Tearing down an interpreter that imported torch (and ``torch._dynamo``, which any optimizer
-imports) takes seconds the job waits for; what is skipped is only the destruction of the
-remaining modules and objects, which Python does not promise to finalize at exit anyway.
+interpreter down (seconds once torch is imported): ``spark_hvd._job.exit.exit_now``, a
+standard-library module, joins its threads, runs the ``atexit`` handlers, flushes the
+standard streams and calls ``os._exit``.
 """
 
-import atexit
 import os
 import pickle
 import signal
 import sys
-import threading
 import time
 import traceback
 
@@ -93,28 +86,6 @@ def _failure(exc: BaseException, what: str, own_frame: bool = False) -> dict:
             "time": time.time()}
 
 
-def exit_now(code: int) -> None:
-    """End the process with ``code``: Python's exit up to the interpreter's teardown (see the
-    module docstring), then ``os._exit``. Also how a rank of ``spark_hvd.runner.run`` ends
-    once its value is stored (``spark_hvd.runner._run_rank``)."""
-    # What the interpreter's exit does first (CPython's own function): the hooks that tell
-    # thread pools left open to finish (concurrent.futures), then joining non-daemon threads.
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # closed or replaced by the function
-            pass
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)  # what native code printf'ed
-    except (OSError, AttributeError):
-        pass
-    os._exit(code)
-
-
 def main(argv) -> int:
     payload_path, result_path, parent_pid = argv[1], argv[2], int(argv[3])
     _die_with_parent(parent_pid)
@@ -154,4 +125,7 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    exit_now(main(sys.argv))
+    code = main(sys.argv)
+    from spark_hvd._job.exit import exit_now  # standard library only
+
+    exit_now(code)
