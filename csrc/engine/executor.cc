@@ -144,16 +144,7 @@ Status Executor::Execute(const Response& r) {
     in_flight_->Add(std::move(pending), std::move(es));
     return Status::OK();
   }
-  // The entries go (their buffers' owners released) before the ops complete, as
-  // InFlight::Finish does: a Python owner dropped here is queued for release before its
-  // waiter wakes, so the waiter's own release of that queue frees it, not the next call.
-  done_.clear();
-  for (auto& e : es) {
-    if (e) done_.push_back(std::move(e->state));
-  }
-  es.clear();
-  for (auto& state : done_) completions_->Complete(std::move(state), Status::OK());
-  done_.clear();
+  ReleaseThenComplete(&es, Status::OK(), completions_, &done_);
   return Status::OK();
 }
 

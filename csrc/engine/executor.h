@@ -58,7 +58,7 @@ class Executor {
   // The op's entries, arguments and byte counts, reused from op to op (cleared, their
   // capacity kept): no allocation per op in steady state.
   Entries es_;
-  std::vector<std::shared_ptr<OpState>> done_;  // the states of es_ as they complete
+  std::vector<std::shared_ptr<OpState>> done_;  // ReleaseThenComplete's scratch
   ReduceArgs args_;
   std::vector<int64_t> bytes_, send_, recv_, recv_rows_;
 };

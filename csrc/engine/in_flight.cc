@@ -66,12 +66,7 @@ void InFlight::Finish(Item& item, const Status& status) {
   // its ops complete, so that the next step finds them in their pools.
   if (status.ok()) {
     item.work.reset();
-    std::vector<std::shared_ptr<OpState>> states;
-    for (auto& e : item.entries) {
-      if (e) states.push_back(std::move(e->state));
-    }
-    item.entries.clear();  // the buffers may go now
-    for (auto& state : states) completions_->Complete(std::move(state), status);
+    ReleaseThenComplete(&item.entries, status, completions_, &done_);
     return;
   }
   for (auto& e : item.entries) {

@@ -65,6 +65,7 @@ class InFlight {
   std::deque<Item> draining_;  // failed: ops completed, buffers kept until Quiesced
   Status failure_;
   bool stop_ = false;
+  std::vector<std::shared_ptr<OpState>> done_;  // Finish's scratch (guarded by mu_)
   std::thread thread_;
 };
 

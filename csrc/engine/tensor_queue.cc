@@ -11,6 +11,17 @@ bool ThreadBound(const Request& r) { return r.device != kCpuDevice || EngineThre
 
 }  // namespace
 
+void ReleaseThenComplete(std::vector<EntryPtr>* entries, const Status& status,
+                         Completions* completions, std::vector<std::shared_ptr<OpState>>* states) {
+  states->clear();
+  for (auto& e : *entries) {
+    if (e) states->push_back(std::move(e->state));
+  }
+  entries->clear();  // the buffers may go now
+  for (auto& state : *states) completions->Complete(std::move(state), status);
+  states->clear();
+}
+
 void TensorQueue::Add(std::vector<TensorEntry> entries) {
   std::lock_guard<std::mutex> lock(mu_);
   auto where = [](const Request& r) {  // built for an error only: no allocation per op

@@ -56,6 +56,13 @@ class EntryRecycler {
 };
 using EntryPtr = std::unique_ptr<TensorEntry, EntryRecycler>;
 
+// Releases `entries` (their buffers' owners) and only then completes their ops with
+// `status`, so that a waiter the completion wakes finds its buffers given back: a GPU
+// staging buffer in its pool, a Python owner already queued for release when the waiter
+// drains that queue. `states` is the caller's scratch, kept: no allocation once grown.
+void ReleaseThenComplete(std::vector<EntryPtr>* entries, const Status& status,
+                         Completions* completions, std::vector<std::shared_ptr<OpState>>* states);
+
 class TensorQueue {
  public:
   // Adds every entry or none: throws StatusError (InvalidArgument) naming the
