@@ -14,27 +14,13 @@
 #include <vector>
 
 #include "backends/communicator.h"
+#include "common/function_ref.h"
 
 namespace spark_hvd {
 
 // The backend's reduction of prepared segments: a reference to the caller's callable
 // (valid for the call it is passed to), so that passing a lambda allocates nothing.
-class SegmentReduce {
- public:
-  template <class F, class = std::enable_if_t<!std::is_same<std::decay_t<F>, SegmentReduce>::value>>
-  SegmentReduce(F&& f)  // NOLINT: implicit, from a lambda at the call
-      : fn_(const_cast<void*>(static_cast<const void*>(&f))),
-        call_([](void* fn, const std::vector<Segment>& segments, double scale) {
-          return (*static_cast<std::remove_reference_t<F>*>(fn))(segments, scale);
-        }) {}
-  Status operator()(const std::vector<Segment>& segments, double scale) const {
-    return call_(fn_, segments, scale);
-  }
-
- private:
-  void* fn_;
-  Status (*call_)(void*, const std::vector<Segment>&, double);
-};
+using SegmentReduce = FunctionRef<Status(const std::vector<Segment>& segments, double scale)>;
 
 // What HostAllreduce works in, kept by its caller (a communicator) from op to op so
 // that steady state allocates nothing: cleared, never shrunk.

@@ -1,6 +1,7 @@
 // Heap allocations counted per thread, for the rule "no allocation per op in steady
-// state": the engine's thread, and any thread while it runs an engine cycle (RunCycle, on
-// an API thread that Drives), opt in (CountAllocations), and every operator new they make
+// state": the engine's thread, any thread while it runs an engine cycle (RunCycle, on
+// an API thread that Drives), and the InFlight thread that completes device work opt in
+// (CountAllocations), and every operator new they make
 // meanwhile, in the core or in the C++ library, adds one to a process-wide count that
 // tests read (`_core.engine_allocations()`). Other threads and times (Python's own work,
 // the heartbeats') are not counted, so a test sees the engine's allocations alone.

@@ -63,6 +63,22 @@ class FreeList {
   std::atomic<int64_t> made_{0};
 };
 
+// Recycled<T>: a class that derives from it (class T : ..., public Recycled<T>) takes its
+// objects' memory from a FreeList of its own, kept for the process's life: for an object
+// made and deleted once per op on different threads (a backend's PendingWork, made on the
+// engine thread, deleted by the InFlight thread's unique_ptr).
+template <class T, size_t kKeep = 1024>
+struct Recycled {
+  static void* operator new(size_t bytes) { return List().Get(bytes); }
+  static void operator delete(void* p, size_t bytes) { List().Put(p, bytes); }
+
+ private:
+  static FreeList& List() {
+    static FreeList* list = new FreeList(kKeep);  // never destroyed: deletes may come at exit
+    return *list;
+  }
+};
+
 // A std allocator over a FreeList, for std::allocate_shared: the object and its control
 // block come from the list and go back to it when the last reference (strong or weak) is
 // gone, never earlier.

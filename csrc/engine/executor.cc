@@ -85,7 +85,10 @@ Status Executor::Execute(const Response& r) {
                        e->enqueue_us, start);
     }
   }
-  DeviceInputs inputs;
+  DeviceInputs& inputs = inputs_;
+  inputs.device = kCpuDevice;
+  inputs.ready.clear();
+  inputs.streams.clear();
   for (const auto& e : es) {
     if (!e) continue;
     inputs.device = e->req.device;
@@ -135,13 +138,13 @@ Status Executor::Execute(const Response& r) {
   if (!s.ok()) {
     fail_all(s);
     // Work the op queued before it failed may still use the entries' buffers.
-    if (auto pending = comm->TakePending()) in_flight_->Retain(std::move(pending), std::move(es));
+    if (auto pending = comm->TakePending()) in_flight_->Retain(std::move(pending), &es);
     return s;
   }
   if (auto pending = comm->TakePending()) {
     // Device work still queued: the ops complete (and their buffers are released)
     // when it finishes.
-    in_flight_->Add(std::move(pending), std::move(es));
+    in_flight_->Add(std::move(pending), &es);
     return Status::OK();
   }
   ReleaseThenComplete(&es, Status::OK(), completions_, &done_);

@@ -60,6 +60,7 @@ class Executor {
   Entries es_;
   std::vector<std::shared_ptr<OpState>> done_;  // ReleaseThenComplete's scratch
   ReduceArgs args_;
+  DeviceInputs inputs_;  // a device op's ready events and producer streams
   std::vector<int64_t> bytes_, send_, recv_, recv_rows_;
 };
 

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/alloc_count.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/timeline.h"
@@ -17,6 +18,7 @@ InFlight::InFlight(Completions* completions) : completions_(completions) {
 #ifdef __linux__
     pthread_setname_np(pthread_self(), "shvd_inflight");
 #endif
+    CountAllocations counted;  // _core.engine_allocations() (common/alloc_count.h)
     Loop();
   });
 }
@@ -40,18 +42,26 @@ InFlight::~InFlight() {
   Sweep(0);
 }
 
-void InFlight::Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries) {
+void InFlight::Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr>* entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    items_.push_back(Item{std::move(work), std::move(entries), NowMicros()});
+    if (spare_.empty()) spare_.emplace_back();  // a new high-water mark of items in flight
+    items_.splice(items_.end(), spare_, spare_.begin());
+    Item& item = items_.back();
+    item.work = std::move(work);
+    item.entries.clear();
+    item.entries.swap(*entries);
+    item.started_us = NowMicros();
+    item.noted = false;
   }
   cv_.notify_all();
 }
 
-void InFlight::Retain(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries) {
+void InFlight::Retain(std::unique_ptr<PendingWork> work, std::vector<EntryPtr>* entries) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    KeepUntilQuiesced(Item{std::move(work), std::move(entries), 0});
+    KeepUntilQuiesced(Item{std::move(work), std::move(*entries), 0});
+    entries->clear();
   }
   cv_.notify_all();
 }
@@ -172,9 +182,8 @@ void InFlight::Loop() {
       SHVD_LOG(kWarning, "inflight") << status.message();
       if (failure_.ok()) failure_ = status;
     }
-    Item done_item = std::move(item);
-    items_.pop_front();
-    Finish(done_item, status);
+    spare_.splice(spare_.begin(), items_, items_.begin());  // its node is reused
+    Finish(spare_.front(), status);
     pause = std::chrono::microseconds(20);
     cv_.notify_all();  // Drain
   }
@@ -190,8 +199,8 @@ void InFlight::Drain(double timeout_s) {
 
 void InFlight::AbortAll(const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
-  std::deque<Item> items = std::move(items_);
-  items_.clear();
+  std::list<Item> items;
+  items.swap(items_);
   for (auto& item : items) {
     item.work->Abort();
     // The op's error says which of its collectives was cut short, whatever the reason.

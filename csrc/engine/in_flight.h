@@ -13,6 +13,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -30,10 +31,12 @@ class InFlight {
   explicit InFlight(Completions* completions);
   ~InFlight();
 
-  void Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries);
+  // Takes `work` and the entries of its ops (*entries is left empty, with the capacity of
+  // a vector an earlier item used: no allocation per op in steady state).
+  void Add(std::unique_ptr<PendingWork> work, std::vector<EntryPtr>* entries);
   // Entries of ops already failed whose buffers `work`, queued before the failure, may
   // still use: kept (draining) until it quiesces.
-  void Retain(std::unique_ptr<PendingWork> work, std::vector<EntryPtr> entries);
+  void Retain(std::unique_ptr<PendingWork> work, std::vector<EntryPtr>* entries);
   // The first failure of any work so far, or OK.
   Status failure();
   // Waits for everything in flight (up to timeout_s, then aborts the rest).
@@ -61,7 +64,10 @@ class InFlight {
   Completions* completions_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> items_;
+  // In flight, oldest first. A finished item's node (and its entries vector's capacity)
+  // goes to spare_ for the next Add: a list, so that nodes move without allocating.
+  std::list<Item> items_;
+  std::list<Item> spare_;
   std::deque<Item> draining_;  // failed: ops completed, buffers kept until Quiesced
   Status failure_;
   bool stop_ = false;

@@ -749,7 +749,10 @@ cudaError_t shvd_fake_enqueue_joined(const cudaStream_t* streams, int n, shvd_fa
   for (int i = 0; i < n; ++i)
     if (std::find(distinct.begin(), distinct.end(), streams[i]) == distinct.end())
       distinct.push_back(streams[i]);
-  std::stable_partition(distinct.begin(), distinct.end(), [](cudaStream_t s) { return !s; });
+  // The null stream first, the others in order (a rotate: stable_partition's temporary
+  // buffer would count as the core's allocation on the engine thread, cases_nccl.py).
+  auto null = std::find(distinct.begin(), distinct.end(), nullptr);
+  if (null != distinct.end()) std::rotate(distinct.begin(), null, null + 1);
   for (cudaStream_t s : distinct)
     if (s && !Rt().FindStream(s)) return kErrInvalidResourceHandle;
   if (distinct.size() == 1) return shvd_fake_enqueue(distinct[0], fn, arg);

@@ -44,7 +44,12 @@ def _fence() -> None:
     hvd.allreduce(np.zeros(1, np.float32), name="alloc.steady.fence")
 
 
-def _check_steady(ctx, step, per_step: int = 0) -> None:
+def check_steady(ctx, step, per_step: int = 0, steps: int = STEPS) -> None:
+    """Runs `step` WARM_STEPS times, then `steps` and 2 x `steps` times, and asserts the
+    engine's threads allocated `per_step` per step (and at most HIGH_WATER_ALLOCATIONS
+    more) in each: an allocation per step or per op grows with the steps (`steps` must
+    exceed HIGH_WATER_ALLOCATIONS for one per step to show)."""
+    assert steps > HIGH_WATER_ALLOCATIONS
     # The hook sees the library's allocations too, else a string that grows per op would
     # go unseen and this case could not fail.
     assert _core._probe_allocations() >= 2, (
@@ -54,17 +59,17 @@ def _check_steady(ctx, step, per_step: int = 0) -> None:
         step(i)
         _fence()
     counts = [_core.engine_allocations()]
-    for steps in (STEPS, 2 * STEPS):
-        for i in range(steps):
+    for n in (steps, 2 * steps):
+        for i in range(n):
             step(i)
         _fence()
         counts.append(_core.engine_allocations())
     _fence()  # no rank goes on to the next case (or to shutdown) before all have counted
     grown_n, grown_2n = counts[1] - counts[0], counts[2] - counts[1]
-    extra_n, extra_2n = grown_n - per_step * STEPS, grown_2n - 2 * per_step * STEPS
+    extra_n, extra_2n = grown_n - per_step * steps, grown_2n - 2 * per_step * steps
     assert 0 <= extra_n <= HIGH_WATER_ALLOCATIONS and 0 <= extra_2n <= HIGH_WATER_ALLOCATIONS, (
-        f"rank {ctx.rank}: the engine thread made {grown_n} heap allocations over {STEPS} "
-        f"steady steps and {grown_2n} over {2 * STEPS}; expected {per_step} per step (and "
+        f"rank {ctx.rank}: the engine thread made {grown_n} heap allocations over {steps} "
+        f"steady steps and {grown_2n} over {2 * steps}; expected {per_step} per step (and "
         f"at most {HIGH_WATER_ALLOCATIONS} more in each: kept lists reaching a new high-water "
         "mark). csrc/engine: reuse member buffers, free lists or fixed arrays per op")
 
@@ -82,7 +87,7 @@ def steady_allreduce(ctx):
             assert_same(hvd.synchronize(h), want)
         assert_same(hvd.allreduce(x, op=hvd.Sum, name="alloc.steady.allreduce.loss"), want)
 
-    _check_steady(ctx, step)
+    check_steady(ctx, step)
 
 
 @CASES.case("steady_broadcast_allocates_nothing")
@@ -94,7 +99,7 @@ def steady_broadcast(ctx):
     def step(i):
         assert_same(hvd.broadcast(x, root, name="alloc.steady.broadcast"), want)
 
-    _check_steady(ctx, step)
+    check_steady(ctx, step)
 
 
 @CASES.case("steady_allgather_allocates_only_its_output")
@@ -105,4 +110,4 @@ def steady_allgather(ctx):
     def step(i):
         assert_same(hvd.allgather(x, name="alloc.steady.allgather"), want)
 
-    _check_steady(ctx, step, per_step=ALLGATHER_OUTPUT_ALLOCATIONS)
+    check_steady(ctx, step, per_step=ALLGATHER_OUTPUT_ALLOCATIONS)

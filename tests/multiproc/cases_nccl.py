@@ -14,16 +14,20 @@ the same ops through torch.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import os
+# The core before numpy, so that engine_allocations() sees the C++ library's allocations
+# too (csrc/common/alloc_count.h).
+from spark_hvd import _core
 
-import numpy as np
+import ctypes  # noqa: E402
+import gc  # noqa: E402
+import os  # noqa: E402
 
-import spark_hvd as hvd
-from harness import Registry, Skip, expect_error, wait_for
-from refdata import BF16, Checks, assert_same, dname, is_bool, reduce, values
-from spark_hvd import _core, _ops
+import numpy as np  # noqa: E402
+
+import spark_hvd as hvd  # noqa: E402
+from harness import Registry, Skip, expect_error, wait_for  # noqa: E402
+from refdata import BF16, Checks, assert_same, dname, is_bool, reduce, values  # noqa: E402
+from spark_hvd import _ops  # noqa: E402
 from spark_hvd._types import OpType, numpy_code
 
 CASES = Registry()
@@ -712,6 +716,47 @@ def _(ctx):
                             f"{report}")
     finally:
         lib.shvd_fake_set_delay_us(200)
+
+
+@CASES.case("nccl_steady/no_heap_allocation_per_op_on_the_core_threads", timeout_s=90.0)
+def _(ctx):
+    """After a warm-up, steady steps of GPU allreduces (fused and not) and a broadcast into
+    buffers the caller owns make no heap allocation on the engine's thread nor on the
+    thread that completes device work (InFlight), counted as in cases_alloc.py: the GPU
+    path's per-op state (the inputs' ready events and streams, the pending work, the
+    entries handed to InFlight) is kept and reused, never allocated per op."""
+    import cases_alloc
+
+    n, me = ctx.size, ctx.rank
+    f32 = np.dtype(np.float32)
+    shapes = [(64,), (7, 3), (1000,), (5,), (33,), (2, 2), (17,), (128,)]
+    bufs = [(DeviceArray(values(f32, me, s, salt=k)), DeviceArray(np.zeros(s, f32)))
+            for k, s in enumerate(shapes)]
+    bc = DeviceArray(values(f32, me, (6,)))
+    root = n - 1
+    wants = [reduce([values(f32, r, s, salt=k) for r in range(n)], "Sum", f32)
+             for k, s in enumerate(shapes)]
+    name = "nccl.steady.alloc.a.name.longer.than.the.inline.buffer"
+
+    def on(op, i, src, dst, shape, **kw):
+        return _ops.submit(op, f"{name}.{i}", numpy_code(f32), shape, src.ptr, dst.ptr,
+                           (src, dst), lambda r: r, device=device(), **kw)
+
+    def step(i):
+        with _ops.submit_together():
+            hs = [on(OpType.ALLREDUCE, k, src, dst, shapes[k], reduce_op=hvd.Sum)
+                  for k, (src, dst) in enumerate(bufs)]
+            hs.append(on(OpType.BROADCAST, "bc", bc, bc, (6,), root=root))
+        for h in hs:
+            wait_for(h, HANG_S, "a steady GPU op", ctx)
+        if i == 0:
+            chk = Checks()
+            for k, (_, dst) in enumerate(bufs):
+                chk.same(dst.numpy(), wants[k], f"allreduce {k}")
+            chk.same(bc.numpy(), values(f32, root, (6,)), "broadcast")
+            chk.done()
+
+    cases_alloc.check_steady(ctx, step, steps=50)
 
 
 # -- the C entry points: what spark_hvd's TensorFlow GPU kernels hand the core ---------------

@@ -10,7 +10,7 @@ import spark_hvd
 from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 from spark_hvd.runner import run
 
-from test_hvdrun import ENV
+from test_hvdrun import ENV, needs_mpirun
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks cannot import it
 
@@ -23,6 +23,20 @@ def _sum_of_ranks(scale, offset=0):
     hvd.init()
     total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name="sum")
     return {"rank": hvd.rank(), "size": hvd.size(), "value": float(total[0]) * scale + offset}
+
+
+def _under_mpi():
+    """This rank's place as MPI gives it (mpirun's environment) and as the job sees it."""
+    import os
+
+    import numpy as np
+
+    import spark_hvd as hvd
+
+    hvd.init()
+    total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum, name="sum")
+    return {"rank": hvd.rank(), "mpi_rank": int(os.environ["OMPI_COMM_WORLD_RANK"]),
+            "mpi_enabled": hvd.mpi_enabled(), "value": float(total[0])}
 
 
 def _rank_1_fails():
@@ -75,6 +89,14 @@ def test_values_come_back_in_rank_order():
     got = run(_sum_of_ranks, args=(2,), kwargs={"offset": 1}, np=3, env=ENV)
     assert got == [{"rank": r, "size": 3, "value": 13.0} for r in range(3)]
     assert spark_hvd.run is run  # horovod.run is there too
+
+
+@needs_mpirun
+def test_use_mpi_launches_the_ranks_through_mpirun():
+    """use_mpi=True (horovod.run's): mpirun starts the ranks, which run the function and
+    send their values back as under the Gloo-style launch."""
+    got = run(_under_mpi, np=2, use_mpi=True, env=ENV)
+    assert got == [{"rank": r, "mpi_rank": r, "mpi_enabled": True, "value": 3.0} for r in range(2)]
 
 
 def test_a_rank_that_raises_fails_the_run_with_its_traceback(capfd):

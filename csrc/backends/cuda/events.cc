@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/cuda/util.h"
+#include "common/free_list.h"
 
 namespace spark_hvd {
 namespace cuda {
@@ -22,11 +23,22 @@ Pools& ThePools() {
   return *pools;
 }
 
+// The handles' shared counts, reused: a PooledEvent is made for every device op (its
+// ready event, the event its completion is polled on), and a count from the heap would
+// be an allocation per op. Leaked like the pools.
+const std::shared_ptr<FreeList>& Counts() {
+  static auto* counts = new std::shared_ptr<FreeList>(std::make_shared<FreeList>(4096));
+  return *counts;
+}
+
 PooledEvent Wrap(cudaEvent_t event, int32_t device) {
-  return PooledEvent(event, [device](cudaEvent_t e) {
-    std::lock_guard<std::mutex> lock(ThePools().mu);
-    ThePools().idle[device].push_back(e);
-  });
+  return PooledEvent(
+      event,
+      [device](cudaEvent_t e) {
+        std::lock_guard<std::mutex> lock(ThePools().mu);
+        ThePools().idle[device].push_back(e);
+      },
+      FreeListAllocator<char>(Counts()));
 }
 
 }  // namespace

@@ -136,14 +136,17 @@ Status MemoryPool::Allocate(int64_t bytes, cudaStream_t stream, Buffer* out,
   std::shared_ptr<MemoryPool> self = shared_from_this();
   const bool for_user = user_stream != nullptr;
   const cudaStream_t user = for_user ? *user_stream : nullptr;
-  out->owner = std::shared_ptr<void>(block.ptr, [self, size, stream, for_user, user](void* p) {
-    Block b;
-    b.ptr = p;
-    b.size = size;
-    b.after.emplace_back(stream, nullptr);
-    if (for_user && user != stream) b.after.emplace_back(user, nullptr);
-    self->Return(std::move(b));
-  });
+  out->owner = std::shared_ptr<void>(
+      block.ptr,
+      [self, size, stream, for_user, user](void* p) {
+        Block b;
+        b.ptr = p;
+        b.size = size;
+        b.after[b.n_after++].first = stream;
+        if (for_user && user != stream) b.after[b.n_after++].first = user;
+        self->Return(std::move(b));
+      },
+      FreeListAllocator<char>(owner_counts_));
   return Status::OK();
 }
 
@@ -157,7 +160,8 @@ void MemoryPool::Return(Block b) {
   if (!open) return Release(b.ptr);
   int current = -1;
   if (cuda_->GetDevice(&current) == cudaSuccess && current == device_) {
-    for (auto& a : b.after) {  // step 2: what the last users queued so far
+    for (int i = 0; i < b.n_after; ++i) {  // step 2: what the last users queued so far
+      auto& a = b.after[i];
       PooledEvent ev;
       if (!TakeEvent(cuda_, device_, &ev).ok() ||
           cuda_->EventRecord(ev.get(), a.first) != cudaSuccess) {
@@ -189,7 +193,8 @@ void MemoryPool::Return(Block b) {
 }
 
 bool MemoryPool::OrderAfter(Block* block, cudaStream_t stream) {
-  for (auto& a : block->after) {
+  for (int i = 0; i < block->n_after; ++i) {
+    auto& a = block->after[i];
     if (a.first == stream) continue;  // the same stream: its own order suffices
     PooledEvent ev = a.second;
     if (!ev) {  // not recorded at return: record now (later, so it waits for more)
@@ -201,7 +206,8 @@ bool MemoryPool::OrderAfter(Block* block, cudaStream_t stream) {
     if (cuda_->EventQuery(ev.get()) == cudaSuccess) continue;  // done already
     if (cuda_->StreamWaitEvent(stream, ev.get(), 0) != cudaSuccess) return false;
   }
-  block->after.clear();
+  for (int i = 0; i < block->n_after; ++i) block->after[i] = {};
+  block->n_after = 0;
   return true;
 }
 

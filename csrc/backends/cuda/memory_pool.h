@@ -36,6 +36,7 @@
 #include "backends/communicator.h"
 #include "backends/cuda/events.h"
 #include "backends/cuda/loader.h"
+#include "common/free_list.h"
 
 namespace spark_hvd {
 namespace cuda {
@@ -69,9 +70,11 @@ class MemoryPool : public std::enable_shared_from_this<MemoryPool> {
   struct Block {
     void* ptr = nullptr;
     size_t size = 0;
-    // Streams whose work must precede reuse: an event recorded at return, or (recorded at
-    // reuse) only the stream.
-    std::vector<std::pair<cudaStream_t, PooledEvent>> after;
+    // Streams whose work must precede reuse (the one the block was allocated for, and the
+    // user's stream of an output): an event recorded at return, or (recorded at reuse)
+    // only the stream. Fixed room, so that a block's return allocates nothing.
+    std::pair<cudaStream_t, PooledEvent> after[2];
+    int n_after = 0;
   };
   MemoryPool(const CudaApi* cuda, int32_t device, Kind kind);
   void Return(Block block);
@@ -83,6 +86,8 @@ class MemoryPool : public std::enable_shared_from_this<MemoryPool> {
   const CudaApi* cuda_;
   const int32_t device_;
   const Kind kind_;
+  // The shared counts of the owners Allocate hands out, reused (one per op otherwise).
+  std::shared_ptr<FreeList> owner_counts_ = std::make_shared<FreeList>(1024);
   std::mutex mu_;
   std::map<size_t, std::vector<Block>> idle_;  // by size class
   int64_t idle_bytes_ = 0;

@@ -96,7 +96,7 @@ void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned) {
 }
 
 Status WaitPolling(const CudaApi* cuda, int32_t device, cudaStream_t stream,
-                   const std::function<Status()>& abort) {
+                   FunctionRef<Status()> abort) {
   PooledEvent done;
   Status s = EventAfterQueuedWork(cuda, device, stream, &done);
   auto pause = std::chrono::microseconds(10);

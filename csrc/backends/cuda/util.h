@@ -2,19 +2,24 @@
 // Python boundary.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "backends/communicator.h"
 #include "backends/cuda/events.h"
 #include "backends/cuda/loader.h"
+#include "common/function_ref.h"
 
 namespace spark_hvd {
 namespace cuda {
 
-// OK, or Internal naming the call and CUDA's text for err.
+// OK, or Internal naming the call and CUDA's text for err. The const char* form makes no
+// string on success (the GPU path checks every call of every op).
 Status CudaStatus(const CudaApi* cuda, cudaError_t err, const std::string& what);
+inline Status CudaStatus(const CudaApi* cuda, cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return Status::OK();
+  return CudaStatus(cuda, err, std::string(what));
+}
 // Orders work queued on `stream` after each of `events` (ready events, events.h).
 Status WaitForEvents(const CudaApi* cuda, cudaStream_t stream, const std::vector<void*>& events);
 // An event (of `device`'s pool) recorded behind everything queued on `stream` so far,
@@ -37,7 +42,7 @@ void FreeLater(const CudaApi* cuda, int32_t device, void* ptr, bool pinned = fal
 // when `abort` says so (it returns a non-OK status: a lost peer, a deadline), so that
 // no wait on a collective can outlast the failure of one of its peers.
 Status WaitPolling(const CudaApi* cuda, int32_t device, cudaStream_t stream,
-                   const std::function<Status()>& abort);
+                   FunctionRef<Status()> abort);
 
 }  // namespace cuda
 }  // namespace spark_hvd

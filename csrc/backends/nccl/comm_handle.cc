@@ -40,8 +40,7 @@ Status NcclError(const cuda::NcclApi* nccl, ncclResult_t err, const std::string&
   }
 }
 
-Status CommHandle::Call(const std::function<Status()>& calls,
-                        const std::function<Status()>& aborted) {
+Status CommHandle::Call(FunctionRef<Status()> calls, FunctionRef<Status()> aborted) {
   std::lock_guard<std::mutex> lock(mu_);
   if (abort_requested_) {
     AbortHoldingLock();
@@ -57,6 +56,7 @@ Status CommHandle::AsyncFailure() {
   if (!lock.owns_lock() || abort_requested_) return Status::OK();
   ncclResult_t async = ncclSuccess;
   nccl->CommGetAsyncError(comm, &async);
+  if (async == ncclSuccess || async == ncclInProgress) return Status::OK();  // no strings made
   return NcclError(nccl, async, "NCCL reported an asynchronous error", nccl->GetLastError(comm));
 }
 

@@ -24,11 +24,11 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <mutex>
 #include <string>
 
 #include "backends/cuda/loader.h"
+#include "common/function_ref.h"
 #include "common/status.h"
 
 namespace spark_hvd {
@@ -50,7 +50,7 @@ struct CommHandle {
   // Runs `calls` (NCCL calls on comm) holding mu (1), unless an abort was asked (then
   // `aborted` is returned, and the abort performed if owed); performs an abort asked
   // during the calls once they returned (2).
-  Status Call(const std::function<Status()>& calls, const std::function<Status()>& aborted);
+  Status Call(FunctionRef<Status()> calls, FunctionRef<Status()> aborted);
   // NCCL's asynchronous error (NcclError), or OK: also while a call is in progress (4)
   // and once an abort was asked.
   Status AsyncFailure();

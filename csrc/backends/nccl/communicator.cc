@@ -7,23 +7,24 @@
 #include "backends/cuda/util.h"
 #include "backends/members.h"
 #include "common/env.h"
+#include "common/free_list.h"
 #include "common/logging.h"
 
 namespace spark_hvd {
 namespace nccl {
 namespace {
 
-class Work : public PendingWork {
+class Work : public PendingWork, public Recycled<Work> {
  public:
   Work(const cuda::CudaApi* cuda, std::shared_ptr<CommHandle> comm, int32_t device,
-       cuda::PooledEvent event, std::vector<std::vector<uint8_t>> keep, const WaitMarks& marks,
-       uint64_t call)
+       cuda::PooledEvent event, std::vector<std::vector<uint8_t>> keep,
+       std::shared_ptr<const WaitMarks> marks, uint64_t call)
       : cuda_(cuda),
         comm_(std::move(comm)),
         device_(device),
         event_(std::move(event)),
         keep_(std::move(keep)),
-        marks_(marks),
+        marks_(std::move(marks)),
         call_(std::to_string(call)) {}
 
   bool Poll(Status* status) override {
@@ -57,16 +58,16 @@ class Work : public PendingWork {
   // The op's last NCCL call (numbered as Settle numbers it) is the one its peers queued
   // too when they wait for it on their streams.
   void NoteWaiting() override {
-    marks_.Note(call_, "rank " + std::to_string(marks_.members[marks_.self]) +
-                           " waiting for its GPU collective");
+    marks_->Note(call_, "rank " + std::to_string(marks_->members[marks_->self]) +
+                            " waiting for its GPU collective");
   }
   std::string WhoIsMissing(std::vector<int32_t>* ranks) override {
-    return "rank " + std::to_string(marks_.members[marks_.self]) + " queued it, and " +
-           marks_.WhoIsMissing(call_,
-                               "every other member queued it too and waits for it (a GPU of "
-                               "one of them is stuck, or the network between them: "
-                               "NCCL_DEBUG=WARN)",
-                               ranks);
+    return "rank " + std::to_string(marks_->members[marks_->self]) + " queued it, and " +
+           marks_->WhoIsMissing(call_,
+                                "every other member queued it too and waits for it (a GPU of "
+                                "one of them is stuck, or the network between them: "
+                                "NCCL_DEBUG=WARN)",
+                                ranks);
   }
 
  private:
@@ -75,8 +76,8 @@ class Work : public PendingWork {
   int32_t device_;
   cuda::PooledEvent event_;                 // behind the op's work
   std::vector<std::vector<uint8_t>> keep_;  // host memory queued copies read or write
-  WaitMarks marks_;
-  std::string call_;  // the number of the op's last NCCL call
+  std::shared_ptr<const WaitMarks> marks_;  // the communicator's (shared: no copy per op)
+  std::string call_;                        // the number of the op's last NCCL call
 };
 
 }  // namespace
@@ -90,10 +91,12 @@ NcclCommunicator::NcclCommunicator(const BackendOptions& options, std::vector<in
       rank_(MemberRank(members_, options.rank)),
       cuda_(cuda),
       nccl_(nccl) {
-  marks_.store = options_.store;
-  marks_.prefix = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/waiting/";
-  marks_.members = members_;
-  marks_.self = rank_;
+  auto marks = std::make_shared<WaitMarks>();
+  marks->store = options_.store;
+  marks->prefix = options_.store_prefix + "/nccl/set" + std::to_string(set_id_) + "/waiting/";
+  marks->members = members_;
+  marks->self = rank_;
+  marks_ = std::move(marks);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -131,7 +134,7 @@ std::vector<int32_t> NcclCommunicator::MembersLost() const {
   return lost;
 }
 
-Status NcclCommunicator::OnComm(const std::function<Status()>& calls) {
+Status NcclCommunicator::OnComm(FunctionRef<Status()> calls) {
   ++calls_made_;
   return comm_->Call(calls, [this] { return Aborted(); });
 }
@@ -170,6 +173,7 @@ Status NcclCommunicator::WaitForStream() {
 }
 
 Status NcclCommunicator::CudaCheck(cudaError_t err, const char* what) const {
+  if (err == cudaSuccess) return Status::OK();  // the message only for a failure
   return cuda::CudaStatus(cuda_, err,
                           std::string(what) + " on rank " + std::to_string(options_.rank));
 }

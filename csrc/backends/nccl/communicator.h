@@ -17,7 +17,6 @@
 #pragma once
 
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +28,7 @@
 #include "backends/cuda/memory_pool.h"
 #include "backends/nccl/comm_handle.h"
 #include "backends/nccl/wait_marks.h"
+#include "common/function_ref.h"
 
 namespace spark_hvd {
 namespace nccl {
@@ -75,7 +75,7 @@ class NcclCommunicator : public Communicator {
 
   // Runs `calls` (NCCL calls on the communicator, and their checks) through
   // CommHandle::Call (one thread at a time), unless an abort was asked: PeerLost then.
-  Status OnComm(const std::function<Status()>& calls);
+  Status OnComm(FunctionRef<Status()> calls);
   Status Aborted() const;
   // Members the rendezvous service reports lost (none when it cannot say).
   std::vector<int32_t> MembersLost() const;
@@ -86,8 +86,8 @@ class NcclCommunicator : public Communicator {
   // Scratch (a fusion buffer) on this rank's GPU for work about to be queued on the
   // stream; the pool reuses it once that work is done, whenever the Buffer goes.
   Status Scratch(size_t bytes, Buffer* out);
-  bool WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
-                  const std::function<Status(ncclRedOp_t)>& run, Status* status);
+  bool WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype, FunctionRef<Status(ncclRedOp_t)> run,
+                  Status* status);
   Status Native(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
   Status Staged(const ReduceArgs& a, ncclDataType_t dtype, ncclRedOp_t op, size_t count);
 
@@ -105,7 +105,7 @@ class NcclCommunicator : public Communicator {
   cudaStream_t user_stream_ = nullptr;
   bool queued_ = false;                     // work queued since the last TakePending
   uint64_t calls_made_ = 0;                 // OnComm calls, the same sequence on every member
-  WaitMarks marks_;                         // who waits in which call (wait_marks.h)
+  std::shared_ptr<const WaitMarks> marks_;  // who waits in which call (wait_marks.h)
   std::vector<std::vector<uint8_t>> keep_;  // host memory the queued copies read
 };
 

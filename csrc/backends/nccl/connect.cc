@@ -121,7 +121,7 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
   while (!init->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return init->done; })) {
     if (!marked && Clock::now() >= mark_at) {
       marked = true;
-      marks_.Note("init", "ncclCommInitRank on rank " + std::to_string(options_.rank));
+      marks_->Note("init", "ncclCommInitRank on rank " + std::to_string(options_.rank));
     }
     const std::vector<int32_t> lost = MembersLost();
     if (!lost.empty()) {
@@ -135,7 +135,7 @@ Status NcclCommunicator::InitRank(const std::shared_ptr<CommHandle>& handle, int
       init->abandoned = true;
       lock.unlock();  // the store lookups take a while; the init thread may finish meanwhile
       std::vector<int32_t> silent;
-      const std::string who = marks_.WhoIsMissing("init", kAllWaitInTheCall, &silent);
+      const std::string who = marks_->WhoIsMissing("init", kAllWaitInTheCall, &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,

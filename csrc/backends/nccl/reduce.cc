@@ -88,7 +88,7 @@ std::vector<uint8_t> Scalar(double factor, DataType d) {
 // Average, a premultiplied sum made for the call and destroyed after it. False, running
 // nothing, for what it cannot express (integer Average, scaled Min/Max/Product).
 bool NcclCommunicator::WithNcclOp(const ReduceArgs& a, ncclDataType_t dtype,
-                                  const std::function<Status(ncclRedOp_t)>& run, Status* status) {
+                                  FunctionRef<Status(ncclRedOp_t)> run, Status* status) {
   const bool is_float = IsFloatingPoint(a.dtype);
   const double factor =
       a.prescale * a.postscale / (a.op == ReduceOp::kAverage ? static_cast<double>(a.ranks) : 1.0);

@@ -52,7 +52,7 @@ Status NcclCommunicator::Settle(const char* what) const {
     const auto now = Clock::now();
     if (!marked && now >= mark_at && options_.store) {  // (4)
       marked = true;
-      marks_.Note(std::to_string(calls_made_), where);
+      marks_->Note(std::to_string(calls_made_), where);
     }
     if (now >= next_lost_check) {  // (3)
       next_lost_check = now + std::chrono::milliseconds(100);
@@ -70,7 +70,7 @@ Status NcclCommunicator::Settle(const char* what) const {
     if (now > deadline) {  // (5)
       std::vector<int32_t> silent;
       const std::string who =
-          marks_.WhoIsMissing(std::to_string(calls_made_), kAllWaitInTheCall, &silent);
+          marks_->WhoIsMissing(std::to_string(calls_made_), kAllWaitInTheCall, &silent);
       std::ostringstream secs;
       secs << timeout_s;
       Status s(StatusCode::kTimeout,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "backends/cuda/util.h"
+#include "common/free_list.h"
 
 namespace spark_hvd {
 namespace {
@@ -10,7 +11,7 @@ namespace {
 // The copies back to the GPU, seen through an event behind them. Their pinned buffers
 // went back to the pool when they were queued: the next user of one orders its work after
 // them (memory_pool.h), and the host touches one only after synchronizing its stream.
-class CopiesBack : public PendingWork {
+class CopiesBack : public PendingWork, public Recycled<CopiesBack> {
  public:
   CopiesBack(const cuda::CudaApi* cuda, int32_t device, cuda::PooledEvent event)
       : cuda_(cuda), device_(device), event_(std::move(event)) {}
@@ -50,6 +51,7 @@ StagedCommunicator::~StagedCommunicator() {
 void StagedCommunicator::Abort() { host_->Abort(); }
 
 Status StagedCommunicator::Check(cudaError_t err, const char* what) const {
+  if (err == cudaSuccess) return Status::OK();  // the message only for a failure
   return cuda::CudaStatus(cuda_, err, std::string(what) + " (staged GPU op)");
 }
 
@@ -141,7 +143,8 @@ Status StagedCommunicator::AllgatherFixed(const void*, void*, int64_t) {
 
 Status StagedCommunicator::Allreduce(const ReduceArgs& a) {
   const int64_t dsize = static_cast<int64_t>(DataTypeSize(a.dtype));
-  ReduceArgs staged = a;
+  ReduceArgs& staged = staged_;
+  staged = a;  // into the kept vector's capacity
   Status s;
   for (auto& t : staged.tensors) {
     if (t.input == nullptr) continue;  // joined: the host backend fills in the neutral value

@@ -60,6 +60,7 @@ class StagedCommunicator : public Communicator {
   cudaStream_t user_stream_ = nullptr;
   bool queued_ = false;                        // copies queued since the last TakePending
   std::vector<std::shared_ptr<void>> pinned_;  // of the current op
+  ReduceArgs staged_;                          // Allreduce's host-side arguments, kept
 };
 
 }  // namespace spark_hvd
