@@ -2,7 +2,7 @@
 
 Run (the driver launches one job per backend and prints one table)::
 
-    python bench/allreduce.py [--np 2] [--backends shm,tcp,mpi] [--max-size 64MiB]
+    python bench/allreduce.py [--np 2] [--backends shm,tcp,mpi] [--max-size 64MiB] [--repeat N]
 
 Each job (``spark-hvdrun -np N python bench/allreduce.py --worker``; ``--mpi`` for the
 ``mpi`` backend, i.e. Open MPI's own shared-memory transport under ``mpirun``, where
@@ -12,7 +12,11 @@ the two libraries alternate: warmup, then ``--rounds`` rounds of [spark_hvd bloc
 torch block], each block N iterations (N scaled by size). A block's time is the slowest
 rank's; reported per size are the min and the median over rounds. Every job measures
 torch gloo again; the ratios use the torch gloo of the same job (the same minutes of
-load), and the backends' ratios to each other their medians.
+load), and the backends' ratios to each other their medians. ``--repeat N`` runs the
+jobs N times in turn and reports, per size, the best and the median over jobs, and each
+backend pair's ratio per round of jobs (printed, and their median): this VM has slow
+phases that last seconds to minutes and hit every backend, so one job per backend can
+compare a good phase with a bad one.
 
 Columns follow nccl-tests: algbw = bytes / time, busbw = algbw * 2 (n - 1) / n.
 Then "200 async allreduces of 4 KiB": spark_hvd enqueues all 200 and synchronizes;
@@ -244,33 +248,48 @@ def driver(args) -> None:
     print(f"# float32 allreduce, {args.np} ranks on {os.cpu_count()} cores (load average "
           f"{os.getloadavg()[0]:.1f}{', oversubscribed' if args.np > os.cpu_count() else ''})"
           f"; one job per backend: {', '.join(backends)}; each vs torch gloo in the same job; "
-          f"min / median of {args.rounds} rounds")
+          f"min / median of {args.rounds} rounds"
+          + (f"; {args.repeat} rounds of jobs, in turn" if args.repeat > 1 else ""))
     print("# busbw = algbw * 2(n-1)/n in GB/s; ratios of medians: busbw over torch gloo's in "
           "the same job, and over the other backends'")
-    runs = {b: launch(b, args) for b in backends}
+    # --repeat N: the jobs run N times in turn (b1, b2, ..., b1, b2, ...), so that every
+    # backend meets the machine's slow phases alike; a ratio between backends is taken per
+    # round of jobs (a pair run minutes apart would compare two phases), then summarized.
+    jobs = {b: [] for b in backends}
+    for _ in range(args.repeat):
+        for b in backends:
+            jobs[b].append(launch(b, args))
+    med = statistics.median
     head = " | ".join(f"{b + ' busbw min/med':>20}" for b in backends)
     ratios = " ".join(f"{b + '/torch':>10}" for b in backends)
     first = backends[0]
     others = " ".join(f"{first + '/' + b:>9}" for b in backends[1:])
     print(f"{'size':>8} | {head} | {'torch gloo':>20} | {ratios} {others}")
-    for nbytes in sorted(runs[first][0]):
-        cells, vs_torch, med = [], [], {}
+    for nbytes in sorted(jobs[first][0][0]):
+        cells, vs_torch, bw = [], [], {}
         for b in backends:
-            row = runs[b][0][nbytes]
-            med[b] = busbw(nbytes, row["hvd"], args.np)
-            best = busbw(nbytes, row["hvd_min"], args.np)
-            cells.append(f"{best / 1e9:>9.3f} / {med[b] / 1e9:>8.3f}")
-            vs_torch.append(f"{row['torch'] / row['hvd']:>9.2f}x")
-        t = runs[first][0][nbytes]
-        tcell = (f"{busbw(nbytes, t['torch_min'], args.np) / 1e9:>9.3f} / "
-                 f"{busbw(nbytes, t['torch'], args.np) / 1e9:>8.3f}")
-        vs = " ".join(f"{med[first] / med[b]:>8.2f}x" for b in backends[1:])
+            rows = [rows[nbytes] for rows, _ in jobs[b]]
+            bw[b] = [busbw(nbytes, row["hvd"], args.np) for row in rows]
+            best = max(busbw(nbytes, row["hvd_min"], args.np) for row in rows)
+            cells.append(f"{best / 1e9:>9.3f} / {med(bw[b]) / 1e9:>8.3f}")
+            vs_torch.append(f"{med(row['torch'] / row['hvd'] for row in rows):>9.2f}x")
+        t = [rows[nbytes] for rows, _ in jobs[first]]
+        tcell = (f"{max(busbw(nbytes, r['torch_min'], args.np) for r in t) / 1e9:>9.3f} / "
+                 f"{med(busbw(nbytes, r['torch'], args.np) for r in t) / 1e9:>8.3f}")
+        vs = " ".join(f"{med(x / y for x, y in zip(bw[first], bw[b])):>8.2f}x"
+                      for b in backends[1:])
         print(f"{human(nbytes):>8} | {' | '.join(cells)} | {tcell} | {' '.join(vs_torch)} {vs}")
-    print("# latency of one 4 B allreduce through the API (median): " + ", ".join(
-        f"{b} {runs[b][0][4]['hvd'] * 1e6:.0f} us" for b in backends if 4 in runs[b][0])
-        + f"; torch gloo {runs[first][0][4]['torch'] * 1e6:.0f} us" if 4 in runs[first][0] else "")
+        if args.repeat > 1:
+            for b in backends[1:]:
+                each = " ".join(f"{x / y:.2f}" for x, y in zip(bw[first], bw[b]))
+                print(f"{'':>8}   {first}/{b} in each round of jobs: {each}")
+    if 4 in jobs[first][0][0]:
+        print("# latency of one 4 B allreduce through the API (median over jobs): " + ", ".join(
+            f"{b} {med(rows[4]['hvd'] for rows, _ in jobs[b]) * 1e6:.0f} us"
+            for b in backends) + f"; torch gloo "
+            f"{med(rows[4]['torch'] for rows, _ in jobs[first]) * 1e6:.0f} us")
     for b in backends:
-        r = runs[b][1]
+        r = {k: med(burst[k] for _, burst in jobs[b]) for k in ("hvd", "torch", "torch_async")}
         print(f"# {BURST_N} x {human(BURST_BYTES)} async on {b}: {r['hvd'] * 1e3:.2f} ms; torch "
               f"gloo one by one {r['torch'] * 1e3:.2f} ms ({r['torch'] / r['hvd']:.1f}x), async "
               f"{r['torch_async'] * 1e3:.2f} ms ({r['torch_async'] / r['hvd']:.1f}x)")
@@ -286,6 +305,9 @@ def main(argv=None) -> int:
     p.add_argument("--min-size", type=parse_size, default=0,
                    help="smallest message (default: all sizes)")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the backends' jobs this many times in turn; the table gives the "
+                        "best and the median over jobs, ratios between backends per round of jobs")
     p.add_argument("--iters-scale", type=float, default=1.0,
                    help="multiplies the iterations per block")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
