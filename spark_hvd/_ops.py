@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from spark_hvd import _core
+from spark_hvd._rules import alltoall_splits
 from spark_hvd._runtime import RUNTIME, ProcessSet, explain_failure, global_process_set, rank
 from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
@@ -338,22 +339,16 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
 
 def alltoall_async(tensor, splits=None, name: Optional[str] = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Starts sending ``splits[i]`` rows to rank i (None: the first dimension split evenly;
+    a numpy array of any integer dtype or a sequence of ints, as ``_rules`` says)."""
     arr = _array(tensor)
     if arr.ndim == 0:
         raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
-    n = process_set.size()
-    if splits is None:
-        if arr.shape[0] % n:
-            raise InvalidArgumentError(
-                f"alltoall without splits needs the first dimension ({arr.shape[0]}) to divide "
-                f"evenly by the number of ranks ({n}); pass splits=")
-        splits = [arr.shape[0] // n] * n
-    splits = [int(s) for s in np.asarray(splits).reshape(-1)]
     return submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), numpy_code(arr.dtype),
                   arr.shape,
                   arr, 0, (arr,),
                   lambda r, dt=arr.dtype: (_typed(r, dt), np.asarray(r[2], dtype=np.int32)),
-                  splits=splits, process_set=process_set)
+                  splits=alltoall_splits(splits) or (), process_set=process_set)
 
 
 def alltoall(tensor, splits=None, name: Optional[str] = None,

@@ -401,7 +401,7 @@ Status Engine::Stopped() const {
   return Status::NotInitialized("spark_hvd is not initialized: call spark_hvd.init() first");
 }
 
-void Engine::Validate(const Request& req) const {
+void Engine::Validate(Request& req) const {
   auto bad = [&](const std::string& m) {
     throw StatusError(
         Status::InvalidArgument(std::string(OpTypeName(req.op)) + " '" + req.name + "': " + m)
@@ -469,6 +469,17 @@ void Engine::Validate(const Request& req) const {
     bad("needs a tensor with at least one dimension (got a scalar)");
   }
   if (req.op == OpType::kAlltoall) {
+    if (req.splits.empty() && !req.shape.empty()) {
+      // No splits: the first dimension split evenly (every framework passes none for
+      // Horovod's splits=None; this is the one place that checks and fills them).
+      const auto n = static_cast<int64_t>(set_size);
+      if (req.shape[0] % n != 0) {
+        bad("without splits, the first dimension (" + std::to_string(req.shape[0]) +
+            ") must divide evenly by the number of ranks (" + std::to_string(n) +
+            "); pass splits=");
+      }
+      req.splits.assign(set_size, req.shape[0] / n);
+    }
     if (req.splits.size() != set_size) {
       bad("splits has " + std::to_string(req.splits.size()) + " entries; it needs one per rank (" +
           std::to_string(set_size) + ")");

@@ -104,7 +104,9 @@ class Engine {
   std::unique_ptr<ProcessSet> MakeProcessSet(int32_t id, std::vector<int32_t> ranks);
   void ChangeProcessSets(const Response& r);
   void FinalizeBackends();  // after every communicator is gone
-  void Validate(const Request& req) const;
+  // Refuses an invalid request (InvalidArgument naming the tensor) and completes what a
+  // request may leave to the engine: alltoall's splits, even when none are given.
+  void Validate(Request& req) const;
   Status Stopped() const;
 
   EngineOptions options_;

@@ -10,13 +10,14 @@ MXNet's ``MXNetError`` (what Horovod's MXNet ops raise).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
 
 from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd._rules import alltoall_splits, check_splits_tensor
 from spark_hvd._runtime import RUNTIME
 from spark_hvd._types import OpType, ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
@@ -191,41 +192,30 @@ def broadcast_(tensor, root_rank: int, name: Optional[str] = None, priority: int
 
 # -- alltoall, reducescatter -------------------------------------------------------
 
-def _int_list(values, what: str) -> List[int]:
-    if isinstance(values, mx.nd.NDArray):
-        values = values.asnumpy()
-    try:
-        return [int(v) for v in np.asarray(values).reshape(-1)]
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{what} must be a sequence of integers, got {values!r}") \
-            from None
-
-
 @_mxnet_errors
 def alltoall(tensor, splits=None, name: Optional[str] = None, priority: int = 0,
-             process_set: ProcessSet = global_process_set
-             ) -> Tuple[mx.nd.NDArray, mx.nd.NDArray]:
-    """Sends ``splits[i]`` rows to rank i (equal parts when None); returns (received rows,
-    int32 NDArray of the rows received from each rank)."""
+             process_set: ProcessSet = global_process_set):
+    """Sends ``splits[i]`` rows to rank i (equal parts when None). Returns the received rows,
+    and, when ``splits`` was given, also the int32 NDArray of the rows received from each
+    rank, as Horovod's: ``(rows, received_splits)``. An NDArray of splits must be int32
+    (Horovod's rule, ``spark_hvd._rules``)."""
     t = check(tensor, "alltoall")
     if t.ndim == 0:
         raise InvalidArgumentError("alltoall needs an NDArray with at least one dimension")
-    n = process_set.size()
-    if splits is None:
-        if t.shape[0] % n:
-            raise InvalidArgumentError(
-                f"alltoall without splits needs the first dimension ({t.shape[0]}) to divide "
-                f"evenly by the number of ranks ({n}); pass splits=")
-        split_list = [t.shape[0] // n] * n
-    else:
-        split_list = _int_list(splits, "splits")
+    values = splits
+    if isinstance(splits, mx.nd.NDArray):
+        check_splits_tensor(np.dtype(splits.dtype).name, splits.ndim,
+                            "splits.astype('int32')")
+        values = splits.asnumpy().reshape(-1)
 
     def finish(r, dt=t.dtype):
         return from_result(r, dt), mx.nd.array(np.asarray(r[2], dtype=np.int32),
                                                dtype=np.int32)
 
-    return _ops.synchronize(_submit(OpType.ALLTOALL, _name(name, "alltoall", process_set), t,
-                                    None, finish, splits=split_list, process_set=process_set))
+    out, received = _ops.synchronize(_submit(
+        OpType.ALLTOALL, _name(name, "alltoall", process_set), t, None, finish,
+        splits=alltoall_splits(values) or (), process_set=process_set))
+    return out if splits is None else (out, received)
 
 
 def _reducescatter_async(tensor, name: str, op, process_set: ProcessSet, prescale: float,

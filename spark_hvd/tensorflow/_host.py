@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 import zlib
 from typing import Callable, List, Optional, Sequence
 
@@ -184,6 +185,27 @@ def collective_name(name: Optional[str], kind: str, process_set=None) -> str:
     unique = graph.unique_name(f"tf.{kind}" + (f".ps{set_id}" if set_id else ""),
                                mark_as_used=True)
     return f"{getattr(graph, 'name', 'graph')}/{unique}"
+
+
+# name -> how many gradient ops of it the graph has, per graph (a weak key: a graph's
+# counts go with it, and a retraced function's new graph counts from zero again).
+_GRAD_NAMES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def grad_name(name: str) -> str:
+    """The name of the collective that computes the gradient of the collective ``name``.
+    Eagerly ``<name>.grad`` (an eager gradient runs at once, one at a time). In a graph each
+    gradient op of one collective gets a name of its own, ``<name>.grad``, then
+    ``<name>.grad_1``...: two ``tf.gradients`` calls (or tapes) over the outputs of one op
+    build two gradient collectives, and one step may run both. The same on every rank as
+    long as the ranks build the same graph, as every graph-mode name is."""
+    if tf.executing_eagerly():
+        return name + ".grad"
+    graph = tf.compat.v1.get_default_graph()
+    counts = _GRAD_NAMES.setdefault(graph, {})
+    k = counts.get(name, 0)
+    counts[name] = k + 1
+    return f"{name}.grad" + (f"_{k}" if k else "")
 
 
 def stable_name(prefix: str, tensors: Sequence) -> str:

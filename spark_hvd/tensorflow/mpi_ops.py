@@ -29,14 +29,15 @@ import tensorflow as tf
 
 from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set, local_rank, local_size, rank
+from spark_hvd._rules import check_splits_tensor, splits_values
 from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import _async
 from spark_hvd.tensorflow._async import RunTimeScale
 from spark_hvd.tensorflow._host import (_BITCAST, _check_dtype, _differentiable,
                                         _first_dim_unknown, _not_autograph, _rest, _set_shape,
-                                        collective_name, host_call, in_order, kernels,
-                                        records_gradient)
+                                        collective_name, grad_name, host_call, in_order,
+                                        kernels, records_gradient)
 from spark_hvd.tensorflow.compression import Compression
 from spark_hvd.tensorflow.functions import broadcast_variables
 
@@ -148,7 +149,7 @@ def _allreduce_dense(tensor, op, prescale, postscale, name, process_set):
 
         def grad(dy):  # Horovod's: the same allreduce (op and factors) of the gradient
             with in_order(after=y):
-                return _allreduce_dense(dy, op, prescale, postscale, name + ".grad",
+                return _allreduce_dense(dy, op, prescale, postscale, grad_name(name),
                                         process_set)
         return y, grad
 
@@ -235,7 +236,7 @@ def _grouped_allreduce_dense(tensors, op, prescale, postscale, name, process_set
                    if dy is not None and _differentiable(x.dtype)]
             with in_order(after=ys[0]):
                 reduced = _grouped_allreduce_dense([dys[i] for i in idx], op, prescale,
-                                                   postscale, name + ".grad", process_set)
+                                                   postscale, grad_name(name), process_set)
             out = [None] * len(xs)
             for i, r in zip(idx, reduced):
                 out[i] = r
@@ -328,8 +329,9 @@ def allgather(tensor, name: Optional[str] = None, ignore_name_scope: bool = Fals
 
         def grad(dy):
             with in_order(after=y):
-                total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
-                return _own_rows(total, x, name + ".grad.rows", process_set)
+                g = grad_name(name)
+                total = _allreduce_dense(dy, Average, 1.0, 1.0, g, process_set)
+                return _own_rows(total, x, g + ".rows", process_set)
         return y, grad
 
     return forward(tensor)
@@ -370,11 +372,12 @@ def grouped_allgather(tensors, name: Optional[str] = None,
             idx = [i for i, (x, dy) in enumerate(zip(xs, dys))
                    if dy is not None and _differentiable(x.dtype)]
             out = [None] * len(xs)
+            g = grad_name(base)
             with in_order(after=ys[0]):
                 totals = _grouped_allreduce_dense([dys[i] for i in idx], Average, 1.0, 1.0,
-                                                  base + ".grad", process_set)
+                                                  g, process_set)
                 for i, total in zip(idx, totals):
-                    out[i] = _own_rows(total, xs[i], f"{base}.grad.rows{i}", process_set)
+                    out[i] = _own_rows(total, xs[i], f"{g}.rows{i}", process_set)
             return out
         return ys, grad
 
@@ -413,7 +416,7 @@ def broadcast(tensor, root_rank: int, name: Optional[str] = None,
 
         def grad(dy):
             with in_order(after=y):
-                total = _allreduce_dense(dy, Average, 1.0, 1.0, name + ".grad", process_set)
+                total = _allreduce_dense(dy, Average, 1.0, 1.0, grad_name(name), process_set)
             if rank() == root_rank:  # a global rank
                 return total
             # Zeros that depend on the allreduce's data, as Horovod's: a graph prunes an
@@ -460,38 +463,48 @@ def _alltoall_raw(tensor, splits, name, process_set):
         _set_shape(received, [process_set.size()])
 
 
+def _splits_tensor(splits) -> tf.Tensor:
+    """``splits`` as the int32 vector the op takes, by the rule of every framework
+    (``spark_hvd._rules``): a TensorFlow tensor must be int32 (Horovod's op takes nothing
+    else), a numpy array any integer dtype, a list integers."""
+    if isinstance(splits, (list, tuple)) and any(tf.is_tensor(v) for v in splits):
+        splits = tf.stack(splits)  # a list of scalar tensors, as convert_to_tensor packs it
+    if tf.is_tensor(splits) or isinstance(splits, tf.Variable):
+        check_splits_tensor(splits.dtype.name, splits.shape.rank or 0,
+                            "tf.cast(splits, tf.int32)")
+        return tf.reshape(splits, [-1])
+    values = splits_values(splits)
+    return tf.constant(values, dtype=tf.int32, shape=[len(values)])
+
+
 @_not_autograph
 def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set):
     """Sends ``splits[i]`` rows to rank i (even split when None; as Horovod's, splits may
-    cover fewer rows than the tensor has, and the rest are not sent) and returns
-    ``(received rows, rows received from each rank)``. Differentiable: the gradient goes
-    back by an alltoall with the received splits."""
+    cover fewer rows than the tensor has, and the rest are not sent). Returns the received
+    rows, and, when ``splits`` was given, also the int32 rows received from each rank, as
+    Horovod's: ``(rows, received_splits)``. Differentiable: the gradient goes back by an
+    alltoall with the received splits."""
     name = collective_name(name, "alltoall", process_set)
     tensor = tf.convert_to_tensor(tensor)
     _check_dtype(tensor.dtype, bitcast=True)
     if tensor.shape.rank == 0:
         raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
-    if splits is not None:  # Horovod's: int32 or int64 splits, whatever the tensor's dtype
-        splits = tf.convert_to_tensor(splits)
-        if not splits.dtype.is_integer:
-            raise InvalidArgumentError(f"alltoall splits must be integers, got {splits.dtype.name}")
-        splits = tf.reshape(splits, [-1])
-        if splits.dtype not in (tf.int32, tf.int64):
-            splits = tf.cast(splits, tf.int64)
+    split_tensor = None if splits is None else _splits_tensor(splits)
     if not _differentiable(tensor.dtype):
-        return _alltoall_raw(tensor, splits, name, process_set)
+        out, received = _alltoall_raw(tensor, split_tensor, name, process_set)
+        return out if splits is None else (out, received)
 
     received_box = []
 
     @tf.custom_gradient
     def forward(x):
-        y, received = _alltoall_raw(x, splits, name, process_set)
+        y, received = _alltoall_raw(x, split_tensor, name, process_set)
         received_box.append(received)
 
         def grad(dy):
             with in_order(after=y):
-                back, _ = _alltoall_raw(dy, received, name + ".grad", process_set)
+                back, _ = _alltoall_raw(dy, received, grad_name(name), process_set)
             # rows after the splits' sum were not sent: their gradient is zero
             unsent = tf.shape(x)[0] - tf.shape(back)[0]
             back = tf.concat([back, tf.zeros(tf.concat([[unsent], tf.shape(x)[1:]], 0),
@@ -500,7 +513,7 @@ def alltoall(tensor, splits=None, name: Optional[str] = None, ignore_name_scope:
         return y, grad
 
     out = forward(tensor)
-    return out, received_box[0]
+    return out if splits is None else (out, received_box[0])
 
 
 # -- reducescatter -----------------------------------------------------------------------
@@ -561,7 +574,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
 
         def grad(dy):
             with in_order(after=y):
-                full = allgather(dy, name=name + ".grad", process_set=process_set)
+                full = allgather(dy, name=grad_name(name), process_set=process_set)
             factor = prescale_factor * postscale_factor
             if rop == Sum:  # the size when the gradient runs
                 full = _scaled_at_run(full, RunTimeScale(factor, process_set, 1))
@@ -621,7 +634,7 @@ def grouped_reducescatter(tensors, device_dense: str = "", compression=Compressi
                    if dy is not None and _differentiable(x.dtype)]
             out = [None] * len(xs)
             with in_order(after=ys[0]):
-                fulls = grouped_allgather([dys[i] for i in idx], name=base + ".grad",
+                fulls = grouped_allgather([dys[i] for i in idx], name=grad_name(base),
                                           process_set=process_set)
             factor = prescale_factor * postscale_factor
             for i, full in zip(idx, fulls):

@@ -14,10 +14,11 @@ import torch
 
 from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
+from spark_hvd._rules import alltoall_splits, check_splits_tensor
 from spark_hvd._types import OpType, ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.torch._handles import GroupHandle, Handle, _name, _submit
-from spark_hvd.torch._tensors import check, contiguous, from_result, int_list
+from spark_hvd.torch._tensors import check, contiguous, from_result
 
 Average = ReduceOp.AVERAGE
 Adasum = ReduceOp.ADASUM
@@ -61,15 +62,11 @@ def alltoall_async(tensor, splits=None, name: Optional[str] = None,
     t = contiguous(check(tensor, "alltoall"))
     if t.dim() == 0:
         raise InvalidArgumentError("alltoall needs a tensor with at least one dimension")
-    n = process_set.size()
-    if splits is None:
-        if t.shape[0] % n:
-            raise InvalidArgumentError(
-                f"alltoall without splits needs the first dimension ({t.shape[0]}) to divide "
-                f"evenly by the number of ranks ({n}); pass splits=")
-        split_list = [t.shape[0] // n] * n
-    else:
-        split_list = int_list(splits, "splits")
+    if isinstance(splits, torch.Tensor):  # Horovod's: int32 only, refused on every rank
+        check_splits_tensor(str(splits.dtype).replace("torch.", ""), splits.dim(),
+                            "splits.to(torch.int32)")
+        splits = splits.tolist() if splits.dim() else [splits.item()]
+    split_list = alltoall_splits(splits) or ()
 
     def finish(r, dt=t.dtype):
         return from_result(r, dt), torch.tensor([int(s) for s in r[2]], dtype=torch.int32)

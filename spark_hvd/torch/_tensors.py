@@ -8,7 +8,7 @@ error for anything else) and turning the core's output back into a tensor.
 from __future__ import annotations
 
 import functools
-from typing import List, Tuple
+from typing import Tuple
 
 import numpy as np
 
@@ -114,15 +114,3 @@ def from_result(result, dtype: torch.dtype) -> torch.Tensor:
     if result[0].size == 0:
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(result[0]).view(dtype).reshape(shape)
-
-
-def int_list(values, what: str) -> List[int]:
-    """splits given as a list, tuple, numpy array or tensor, as a list of ints."""
-    if isinstance(values, torch.Tensor):
-        values = values.reshape(-1).tolist()
-    try:
-        out = [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise InvalidArgumentError(f"{what} must be a sequence of integers, got {values!r}") \
-            from None
-    return out

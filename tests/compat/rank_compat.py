@@ -293,3 +293,56 @@ def check_join_average_counts_the_joined_rank():
                     raise AssertionError("a collective other than allreduce ran while a "
                                          "rank had joined")
             assert hvd.join() in range(n)
+
+
+# -- alltoall: Horovod's splits and return values -----------------------------------------
+
+def check_alltoall_refuses_splits_that_are_not_int32_on_every_rank():
+    """Horovod refuses a splits tensor that is not int32 with a ValueError before anything
+    is sent. Splits made with torch.empty hold whatever memory held: taken as counts, one rank
+    would raise on its values while another entered the alltoall, and every later collective
+    would be out of step. Every rank raises here, and the job goes on in step; lists of ints,
+    numpy integer arrays and int32 tensors are taken, and the received splits are int32.
+    (A float in a list is refused too, as by Horovod's TensorFlow op; its torch layer would
+    truncate it.)"""
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) + 100 * r
+    refused = {"torch.empty float32": lambda: torch.empty(n),
+               "ones float32": lambda: torch.ones(n),
+               "int64 tensor": lambda: torch.full((n,), 2, dtype=torch.int64),
+               "2-D int32": lambda: torch.full((1, n), 2, dtype=torch.int32),
+               "list of floats": lambda: [2.0] * n,
+               "list of bools": lambda: [True] * n}
+    for what, splits in refused.items():
+        for call in (hvd.alltoall, lambda t, splits: hvd.synchronize(
+                hvd.alltoall_async(t, splits=splits))):
+            try:
+                call(x, splits=splits())
+            except ValueError as exc:  # Horovod's class (ours is also its RuntimeError)
+                assert "alltoall" in str(exc) and "splits" in str(exc), (what, str(exc))
+            else:
+                raise AssertionError(f"alltoall took {what} splits")
+    got = hvd.allreduce(torch.full((3,), float(r + 1)), op=hvd.Sum, name="compat.a2a.in_step")
+    assert torch.equal(got, torch.full((3,), float(n * (n + 1) // 2))), got
+    want = torch.cat([x_j[2 * r:2 * r + 2] for x_j in
+                      (torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) + 100 * j
+                       for j in range(n))])
+    for what, splits in {"list": [2] * n, "numpy int64": np.full(n, 2, np.int64),
+                         "int32 tensor": torch.full((n,), 2, dtype=torch.int32)}.items():
+        out, received = hvd.alltoall(x, splits=splits, name=f"compat.a2a.ok.{what}")
+        assert torch.equal(out, want), (what, out)
+        assert received.dtype == torch.int32 and received.tolist() == [2] * n, (what, received)
+
+
+def check_alltoall_without_splits_returns_the_tensor_alone():
+    """As Horovod's: hvd.alltoall(t) returns the received rows alone, with splits the pair;
+    the async form's synchronize returns the pair either way."""
+    r, n = hvd.rank(), hvd.size()
+    x = torch.arange(n, dtype=torch.float32) + 10 * r
+    out = hvd.alltoall(x, name="compat.a2a.alone")
+    assert isinstance(out, torch.Tensor), type(out)
+    assert out.tolist() == [float(10 * j + r) for j in range(n)], out
+    out, received = hvd.alltoall(x, splits=[1] * n, name="compat.a2a.pair")
+    assert out.tolist() == [float(10 * j + r) for j in range(n)] and received.tolist() == [1] * n
+    out, received = hvd.synchronize(hvd.alltoall_async(x, name="compat.a2a.async"))
+    assert out.tolist() == [float(10 * j + r) for j in range(n)] and received.tolist() == [1] * n

@@ -189,11 +189,11 @@ def check_tf_errors_are_horovods_classes_eager_and_in_graphs():
                                            name=nm), failed, TensorMismatchError),
         "root": (lambda nm: hvd.broadcast(tf.ones([3]), n - 1 if last else 0, name=nm), failed,
                  TensorMismatchError),
-        "a2a_dims": (lambda nm: hvd.alltoall(tf.ones([n, 3 if last else 2]), name=nm)[0],
+        "a2a_dims": (lambda nm: hvd.alltoall(tf.ones([n, 3 if last else 2]), name=nm),
                      failed, TensorMismatchError),
         "a2a_sum": (lambda nm: hvd.alltoall(tf.ones([n, 2]), splits=[2] + [1] * (n - 1),
                                             name=nm)[0], bad_arg, InvalidArgumentError),
-        "a2a_even": (lambda nm: hvd.alltoall(tf.ones([n + 1, 2]), name=nm)[0], bad_arg,
+        "a2a_even": (lambda nm: hvd.alltoall(tf.ones([n + 1, 2]), name=nm), bad_arg,
                      InvalidArgumentError),
     }
     if n < 2:
@@ -327,12 +327,15 @@ def check_tf_broadcast_inplace_leaves_the_roots_values():
     assert not problems, problems
 
 
-# -- alltoall splits of any integer dtype -----------------------------------------------------
+# -- alltoall: Horovod's splits and return values ----------------------------------------------
 
-def check_tf_alltoall_takes_splits_of_any_integer_dtype():
-    """Horovod's alltoall takes int32 and int64 splits whatever the tensor's dtype; lists,
-    numpy arrays and the other integer dtypes work too, eagerly, in a tf.function and in a
-    TF1 session, and the received splits are int32. As Horovod's, splits may cover fewer
+def check_tf_alltoall_splits_are_int32_as_horovods():
+    """Horovod's alltoall op takes int32 splits only: int32 tensors, lists of ints and numpy
+    integer arrays work, eagerly, in a tf.function and in a TF1 session, and the received
+    splits are int32; a TensorFlow tensor of any other dtype (float32, int64, int16) and a
+    list holding a float are a ValueError on every rank before anything is sent, and the job
+    goes on in step. Without splits the result is the received rows alone (Horovod returns the
+    pair only with splits), so it passes on as a tensor. As Horovod's, splits may cover fewer
     rows than the tensor has (the rest are not sent; their gradient is zero)."""
     import numpy as np
 
@@ -340,31 +343,45 @@ def check_tf_alltoall_takes_splits_of_any_integer_dtype():
     sent = np.concatenate([np.full([j + 1, 2], 10 * r + j, np.float32) for j in range(n)])
     counts = [j + 1 for j in range(n)]
     want = [[float(10 * q + r)] * 2 for q in range(n) for _ in range(r + 1)]
+
+    def run(where, call):
+        if where == "eager":
+            return call()
+        if where == "tf.function":
+            return tf.function(call)()
+        g = tf.Graph()
+        with g.as_default(), tf.compat.v1.Session(graph=g) as session:
+            return session.run(call())
+
     splits = {"list": lambda: counts, "numpy int64": lambda: np.asarray(counts, np.int64),
-              "int32": lambda: tf.constant(counts, tf.int32),
-              "int64": lambda: tf.constant(counts, tf.int64),
-              "uint8": lambda: tf.constant(counts, tf.uint8),
-              "int16": lambda: tf.constant(counts, tf.int16)}
+              "numpy int32": lambda: np.asarray(counts, np.int32),
+              "int32": lambda: tf.constant(counts, tf.int32)}
+    refused = {"float32": lambda: tf.constant(counts, tf.float32),
+               "int64": lambda: tf.constant(counts, tf.int64),
+               "int16": lambda: tf.constant(counts, tf.int16),
+               "list with a float": lambda: [float(counts[0])] + counts[1:]}
     problems = []
-    for kind, s in splits.items():
-        for where in ("eager", "tf.function", "session"):
+    for where in ("eager", "tf.function", "session"):
+        for kind, s in splits.items():
             name = f"compat.a2a.{kind}.{where}"
-
-            def call():
-                return hvd.alltoall(tf.constant(sent), splits=s(), name=name)
-
-            if where == "eager":
-                out, received = call()
-            elif where == "tf.function":
-                out, received = tf.function(call)()
-            else:
-                g = tf.Graph()
-                with g.as_default(), tf.compat.v1.Session(graph=g) as session:
-                    out, received = session.run(call())
-            out, received = np.asarray(out), np.asarray(received)
+            out, received = (np.asarray(t) for t in run(
+                where, lambda: hvd.alltoall(tf.constant(sent), splits=s(), name=name)))
             if out.tolist() != want or received.tolist() != [r + 1] * n \
                     or received.dtype != np.int32:
                 problems.append(f"{kind} {where}: {out.tolist()} {received!r}")
+        for kind, s in refused.items():
+            name = f"compat.a2a.refused.{kind}.{where}"
+            error = _raised(lambda: run(
+                where, lambda: hvd.alltoall(tf.constant(sent), splits=s(), name=name)))
+            if not isinstance(error, ValueError) or "splits" not in str(error):
+                problems.append(f"{kind} {where}: {type(error)} ({error})")
+        alone = run(where, lambda: tf.size(hvd.alltoall(tf.ones([n, 2]) * float(r),
+                                                        name=f"compat.a2a.alone.{where}")))
+        if int(alone) != 2 * n:
+            problems.append(f"without splits {where}: size {alone}")
+    after = hvd.allreduce(tf.fill([2], float(r + 1)), op=hvd.Sum, name="compat.a2a.in_step")
+    if after.numpy().tolist() != [n * (n + 1) / 2] * 2:
+        problems.append(f"out of step after the refusals: {after}")
     # As Horovod's, splits may cover fewer rows than the tensor has: the rest are not sent,
     # and their gradient is zero.
     extra = tf.constant(np.concatenate([sent, np.full([2, 2], -1.0, np.float32)]))
@@ -377,12 +394,65 @@ def check_tf_alltoall_takes_splits_of_any_integer_dtype():
         return out, received, tape.gradient(loss, x)
 
     want_grad = [[float(j + 1)] * 2 for j in range(n) for _ in range(j + 1)] + [[0.0] * 2] * 2
-    for where, run in (("eager", short), ("tf.function", tf.function(short))):
-        out, received, grad = (np.asarray(t) for t in run(extra))
+    for where, fn in (("eager", short), ("tf.function", tf.function(short))):
+        out, received, grad = (np.asarray(t) for t in fn(extra))
         if out.tolist() != want or received.tolist() != [r + 1] * n \
                 or grad.tolist() != want_grad:
             problems.append(f"fewer rows than the tensor {where}: {out.tolist()} "
                             f"{received.tolist()} {grad.tolist()}")
+    assert not problems, problems
+
+
+def check_tf_gradients_taken_separately_in_one_graph_have_names_of_their_own():
+    """Gradients of one grouped_allgather's, grouped_reducescatter's and alltoall's outputs
+    taken by separate tf.gradients calls in one TF1 graph (and by two calls of a persistent
+    tape in a tf.function), run in one step: each gradient collective has a name of its own,
+    as Horovod derives it from the op, so none is refused as 'already in flight', and each
+    is what it would be alone."""
+    import numpy as np
+
+    r, n = hvd.rank(), hvd.size()
+    mean = (n + 1) / 2  # the average of the ranks' weights r + 1
+
+    def grads(separately):
+        a = tf.constant(np.zeros([r + 1, 2], np.float32))
+        b = tf.constant(np.zeros([2, 3], np.float32))
+        c = tf.constant(np.zeros([2 * n, 2], np.float32))
+        w = float(r + 1)
+
+        def losses():
+            ya, yb = hvd.grouped_allgather([a, b])
+            _, zb = hvd.grouped_reducescatter([c[:n] + 1.0, c], op=hvd.Sum)
+            yc, _ = hvd.alltoall(c, splits=[2] * n)
+            return (tf.reduce_sum(ya) * w, tf.reduce_sum(yb) * 2 * w,
+                    tf.reduce_sum(zb) * w, tf.reduce_sum(yc) * w)
+        return separately(losses, (a, b, c))
+
+    def with_tf_gradients(losses, xs):
+        la, lb, lz, lc = losses()
+        a, b, c = xs
+        return (tf.gradients(la, a)[0], tf.gradients(lb, b)[0], tf.gradients(lz, c)[0],
+                tf.gradients(lc, c)[0])
+
+    def with_a_tape(losses, xs):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(xs)
+            la, lb, lz, lc = losses()
+        a, b, c = xs
+        return (tape.gradient(la, a), tape.gradient(lb, b), tape.gradient(lz, c),
+                tape.gradient(lc, c))
+
+    # reducescatter (Sum): the allgather of the blocks' gradients (rank k's rows weigh k + 1)
+    # times the size; alltoall: the rows sent to rank k come back with k's weight
+    by_rank = np.repeat(np.arange(1, n + 1, dtype=np.float32), 2)[:, None] * np.ones([1, 2])
+    want = [np.full([r + 1, 2], mean), np.full([2, 3], 2 * mean), by_rank * n, by_rank]
+    g = tf.Graph()
+    with g.as_default(), tf.compat.v1.Session(graph=g) as session:
+        got = {"tf.gradients in a session": session.run(grads(with_tf_gradients))}
+    got["a persistent tape in a tf.function"] = [
+        t.numpy() for t in tf.function(lambda: grads(with_a_tape))()]
+    problems = [f"{where} [{i}]: {np.asarray(v).tolist()}" for where, vs in got.items()
+                for i, (v, w) in enumerate(zip(vs, want)) if not np.allclose(v, w)]
     assert not problems, problems
 
 

@@ -162,8 +162,20 @@ def check_alltoall():
     assert np.array_equal(got.asnumpy(), want) and got_splits.dtype == np.int32
     assert np.array_equal(got_splits.asnumpy(), want_splits)
     even = mx.nd.array(np.arange(2 * n, dtype=np.int64) + 10 * r, dtype="int64")
-    got, _ = hvd.alltoall(even)
+    got = hvd.alltoall(even)  # without splits, as Horovod's: the rows alone
     assert np.array_equal(got.asnumpy(), _ops.alltoall(even.asnumpy())[0])
+    # Horovod's rule: an NDArray of splits must be int32; any other dtype is refused on
+    # every rank before anything is sent (MXNetError and ValueError), and the job goes on
+    for bad in (mx.nd.ones([n], dtype="float32"), mx.nd.ones([n], dtype="int64"),
+                mx.nd.ones([1, n], dtype="int32")):
+        try:
+            hvd.alltoall(mx.nd.array(x), splits=bad)
+        except mx.base.MXNetError as exc:
+            assert isinstance(exc, ValueError) and "splits" in str(exc), exc
+        else:
+            raise AssertionError(f"alltoall took splits of {bad.dtype}, shape {bad.shape}")
+    total = hvd.allreduce(mx.nd.array([float(r + 1)]), op=hvd.Sum, name="mx.a2a.in_step")
+    assert total.asnumpy().tolist() == [n * (n + 1) / 2], total
 
 
 def check_reducescatter_and_grouped():

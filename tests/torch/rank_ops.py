@@ -308,7 +308,7 @@ def check_alltoall_every_dtype():
     out = hvd.alltoall(x)
     same(out, torch.cat([torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * j
                          for j in range(n)]), "even alltoall")
-    splits = torch.tensor([0] * n)  # sends nothing: zero-row output
+    splits = torch.tensor([0] * n, dtype=torch.int32)  # sends nothing: zero-row output
     h = hvd.alltoall_async(torch.zeros(0, 3), splits=splits)
     out, received = hvd.synchronize(h)
     same(out, torch.zeros(0, 3), "empty alltoall")

@@ -131,27 +131,9 @@ class AlltoallOp : public Collective {
     OP_REQUIRES_ASYNC(
         ctx, in.dims() > 0,
         StatusOf(2, "alltoall needs a tensor with at least one dimension", name, nullptr, 0), done);
-    const int64_t rows = in.dim_size(0);
-    const int32_t size = Api()->process_set_size(static_cast<int32_t>(process_set_));
-    std::vector<int64_t>& s = specs[0].splits;
-    for (int64_t i = 0; i < splits.NumElements(); ++i) {
-      s.push_back(splits.dtype() == tf::DT_INT32 ? splits.flat<int32_t>()(i)
-                                                 : splits.flat<int64_t>()(i));
-    }
-    if (s.empty() && size > 0) {
-      if (rows % size != 0) {
-        ctx->SetStatus(StatusOf(2,
-                                "alltoall without splits needs the first dimension (" +
-                                    std::to_string(rows) +
-                                    ") to divide evenly by the "
-                                    "number of ranks (" +
-                                    std::to_string(size) + "); pass splits=",
-                                name, nullptr, 0));
-        done();
-        return;
-      }
-      s.assign(static_cast<size_t>(size), rows / size);
-    }
+    // Empty splits: the engine splits the first dimension evenly (and checks that it can).
+    const auto flat = splits.flat<int32_t>();
+    specs[0].splits.assign(flat.data(), flat.data() + flat.size());
     auto keep = std::make_shared<Keep>();
     keep->tensors.push_back(in);
     Launch(ctx, std::move(done), name, specs, std::move(keep),

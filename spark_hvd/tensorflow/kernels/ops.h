@@ -91,12 +91,11 @@ REGISTER_OP("SparkHvdBroadcast")
 // splits: rows sent to each rank of the set (empty: the first dimension split evenly).
 REGISTER_OP("SparkHvdAlltoall")
     .Input("tensor: T")
-    .Input("splits: Tsplits")
+    .Input("splits: int32")
     .Input("tensor_name: string")
     .Output("received: T")
     .Output("received_splits: int32")
     .Attr("T: " SHVD_ALL_TYPES)
-    .Attr("Tsplits: {int32, int64}")
     .Attr("process_set_id: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       TF_RETURN_IF_ERROR(FirstDimUnknown(c));
