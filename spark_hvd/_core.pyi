@@ -161,6 +161,12 @@ def engine_allocations() -> int:
 def driven_cycles() -> int:
     """Engine cycles run on API threads waiting for their op (instead of the engine's
     thread) since the process started."""
+def cycles() -> int:
+    """Negotiation cycles this process has run since it started (any thread)."""
+def traffic() -> Dict[str, Dict[str, Any]]:
+    """What this process has sent since it started: per sender (tcp, shm, gloo, mpi,
+    heartbeat) and kind (control, data, liveness), messages and bytes; and connections
+    (opened, accepted, failed, dropped)."""
 def process_set_ranks(id: int) -> List[int]: ...
 def process_set_ids() -> List[int]: ...
 def start_timeline(path: str) -> None: ...

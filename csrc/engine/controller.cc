@@ -5,6 +5,7 @@
 
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/traffic.h"
 #include "engine/fusion.h"
 #include "engine/groups.h"
 #include "engine/timeline.h"
@@ -256,6 +257,7 @@ void Controller::Cycle(Communicator* control, std::vector<Request>* incoming, bo
 }
 
 void Controller::Exchange(Communicator* control, bool shutdown) {
+  ScopedTrafficKind kind(TrafficKind::kControl);  // what the exchange sends (common/traffic.h)
   Writer& payload = payload_;
   payload.Clear();
   for (const auto& key : to_send_) {

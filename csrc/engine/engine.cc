@@ -260,6 +260,7 @@ void Engine::Loop(std::promise<Status>* ready) {
 
 bool Engine::RunCycle() {
   CountAllocations counted;  // on a Driving API thread too (common/alloc_count.h)
+  cycles_.fetch_add(1, std::memory_order_relaxed);
   const auto start = Clock::now();
   const bool want_shutdown = shutdown_requested_.load();
   const CycleResult& cr = cr_;

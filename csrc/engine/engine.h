@@ -78,6 +78,8 @@ class Engine {
   int64_t OpAllocations() const { return op_states_.made() + queue_.made(); }
   // Cycles run by API threads (Drive) since the process started.
   int64_t DrivenCycles() const { return driven_cycles_.load(); }
+  // Negotiation cycles run since the process started, on any thread.
+  int64_t Cycles() const { return cycles_.load(); }
   std::vector<int32_t> ProcessSetRanks(int32_t id) { return sets_.Ranks(id); }
   std::vector<int32_t> ProcessSetIds() { return sets_.Ids(); }
 
@@ -134,6 +136,7 @@ class Engine {
   std::atomic<bool> handed_back_{false};  // a Drive left work for the engine thread
   std::thread::id engine_thread_;         // the loop's thread
   std::atomic<int64_t> driven_cycles_{0};
+  std::atomic<int64_t> cycles_{0};
   // A cycle's new requests and result, kept from cycle to cycle (under cycle_mu_): no
   // allocation per cycle.
   std::vector<Request> incoming_;

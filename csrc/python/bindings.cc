@@ -14,6 +14,7 @@
 #include "common/alloc_count.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/traffic.h"
 #include "common/types.h"
 #include "engine/engine.h"
 #include "engine/instance.h"
@@ -456,6 +457,34 @@ PYBIND11_MODULE(_core, m) {
       "driven_cycles", [] { return TheEngine().DrivenCycles(); },
       "Engine cycles run on API threads waiting for their op (Engine::Drive) since the "
       "process started.");
+  m.def(
+      "cycles", [] { return TheEngine().Cycles(); },
+      "Negotiation cycles this process has run since it started (any thread).");
+  m.def(
+      "traffic",
+      [] {
+        py::dict senders;
+        for (int s = 0; s < kTrafficSenders; ++s) {
+          py::dict kinds;
+          for (int k = 0; k < kTrafficKinds; ++k) {
+            const TrafficCount& c =
+                Traffic(static_cast<TrafficSender>(s), static_cast<TrafficKind>(k));
+            kinds[TrafficKindName(static_cast<TrafficKind>(k))] = py::dict(
+                py::arg("messages") = c.messages.load(), py::arg("bytes") = c.bytes.load());
+          }
+          senders[TrafficSenderName(static_cast<TrafficSender>(s))] = kinds;
+        }
+        const ConnectionCount& c = Connections();
+        senders["connections"] =
+            py::dict(py::arg("opened") = c.opened.load(), py::arg("accepted") = c.accepted.load(),
+                     py::arg("failed") = c.failed.load(), py::arg("dropped") = c.dropped.load());
+        return senders;
+      },
+      "What this process has sent since it started (common/traffic.h): for each sender "
+      "(tcp, shm, gloo, mpi, heartbeat), by kind (control: the per-cycle negotiation, data: "
+      "collectives, liveness: heartbeats), messages and bytes (shm: rounds posted, no bytes); "
+      "and connections: opened (connected and acknowledged), accepted, failed (attempts "
+      "refused, reset or retried), dropped (accepted but invalid).");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from collections import Counter
 from typing import List, Optional, Sequence
 
 from spark_hvd._job import wire as _wire
@@ -167,6 +168,9 @@ class RendezvousClient:
         self._connect_timeout_s = check_timeout(connect_timeout_s)
         self._request_timeout_s = check_timeout(request_timeout_s)
         self._lock = threading.Lock()
+        # Requests sent, by operation name (SET, GET, ...): what a rank costs the service,
+        # read by bench/scale.py and the tests of the rendezvous' growth.
+        self.requests: Counter = Counter()
         self._idle: List[_Connection] = [self._connect()]
         self._registration: Optional[_Connection] = None
         self._group = ""
@@ -193,6 +197,7 @@ class RendezvousClient:
 
     def _call(self, op: Op, args: Sequence[bytes], wait_s: float = 0.0,
               idempotent: bool = True) -> List[bytes]:
+        self.requests[op.name] += 1
         conn = self._checkout()
         timeout_s = wait_s + self._request_timeout_s
         try:
@@ -275,6 +280,7 @@ class RendezvousClient:
         try:
             host = host if host is not None else conn.sock.getsockname()[0]
             args = [str(rank).encode(), host.encode("utf-8")]
+            self.requests[Op.REGISTER.name] += 1
             conn.request(Op.REGISTER, args + [group.encode("utf-8")] if group else args,
                          self._request_timeout_s)
         except BaseException:

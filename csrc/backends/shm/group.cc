@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/spin.h"
+#include "common/traffic.h"
 #include "common/types.h"
 
 namespace spark_hvd {
@@ -111,6 +112,7 @@ Status Group::Next(const char* what, uint64_t* round) {
 }
 
 void Group::Post(Counter c, uint64_t round) {
+  CountMessage(TrafficSender::kShm, 0);  // a round posted; its bytes go through memory
   Header* me = maps_[static_cast<size_t>(rank_)].header();
   (c == Counter::kStarted ? me->started : me->reduced).store(round, std::memory_order_seq_cst);
   for (int r = 0; r < size(); ++r) {

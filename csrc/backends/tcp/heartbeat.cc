@@ -15,6 +15,7 @@
 #include "backends/tcp/mesh.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/traffic.h"
 
 namespace spark_hvd {
 namespace {
@@ -126,6 +127,7 @@ void Heartbeats::Run() {
         Peer& peer = peers_[p];
         if (peer.fd < 0 || peer.state != kAlive) continue;
         ssize_t w = ::send(peer.fd, &kBeat, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w == 1) CountMessage(TrafficSender::kHeartbeat, TrafficKind::kLiveness, 1);
         if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
           Lose(p, kGone);  // reset by the peer's kernel: its process is gone
         }

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/logging.h"
+#include "common/traffic.h"
 
 namespace spark_hvd {
 namespace tcp {
@@ -146,11 +147,13 @@ void HelloDesk::Check(HalfOpen& c) {
   }
   fds_[peer] = c.fd;
   c.fd = -1;
+  Connections().accepted.fetch_add(1, std::memory_order_relaxed);
 }
 
 void HelloDesk::Drop(HalfOpen& c, const std::string& why) {
   SHVD_LOG(kWarning, "tcp") << "rank " << rank_ << ": connection from " << c.from << " " << why
                             << "; dropped";
+  Connections().dropped.fetch_add(1, std::memory_order_relaxed);
   ::close(c.fd);
   c.fd = -1;
 }

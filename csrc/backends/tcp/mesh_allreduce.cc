@@ -11,6 +11,7 @@
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
 #include "common/reduce.h"
+#include "common/traffic.h"
 
 namespace spark_hvd {
 namespace {
@@ -176,6 +177,7 @@ Status TcpMesh::RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp
     while (sk < steps) {
       const size_t total = chunk_bytes(send_chunk(sk));
       if (sent == total) {
+        if (total > 0) CountMessage(TrafficSender::kTcp, static_cast<int64_t>(total));
         ++sk;
         sent = 0;
         continue;

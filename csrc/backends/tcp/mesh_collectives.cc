@@ -6,6 +6,7 @@
 
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
+#include "common/traffic.h"
 
 namespace spark_hvd {
 namespace {
@@ -67,6 +68,7 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
     const int pos = (rank_ - root + size_) % size_;
     const int prev = (rank_ + size_ - 1) % size_, next = (rank_ + 1) % size_;
     const bool forward = pos < size_ - 1;
+    if (forward) CountMessage(TrafficSender::kTcp, bytes);
     size_t got = pos == 0 ? total : 0, sent = 0;
     auto last_progress = Clock::now();
     Status error;

@@ -34,6 +34,7 @@
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
 #include "common/logging.h"
+#include "common/traffic.h"
 
 namespace spark_hvd {
 namespace {
@@ -185,10 +186,14 @@ class MeshSetup {
     l.fd = tcp::StartConnect(l.host, l.port, &l.last_error);
     l.connected = false;
     l.sent = 0;
-    if (l.fd < 0) l.retry_at = After(kRetryS);
+    if (l.fd < 0) {
+      Connections().failed.fetch_add(1, std::memory_order_relaxed);
+      l.retry_at = After(kRetryS);
+    }
   }
 
   void Retry(int p, int err) {
+    Connections().failed.fetch_add(1, std::memory_order_relaxed);
     Lower& l = lower_[p];
     l.last_error = tcp::Errno(err);
     ::close(l.fd);
@@ -230,6 +235,7 @@ class MeshSetup {
                              std::to_string(l.ack) + " (a stale address in the store?)"));
     }
     l.acked = true;
+    Connections().opened.fetch_add(1, std::memory_order_relaxed);
   }
 
   [[noreturn]] void ThrowTimeout(const tcp::HelloDesk& desk) {

@@ -12,6 +12,7 @@
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
 #include "common/logging.h"
+#include "common/traffic.h"
 
 namespace spark_hvd {
 
@@ -166,6 +167,9 @@ Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
 }
 
 Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
+  for (const auto& x : xs) {
+    if (x.send && x.left > 0) CountMessage(TrafficSender::kTcp, static_cast<int64_t>(x.left));
+  }
   auto last_progress = Clock::now();
   std::vector<std::pair<int, short>>& waits = waits_;
   Status error;
