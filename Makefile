@@ -140,7 +140,7 @@ format: $(STAMP_DEPS)
 # in turn, never at once), the wheel, the compat environment. `docs` and `compat_env` name
 # the docs build and tests/compat_env.
 TEST_LANE_1 := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic"
-TEST_LANE_2 := lint docs "tests/spark" "tests/estimators" "tests/wheel" compat_env
+TEST_LANE_2 := lint docs "tests/spark" "tests/estimators" "tests/cluster" "tests/wheel" compat_env
 TEST_GROUPS := $(TEST_LANE_1) $(TEST_LANE_2)
 LANES ?= 1
 
@@ -201,6 +201,21 @@ test-fast: setup apt-test $(STAMP_AZURITE) $(STAMP_NVIDIA)
 
 demo: setup
 	$(VPY) examples/demo.py
+
+# The cluster in a box (tests/cluster/box.py; docs/getting-started.md): CLUSTER_HOSTS hosts
+# as network namespaces on a bridge, each with an sshd and a Spark Worker with fake GPUs, a
+# Spark master beside them; CLUSTER_RATE caps every host's link (tc units: 1gbit). Needs
+# root. It stays up until `make cluster-down`, which also removes what a killed run left.
+CLUSTER_HOSTS ?= 4
+CLUSTER_RATE ?=
+BOX := tests/cluster/box.py
+
+.PHONY: cluster-up cluster-down
+cluster-up: setup apt-test
+	$(VPY) $(BOX) up --hosts $(CLUSTER_HOSTS) $(if $(CLUSTER_RATE),--rate $(CLUSTER_RATE))
+
+cluster-down:
+	$(if $(wildcard $(VPY)),$(VPY),$(PY)) $(BOX) down
 
 # Every benchmark of docs/benchmarks.md's table, one after the other (each prints its own
 # side-by-side ratios); BENCH=name runs one, e.g. `make bench BENCH=torch_step`.
