@@ -225,12 +225,18 @@ class Services:
         return {by_addr.get(w["host"], w["host"]): w for w in self.master_state()["workers"]
                 if w["state"] == "ALIVE"}
 
+    def _alive_or_none(self) -> Dict[str, dict]:
+        try:
+            return self.alive_workers()
+        except (OSError, ValueError):  # the UI's port opens before its pages answer (404)
+            return {}
+
     def wait_workers(self, hosts: List[str]) -> None:
         """Until the master holds a live Worker on each of ``hosts``."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not set(hosts) <= set(self.alive_workers()):
+        while not set(hosts) <= set(self._alive_or_none()):
             if time.monotonic() > deadline:
-                missing = sorted(set(hosts) - set(self.alive_workers()))
+                missing = sorted(set(hosts) - set(self._alive_or_none()))
                 raise self._failed(f"the Spark Worker on {', '.join(missing)}",
                                    f"spark-worker-{missing[0]}.log", None)
             time.sleep(0.2)
