@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/function_ref.h"
 #include "common/status.h"
 #include "common/types.h"
 
@@ -105,6 +106,15 @@ class Communicator {
   // Control plane: every rank contributes `bytes` bytes; out receives size*bytes.
   virtual Status AllgatherFixed(const void* in, void* out, int64_t bytes) = 0;
 
+  // Control plane, a cycle's summary: every rank contributes `bytes` bytes in `inout`,
+  // which receives their combination: combine(acc, other) folds `other` into `acc` and
+  // must be commutative and associative (ORs, ANDs, maxima, integer sums), so any
+  // order of folding gives the same bytes on every rank. The default gathers every
+  // rank's record (AllgatherFixed) and folds them; tcp runs it in log2(size) rounds of
+  // recursive doubling, each rank sending one message per round.
+  using Combine = FunctionRef<void(void* acc, const void* other)>;
+  virtual Status AllreduceFixed(void* inout, int64_t bytes, Combine combine);
+
   // The allreduce of args.tensors, as one collective. Host-memory backends do
   // the arithmetic around the reduction through HostAllreduce (host_reduce.h); one
   // that needs one contiguous buffer packs through FusionBuffer (contiguous.h).
@@ -168,7 +178,24 @@ class Communicator {
   // same arguments, in the same order; ranks outside `ranks` get null.
   virtual std::unique_ptr<Communicator> Split(const std::vector<int32_t>& ranks,
                                               int32_t set_id) = 0;
+
+ private:
+  std::vector<char> fixed_scratch_;  // the default AllreduceFixed's gathered records
 };
+
+inline Status Communicator::AllreduceFixed(void* inout, int64_t bytes, Combine combine) {
+  const size_t b = static_cast<size_t>(bytes);
+  // Kept: no allocation per cycle once it has grown to the job's size.
+  if (fixed_scratch_.size() < b * static_cast<size_t>(size())) {
+    fixed_scratch_.resize(b * static_cast<size_t>(size()));
+  }
+  Status s = AllgatherFixed(inout, fixed_scratch_.data(), bytes);
+  if (!s.ok()) return s;
+  for (int r = 0; r < size(); ++r) {
+    if (r != rank()) combine(inout, fixed_scratch_.data() + b * static_cast<size_t>(r));
+  }
+  return Status::OK();
+}
 
 inline Status Communicator::Allocate(int64_t bytes, Buffer* out) {
   auto memory = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(bytes));

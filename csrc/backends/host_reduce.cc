@@ -126,3 +126,47 @@ Status HostAllreduce(const ReduceArgs& a, const SegmentReduce& reduce, HostReduc
 }
 
 }  // namespace spark_hvd
+
+namespace spark_hvd {
+
+int PairwiseTemps(int n) {
+  int levels = 1;
+  for (int p = PowerOfTwoFloor(std::max(n, 1)); p > 1; p /= 2) ++levels;
+  return levels;
+}
+
+// y_i (the fold of x_i and x_(i+p)) is pushed on a stack of partial results, each at
+// its level of the tree; two of one level combine into the lower one's place, the lower
+// operand first: the same pairs, in the same order, as recursive doubling's rounds.
+void PairwiseReduce(const char* const* operands, int n, size_t count, size_t elem, ReduceFn fn,
+                    char* temps, char* out) {
+  const size_t bytes = count * elem;
+  const int p = PowerOfTwoFloor(n);
+  struct Entry {
+    const char* data;
+    int level;
+  };
+  Entry stack[32];
+  int depth = 0;
+  auto temp = [&](int d) { return temps + static_cast<size_t>(d) * bytes; };
+  for (int i = 0; i < p; ++i) {
+    const char* y = operands[i];
+    if (i + p < n) {
+      std::memcpy(temp(depth), operands[i], bytes);
+      fn(temp(depth), operands[i + p], count);
+      y = temp(depth);
+    }
+    stack[depth++] = Entry{y, 0};
+    while (depth >= 2 && stack[depth - 1].level == stack[depth - 2].level) {
+      Entry& lower = stack[depth - 2];
+      char* acc = temp(depth - 2);
+      if (lower.data != acc) std::memcpy(acc, lower.data, bytes);
+      fn(acc, stack[depth - 1].data, count);
+      lower = Entry{acc, lower.level + 1};
+      --depth;
+    }
+  }
+  if (out != stack[0].data) std::memcpy(out, stack[0].data, bytes);
+}
+
+}  // namespace spark_hvd

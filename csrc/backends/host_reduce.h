@@ -13,6 +13,7 @@
 
 #include "backends/communicator.h"
 #include "common/function_ref.h"
+#include "common/reduce.h"
 
 namespace spark_hvd {
 
@@ -49,17 +50,35 @@ double PostFactor(const ReduceArgs& args);
 // The order of the reduction, shared by the backends that give the same bits (tcp and
 // shm: a job's results do not depend on which of them ran it):
 // - direct: a buffer of at most kDirectReduceBytes, or of fewer elements than ranks, is
-//   reduced in rank order, accumulator first: ((x0 op x1) op x2) ...;
+//   reduced among at most kDirectMaxRanks ranks in rank order, accumulator first:
+//   ((x0 op x1) op x2) ...; among more ranks in the pairwise order of recursive
+//   doubling (tcp sends log2 of the ranks' messages instead of all of them): with p the
+//   largest power of two <= n, y_i = x_i op x_(i+p) for i < n - p (else y_i = x_i), then
+//   neighbours pairwise, the lower operand first, level by level: for n = 4,
+//   (y0 op y1) op (y2 op y3) (PairwiseReduce);
 // - ring: otherwise chunk c (elements [RingChunkStart(c), RingChunkStart(c + 1))) is
 //   reduced around the ring from rank c, the arriving partial result as the right
 //   operand: x(c+2) op (x(c+1) op x(c)) ... (GetReduceFnReversed, common/reduce.h).
 // The postscale factor (float32/float64, see above) multiplies each final element.
 constexpr size_t kDirectReduceBytes = 64 * 1024;
+constexpr int kDirectMaxRanks = 4;
 inline bool ReducesDirect(size_t bytes, size_t count, int ranks) {
   return bytes <= kDirectReduceBytes || count < static_cast<size_t>(ranks);
 }
 inline size_t RingChunkStart(size_t count, int chunk, int ranks) {
   return count * static_cast<size_t>(chunk) / static_cast<size_t>(ranks);
 }
+// The largest power of two <= n (n >= 1): where recursive doubling folds the rest in.
+inline int PowerOfTwoFloor(int n) {
+  int p = 1;
+  while (p <= n / 2) p *= 2;
+  return p;
+}
+
+// Reduces operands[0..n) (each `count` elements) into `out` in the pairwise order above;
+// `temps` has room for PairwiseTemps(n) buffers of `count` elements, one after another.
+void PairwiseReduce(const char* const* operands, int n, size_t count, size_t elem, ReduceFn fn,
+                    char* temps, char* out);
+int PairwiseTemps(int n);
 
 }  // namespace spark_hvd

@@ -27,16 +27,38 @@ bool SameTail(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
 }  // namespace
 
 bool CycleRecords::AnyFlagOrBit() const {
-  for (size_t r = 0; r < headers.size(); ++r) {
-    if ((headers[r].flags & (kFlagShutdown | kFlagJoined)) != 0) return true;
-    const char* bits = records.data() + static_cast<int64_t>(r) * record_bytes +
-                       static_cast<int64_t>(sizeof(CycleHeader));
-    for (int64_t b = 0; b < record_bytes - static_cast<int64_t>(sizeof(CycleHeader)); ++b) {
-      if (bits[b] != 0) return true;
-    }
+  if ((header.flags & (kFlagShutdown | kFlagJoined)) != 0) return true;
+  const char* some = summary.data() + sizeof(CycleHeader) + bit_bytes;
+  for (int64_t b = 0; b < bit_bytes; ++b) {
+    if (some[b] != 0) return true;
   }
   return false;
 }
+
+namespace {
+
+// Folds one rank's summary into another's (step 2): flags ORed, the header's numbers
+// their maxima, the ready bits ANDed and the some-rank bits ORed. Commutative and
+// associative, as AllreduceFixed needs.
+void CombineSummaries(int64_t bit_bytes, char* acc, const char* other) {
+  CycleHeader a, b;
+  std::memcpy(&a, acc, sizeof(a));
+  std::memcpy(&b, other, sizeof(b));
+  a.flags |= b.flags;
+  a.uncached_bytes = std::max(a.uncached_bytes, b.uncached_bytes);
+  a.stall_cutoff = std::max(a.stall_cutoff, b.stall_cutoff);
+  a.fusion_threshold_kib = std::max(a.fusion_threshold_kib, b.fusion_threshold_kib);
+  a.cycle_time_us = std::max(a.cycle_time_us, b.cycle_time_us);
+  std::memcpy(acc, &a, sizeof(a));
+  char* every = acc + sizeof(CycleHeader);
+  const char* every_b = other + sizeof(CycleHeader);
+  for (int64_t i = 0; i < bit_bytes; ++i) every[i] &= every_b[i];
+  char* some = every + bit_bytes;
+  const char* some_b = every_b + bit_bytes;
+  for (int64_t i = 0; i < bit_bytes; ++i) some[i] |= some_b[i];
+}
+
+}  // namespace
 
 Controller::Controller(int32_t rank, int32_t size, ProcessSetTable* sets, Autotuner* tuner,
                        CacheStats* stats)
@@ -231,23 +253,25 @@ void Controller::Cycle(Communicator* control, std::vector<Request>* incoming, bo
   result.shutdown = false;
   result.shutdown_ranks.clear();
   result.idle = false;
-  for (int32_t r = 0; r < size_; ++r) {
-    if (records.headers[r].flags & kFlagShutdown) result.shutdown_ranks.push_back(r);
-  }
-  if (!result.shutdown_ranks.empty()) {
+  if (records.header.flags & kFlagShutdown) {  // a shutdown makes the cycle full
+    for (int32_t r = 0; r < size_; ++r) {
+      if (records.headers[r].flags & kFlagShutdown) result.shutdown_ranks.push_back(r);
+    }
     result.shutdown = true;
     return;
   }
-  tuner_->Apply(records.headers[0], cycle_);
-  ApplyJoins(records);
-  ApplyRequests(records);
+  tuner_->Apply(records.header, cycle_);
+  if (records.full) {
+    ApplyJoins(records);
+    ApplyRequests(records);
+  }
   ResponseList& ready = ready_;
   ready.clear();
   ReadyCached(records, &ready);
   ReadyTable(&ready);
   ReadyJoin(&ready);
   const size_t before_stalls = ready.size();
-  stalls_.Inspect(records.headers[0].stall_cutoff, records, joined_, &table_, &cache_, &ready);
+  stalls_.Inspect(records.header.stall_cutoff, records, joined_, &table_, &cache_, &ready);
   FailWholeGroups(&table_, &ready, before_stalls);
   Answered(ready);
   result.idle =
@@ -267,23 +291,57 @@ void Controller::Exchange(Communicator* control, bool shutdown) {
   to_send_.clear();
   CycleRecords& x = records_;
   const int64_t bit_bytes = ((cache_.capacity() + 63) / 64) * 8;
-  x.record_bytes = static_cast<int64_t>(sizeof(CycleHeader)) + bit_bytes;
-  std::vector<char>& mine = mine_;
-  mine.assign(static_cast<size_t>(x.record_bytes), 0);
-  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), stalls_.Cutoff(table_, cache_), 0,
-                0};
+  const int64_t header_bytes = static_cast<int64_t>(sizeof(CycleHeader));
+
+  // Step 2: this rank's summary.
+  const int64_t cutoff = stalls_.Cutoff(table_, cache_);
+  CycleHeader h{0, static_cast<uint32_t>(payload.data().size()), cutoff, 0, 0};
   tuner_->Publish(&h);
   if (shutdown) h.flags |= kFlagShutdown;
   if (join_pending_) h.flags |= kFlagJoined;
-  std::memcpy(mine.data(), &h, sizeof(h));
-  for (size_t slot = 0; slot < cached_key_.size(); ++slot) {
-    if (cached_key_[slot].empty()) continue;
-    mine[sizeof(CycleHeader) + slot / 8] |= static_cast<char>(1 << (slot % 8));
+  if (shutdown || h.uncached_bytes > 0 || join_pending_ != joined_[static_cast<size_t>(rank_)] ||
+      cutoff >= 0 || stalls_.WantsRecords(cache_)) {
+    h.flags |= kFlagFull;
   }
-  x.records.resize(static_cast<size_t>(x.record_bytes * size_));
-  Status s = control->AllgatherFixed(mine.data(), x.records.data(), x.record_bytes);
+  x.bit_bytes = bit_bytes;
+  x.summary.assign(static_cast<size_t>(header_bytes + 2 * bit_bytes), 0);
+  std::memcpy(x.summary.data(), &h, sizeof(h));
+  char* every = x.summary.data() + header_bytes;
+  char* some = every + bit_bytes;
+  // The join state this cycle applies (a change makes the cycle full, and ApplyJoins
+  // then sets joined_ from it), not the one of the cycle before.
+  const bool joined = join_pending_;
+  for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
+    const bool mine = !cached_key_[static_cast<size_t>(slot)].empty();
+    bool ready = true;  // an empty slot, or one of a set this rank is not in: no say
+    const CacheSlot& cs = cache_.slot(slot);
+    if (cs.valid && !joined) {
+      const ProcessSet* set = sets_->Get(cs.process_set);
+      ready = mine || set == nullptr || !set->Contains(rank_);
+    }
+    if (ready) every[slot / 8] |= static_cast<char>(1 << (slot % 8));
+    if (mine) some[slot / 8] |= static_cast<char>(1 << (slot % 8));
+  }
+  // This rank's own record (step 3), before the reduction combines the summary in place.
+  x.record_bytes = header_bytes + bit_bytes;
+  std::vector<char>& mine = mine_;
+  mine.assign(static_cast<size_t>(x.record_bytes), 0);
+  std::memcpy(mine.data(), &h, sizeof(h));
+  std::memcpy(mine.data() + header_bytes, some, static_cast<size_t>(bit_bytes));
+  Status s = control->AllreduceFixed(
+      x.summary.data(), header_bytes + 2 * bit_bytes, [bit_bytes](void* acc, const void* other) {
+        CombineSummaries(bit_bytes, static_cast<char*>(acc), static_cast<const char*>(other));
+      });
   if (!s.ok()) throw StatusError(s);
+  std::memcpy(&x.header, x.summary.data(), sizeof(CycleHeader));
 
+  // Step 3: every rank's own record, only when some rank asked for them.
+  x.full = (x.header.flags & kFlagFull) != 0;
+  x.uncached.clear();
+  if (!x.full) return;
+  x.records.resize(static_cast<size_t>(x.record_bytes * size_));
+  s = control->AllgatherFixed(mine.data(), x.records.data(), x.record_bytes);
+  if (!s.ok()) throw StatusError(s);
   x.headers.resize(static_cast<size_t>(size_));
   x.uncached_bytes.resize(static_cast<size_t>(size_));
   int64_t total = 0;
@@ -292,7 +350,7 @@ void Controller::Exchange(Communicator* control, bool shutdown) {
     x.uncached_bytes[r] = x.headers[r].uncached_bytes;
     total += x.uncached_bytes[r];
   }
-  x.uncached.clear();
+  // Step 4: the requests sent in full.
   if (total > 0) {
     x.uncached.resize(static_cast<size_t>(total));
     s = control->Allgatherv(payload.data().data(), &x.uncached[0], x.uncached_bytes);
@@ -301,10 +359,12 @@ void Controller::Exchange(Communicator* control, bool shutdown) {
 }
 
 void Controller::ApplyJoins(const CycleRecords& records) {
+  joined_count_ = 0;
   for (int32_t r = 0; r < size_; ++r) {
     const bool j = (records.headers[r].flags & kFlagJoined) != 0;
     if (j && !joined_[r]) join_cycle_[r] = cycle_;
     joined_[r] = j;
+    joined_count_ += j ? 1 : 0;
   }
 }
 
@@ -345,15 +405,12 @@ void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
       cache_.Erase(slot);
       continue;
     }
-    bool any = false, every = true, anyone_active = false;
-    for (int32_t m : set->ranks) {
-      const bool bit = records.Bit(m, slot);
-      any = any || bit;
-      if (joined_[static_cast<size_t>(m)]) continue;
-      anyone_active = true;
-      every = every && bit;
+    bool anyone_active = joined_count_ == 0;  // no loop over the ranks in steady state
+    for (size_t i = 0; !anyone_active && i < set->ranks.size(); ++i) {
+      anyone_active = !joined_[static_cast<size_t>(set->ranks[i])];
     }
-    every = every && anyone_active;
+    const bool any = records.Some(slot);
+    const bool every = anyone_active && records.Every(slot);
     if (any && cs.first_bit_cycle < 0) {
       cs.first_bit_cycle = cycle_;
       cs.first_bit_us = NowMicros();
@@ -407,7 +464,7 @@ void Controller::ReadyTable(ResponseList* ready) {
 }
 
 void Controller::ReadyJoin(ResponseList* ready) {
-  if (!std::all_of(joined_.begin(), joined_.end(), [](bool j) { return j; })) return;
+  if (joined_count_ != size_) return;
   int32_t last = 0;
   for (int32_t r = 0; r < size_; ++r) {
     if (join_cycle_[r] >= join_cycle_[last]) last = r;

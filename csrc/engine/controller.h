@@ -8,18 +8,24 @@
 //  1. File: each rank files its new local requests: a request whose exact twin
 //     is in the response cache becomes a bit (its slot); any other becomes
 //     "uncached".
-//  2. Exchange: fixed-size records (AllgatherFixed): each rank sends a header
-//     {flags: shutdown|joined, bytes of its uncached requests, stall cutoff,
-//     autotune's parameters} followed by its cache bit vector. Every rank now
-//     knows every rank's bits.
-//  3. Exchange: only if some rank has uncached requests, an Allgatherv of the
-//     serialized requests. Idle and steady-state cycles (every tensor cached)
-//     skip this.
+//  2. Summary (every cycle): one AllreduceFixed of a fixed record (negotiation.h's
+//     CycleRecords): a header {flags ORed: shutdown|joined|full|autotune's; rank 0's
+//     stall cutoff and autotune parameters}, the cache bits ANDed (a rank sets a slot's
+//     bit when its request is there, or when the slot's set does not include it, or
+//     while it has joined) and the cache bits ORed (some rank has it). tcp runs it as
+//     recursive doubling: each rank sends ceil(log2 n) messages (one more for the ranks
+//     past a power of two) of 24 + 2 * cache_capacity / 8 bytes, whatever n is. A
+//     steady training loop (every tensor cached) and an idle job stop here.
+//  3. Full records, only when some rank raised kFlagFull (it has requests to send in
+//     full, shuts down, joined or stopped being joined, or rank 0 will report a stalled
+//     cached tensor): AllgatherFixed of every rank's own header and cache bits (tcp:
+//     Bruck's log2 n rounds), then, if any rank has uncached requests, an Allgatherv of
+//     the serialized requests.
 //  4. Apply, in the same order on every rank: a shutdown flag ends the engine
-//     everywhere; joined flags update; uncached requests enter the message
+//     everywhere; joined flags update (full cycles); uncached requests enter the message
 //     table (and evict a cached twin of the same name, whose holders resend in
-//     full); a cache slot is ready when all active (non-joined) members set its
-//     bit; a table entry is ready when all active members submitted it, and is
+//     full); a cache slot is ready when its ANDed bit is set and its set has a member
+//     that has not joined; a table entry is ready when all active members submitted it, and is
 //     then validated (op, dtype, shape, root, ... must agree: a mismatch is an
 //     error response naming the tensor, both ranks and both values) and cached.
 //  5. Groups (groups.h): the members of a group become ready in the same cycle;
@@ -104,6 +110,7 @@ class Controller {
   // Identical on every rank.
   MessageTable table_;
   std::vector<bool> joined_;
+  int32_t joined_count_ = 0;
   std::vector<int64_t> join_cycle_;
 
   // This rank only.

@@ -12,7 +12,9 @@
 
 namespace spark_hvd {
 
-// The fixed part of each rank's record in step 2.
+// The fixed part of each rank's record (step 2), and of the cycle's summary, which
+// combines every rank's: flags ORed, the other fields their maxima (every rank but 0
+// leaves them 0, or -1 for the cutoff, so the summary carries rank 0's).
 struct CycleHeader {
   uint32_t flags;
   uint32_t uncached_bytes;
@@ -27,23 +29,43 @@ constexpr uint32_t kFlagShutdown = 1;
 constexpr uint32_t kFlagJoined = 2;
 constexpr uint32_t kFlagTuned = 4;      // rank 0 runs autotune: apply its parameters
 constexpr uint32_t kFlagSearching = 8;  // ... and is still searching
+// Some rank needs every rank's own record this cycle (step 3): it has requests to send in
+// full, shuts down, joined or stopped being joined, or (rank 0) reports a stalled tensor.
+constexpr uint32_t kFlagFull = 16;
 constexpr uint32_t kKeepOwn = 0xFFFFFFFFu;
 
-// What every rank sent in one cycle (steps 2 and 3).
+// What the ranks sent in one cycle (steps 2 to 4).
 struct CycleRecords {
-  int64_t record_bytes = 0;   // header + cache bit vector
+  // Step 2, every cycle: the summary, combined over every rank: the header, then the
+  // cache bits ANDed (a rank sets the bit of a slot it has ready, of a slot of a process
+  // set it is not in, and every bit while it has joined: the slot is ready everywhere
+  // when the AND is set), then the cache bits ORed (some rank has the slot ready).
+  int64_t bit_bytes = 0;
+  std::vector<char> summary;  // header + 2 * bit_bytes
+  CycleHeader header{};       // the summary's header
+
+  // Steps 3 and 4, only when the summary carries kFlagFull: every rank's own record
+  // (header + its cache bits), then every rank's serialized requests.
+  bool full = false;
+  int64_t record_bytes = 0;   // header + bit_bytes
   std::vector<char> records;  // size * record_bytes, in rank order
   std::vector<CycleHeader> headers;
   std::vector<int64_t> uncached_bytes;  // by rank
   std::string uncached;                 // every rank's serialized requests, in rank order
 
-  // Did `rank` set the cache bit of `slot` this cycle?
-  bool Bit(int32_t rank, int64_t slot) const {
-    const char byte = records[static_cast<size_t>(
-        rank * record_bytes + static_cast<int64_t>(sizeof(CycleHeader)) + slot / 8)];
-    return ((byte >> (slot % 8)) & 1) != 0;
+  static bool BitAt(const char* bits, int64_t slot) {
+    return ((bits[slot / 8] >> (slot % 8)) & 1) != 0;
   }
-  // Did any rank raise a flag or set any cache bit?
+  // Is the slot ready on every rank (the ANDed bits) / on some rank (the ORed bits)?
+  bool Every(int64_t slot) const { return BitAt(summary.data() + sizeof(CycleHeader), slot); }
+  bool Some(int64_t slot) const {
+    return BitAt(summary.data() + sizeof(CycleHeader) + bit_bytes, slot);
+  }
+  // Did `rank` set the cache bit of `slot` this cycle? Only when `full`.
+  bool Bit(int32_t rank, int64_t slot) const {
+    return BitAt(records.data() + rank * record_bytes + sizeof(CycleHeader), slot);
+  }
+  // Did any rank raise shutdown or joined, or set any cache bit?
   bool AnyFlagOrBit() const;
 };
 

@@ -46,6 +46,7 @@ class ResponseCache {
   int64_t Put(const std::map<int32_t, Request>& requests);
   void Erase(int64_t slot);
   CacheSlot& slot(int64_t i) { return slots_[static_cast<size_t>(i)]; }
+  const CacheSlot& slot(int64_t i) const { return slots_[static_cast<size_t>(i)]; }
 
  private:
   std::vector<CacheSlot> slots_;

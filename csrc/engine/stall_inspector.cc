@@ -26,6 +26,20 @@ int64_t StallInspector::Cutoff(const MessageTable& table, ResponseCache& cache) 
   return cutoff;
 }
 
+bool StallInspector::WantsRecords(const ResponseCache& cache) const {
+  const double check_s = env::StallCheckTimeS();
+  if (rank_ != 0 || check_s <= 0) return false;
+  const int64_t now = NowMicros();
+  for (int64_t s = 0; s < cache.capacity(); ++s) {
+    const CacheSlot& cs = cache.slot(s);
+    if (cs.valid && cs.first_bit_cycle >= 0 && !cs.reported &&
+        now - cs.first_bit_us > check_s * 1e6) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void StallInspector::Report(const Request& first, int32_t process_set,
                             const std::vector<int32_t>& got, const std::vector<int32_t>& missing,
                             int64_t since_us, bool warn, bool expire, ResponseList* out) const {
@@ -94,7 +108,9 @@ void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
     }
     it = expire ? table->erase(it) : std::next(it);
   }
-  // Cached tensors: some ranks set the bit, others did not yet.
+  // Cached tensors: some ranks set the bit, others did not yet. Which ones only every
+  // rank's record tells.
+  if (!records.full) return;
   for (int64_t slot = 0; slot < cache->capacity(); ++slot) {
     CacheSlot& cs = cache->slot(slot);
     if (!cs.valid || cs.first_bit_cycle < 0) continue;

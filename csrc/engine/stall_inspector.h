@@ -21,9 +21,14 @@ class StallInspector {
   // tensors are older than the shutdown time; -1 when none (or not rank 0).
   int64_t Cutoff(const MessageTable& table, ResponseCache& cache) const;
 
+  // Rank 0: will this cycle warn about a cached tensor (whose missing ranks only every
+  // rank's own cache bits tell)? Then rank 0 asks for every rank's record (kFlagFull).
+  bool WantsRecords(const ResponseCache& cache) const;
+
   // Warns about (rank 0) and fails (every rank, per rank 0's `cutoff`) stalled
   // tensors of the table and of the cache. Failed tensors leave the table, and
-  // their error responses are appended to `out`.
+  // their error responses are appended to `out`. A cached tensor is reported only in a
+  // cycle with every rank's record (`records.full`; a cutoff makes the cycle full).
   void Inspect(int64_t cutoff, const CycleRecords& records, const std::vector<bool>& joined,
                MessageTable* table, ResponseCache* cache, ResponseList* out);
 

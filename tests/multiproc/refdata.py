@@ -155,6 +155,18 @@ class Checks:
 # -- the reduction order of tcp and shm (csrc/backends/host_reduce.h), bit for bit ----------
 
 DIRECT_REDUCE_BYTES = 64 * 1024
+DIRECT_MAX_RANKS = 4
+
+
+def _pairwise(op: str, xs: List[np.ndarray]) -> np.ndarray:
+    """host_reduce.h's pairwise order (recursive doubling's): with p the largest power of
+    two <= n, y_i = x_i op x_(i+p) for i < n - p, then neighbours pairwise, lower first."""
+    n = len(xs)
+    p = 1 << (n.bit_length() - 1)
+    ys = [_apply(op, xs[i], xs[i + p]) if i + p < n else xs[i] for i in range(p)]
+    while len(ys) > 1:
+        ys = [_apply(op, ys[j], ys[j + 1]) for j in range(0, len(ys), 2)]
+    return ys[0]
 
 
 def _f32(a: np.ndarray) -> np.ndarray:
@@ -192,12 +204,15 @@ def ordered_reduce(arrays: List[np.ndarray], op: str, prescale: float = 1.0,
                    postscale: float = 1.0) -> np.ndarray:
     """The allreduce of float `arrays` (one per rank, 1-D) exactly as tcp and shm compute
     it: prescaled inputs; up to DIRECT_REDUCE_BYTES (or fewer elements than ranks) in
-    rank order, accumulator first; above, chunk c = [count*c//n, count*(c+1)//n) around
+    rank order, accumulator first (among more than DIRECT_MAX_RANKS ranks in the pairwise
+    order of recursive doubling); above, chunk c = [count*c//n, count*(c+1)//n) around
     the ring from rank c, the partial result as the right operand; then the post factor
     (Average: postscale / n)."""
     n, count = len(arrays), arrays[0].size
     xs = [_scaled(a, prescale) for a in arrays]
-    if count * arrays[0].itemsize <= DIRECT_REDUCE_BYTES or count < n:
+    if (count * arrays[0].itemsize <= DIRECT_REDUCE_BYTES or count < n) and n > DIRECT_MAX_RANKS:
+        acc = _pairwise(op, xs)
+    elif count * arrays[0].itemsize <= DIRECT_REDUCE_BYTES or count < n:
         acc = xs[0]
         for x in xs[1:]:
             acc = _apply(op, acc, x)

@@ -1,7 +1,8 @@
 """The op matrix (cases_collectives.py) on 1, 2 and 3 ranks on the default backend (shm:
 every rank is on this host; at 3 ranks with slots of 40000 bytes, so that most ops take
-several rounds), its ops (not the other cases) at 4, on tcp at 3, under ``--mpi`` on 2, and on
-Gloo's pairs and algorithms (SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
+several rounds), its ops (not the other cases) at 4, on tcp at 3, on tcp and shm at 6
+(the log-depth algorithms), under ``--mpi`` on 2, and on Gloo's pairs and algorithms
+(SPARK_HVD_CPU_OPERATIONS=gloo) on 3.
 
 One job per rank count and backend runs every case; each case is its own test item here.
 """
@@ -38,6 +39,16 @@ def test_case_4_ranks(case_runs, case):
 @pytest.mark.parametrize("case", OPS_NAMES)
 def test_case_tcp(case_runs, case):
     case_runs.get("cases_collectives", 3, env={"SPARK_HVD_CPU_OPERATIONS": "tcp"},
+                  pattern=OPS_PATTERN).check(case)
+
+
+# Above host_reduce.h's kDirectMaxRanks (4) every collective but alltoall takes log2(n)
+# rounds (recursive doubling, Bruck's allgather, a binomial broadcast) and small
+# allreduces reduce in the pairwise order; 6 ranks: a power of two (4) and 2 folded in.
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+@pytest.mark.parametrize("case", OPS_NAMES)
+def test_case_log_depth(case_runs, case, backend):
+    case_runs.get("cases_collectives", 6, env={"SPARK_HVD_CPU_OPERATIONS": backend},
                   pattern=OPS_PATTERN).check(case)
 
 

@@ -17,18 +17,34 @@ namespace {
 constexpr size_t kBlockBytes = 16 << 10;
 
 // One reduction chain: acc = in[0], then acc = in[k] op acc (ring order, `reversed`) or
-// acc op in[k] (direct order), over `n` elements; then scaled by `scale`.
+// acc op in[k] (direct order), over `n` elements; then scaled by `scale`. With `pairwise`
+// (room for PairwiseTemps(m) blocks: a direct buffer among more than kDirectMaxRanks
+// ranks) the operands combine in host_reduce.h's pairwise order instead, as tcp's
+// recursive doubling combines them.
 struct Chain {
   ReduceFn fn;
   DataType dtype;
   double scale;
+  char* pairwise = nullptr;
 
   void Run(char* acc, const char* const* in, int m, size_t n) const {
-    std::memcpy(acc, in[0], n * DataTypeSize(dtype));
-    for (int k = 1; k < m; ++k) fn(acc, in[k], n);
+    if (pairwise != nullptr) {
+      PairwiseReduce(in, m, n, DataTypeSize(dtype), fn, pairwise, acc);
+    } else {
+      std::memcpy(acc, in[0], n * DataTypeSize(dtype));
+      for (int k = 1; k < m; ++k) fn(acc, in[k], n);
+    }
     if (scale != 1.0) ScaleBuffer(acc, n, dtype, scale);
   }
 };
+
+// Room for a pairwise chain among n ranks (null: rank order, n <= kDirectMaxRanks).
+char* PairwiseRoom(std::vector<char>* room, int n) {
+  if (n <= kDirectMaxRanks) return nullptr;
+  const size_t bytes = static_cast<size_t>(PairwiseTemps(n)) * kBlockBytes;
+  if (room->size() < bytes) room->resize(bytes);  // once per communicator
+  return room->data();
+}
 
 // The ring chunk holding element e of a buffer of `count` elements among n ranks.
 int ChunkOf(size_t e, size_t count, int n) {
@@ -85,7 +101,7 @@ Status ShmCommunicator::DirectRound(const SegmentLayout& buf, size_t a, size_t b
   s = group_->Wait(shm::Counter::kStarted, g, "allreduce");
   if (!s.ok()) return s;
   const int n = size();
-  const Chain chain{GetReduceFn(dtype, op), dtype, scale};
+  const Chain chain{GetReduceFn(dtype, op), dtype, scale, PairwiseRoom(&pairwise_, n)};
   alignas(64) char acc[kBlockBytes];
   std::vector<const char*>& in = in_;  // kept: no allocation per op
   in.resize(static_cast<size_t>(n));
@@ -154,7 +170,7 @@ bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block,
   const bool scale_in_pass = args.dtype == DataType::kFloat32 || args.dtype == DataType::kFloat64;
   const Chain chain{
       direct ? GetReduceFn(args.dtype, args.op) : GetReduceFnReversed(args.dtype, args.op),
-      args.dtype, scale_in_pass ? post : 1.0};
+      args.dtype, scale_in_pass ? post : 1.0, direct ? PairwiseRoom(&pairwise_, n) : nullptr};
   const size_t first = static_cast<size_t>(block) * static_cast<size_t>(rank_);
   const size_t last = first + static_cast<size_t>(block);
   const size_t per_round = group_->slot_bytes() / elem;

@@ -124,6 +124,7 @@ class ShmCommunicator : public Communicator {
   std::vector<size_t> offset_, soff_, roff_;
   std::vector<int64_t> fixed_bytes_, most_;
   std::vector<const char*> in_;
+  std::vector<char> pairwise_;  // PairwiseReduce's partial results, one block each
   SegmentLayout layout_;
   HostReduceScratch reduce_scratch_;
 };

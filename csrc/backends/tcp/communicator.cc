@@ -72,6 +72,10 @@ Status TcpCommunicator::AllgatherFixed(const void* in, void* out, int64_t bytes)
   return mesh_->AllgatherFixed(in, out, bytes);
 }
 
+Status TcpCommunicator::AllreduceFixed(void* inout, int64_t bytes, Combine combine) {
+  return mesh_ ? mesh_->AllreduceFixed(inout, bytes, combine) : Status::OK();
+}
+
 Status TcpCommunicator::Allreduce(const ReduceArgs& args) {
   return HostAllreduce(
       args,

@@ -27,6 +27,7 @@ class TcpCommunicator : public Communicator {
   int size() const override { return static_cast<int>(members_.size()); }
 
   Status AllgatherFixed(const void* in, void* out, int64_t bytes) override;
+  Status AllreduceFixed(void* inout, int64_t bytes, Combine combine) override;
   Status Allreduce(const ReduceArgs& args) override;
   Status Allgatherv(const void* in, void* out, const std::vector<int64_t>& bytes_per_rank) override;
   Status Broadcast(void* buf, int64_t bytes, int root) override;

@@ -42,6 +42,7 @@
 #include "backends/communicator.h"
 #include "backends/layout.h"
 #include "backends/liveness.h"
+#include "common/function_ref.h"
 #include "common/status.h"
 #include "common/types.h"
 #include "rendezvous/store.h"
@@ -84,6 +85,9 @@ class TcpMesh {
 
   // Every rank contributes `bytes`; out receives size * bytes in rank order.
   Status AllgatherFixed(const void* in, void* out, int64_t bytes);
+  // Every rank's `bytes` folded into inout by `combine` (Communicator::AllreduceFixed):
+  // recursive doubling, ceil(log2(size)) rounds or one more, one message per round.
+  Status AllreduceFixed(void* inout, int64_t bytes, Communicator::Combine combine);
 
   // In-place allreduce of the concatenation of `segments` (Average reduces as
   // Sum); scale != 1 multiplies the result. Every element is reduced (and scaled)
@@ -103,18 +107,32 @@ class TcpMesh {
   TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s, std::vector<int32_t> members,
           PeerLiveness* liveness);
 
-  // Small buffers: everyone sends everything to everyone (one round trip), then
-  // each rank reduces the contributions in rank order.
+  // Small buffers among at most kDirectMaxRanks ranks: everyone sends everything to
+  // everyone (one round trip), then each rank reduces the contributions in rank order.
   Status DirectAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale);
+  // Small buffers among more ranks: recursive doubling, each round combining the lower
+  // rank's operand first (host_reduce.h's pairwise order, the same bits on every rank).
+  Status PairwiseAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale);
+  // The rounds of recursive doubling over `bytes` at `data` (tmp: as large): ranks past
+  // the largest power of two p first hand theirs to rank - p and get the result back;
+  // each round swaps with rank ^ mask and calls fold(data, tmp, data_is_lower).
+  Status RecursiveDoubling(char* data, char* tmp, size_t bytes,
+                           FunctionRef<void(char* mine, const char* theirs, bool mine_lower)> fold,
+                           const char* what);
+  // Small broadcasts among more than kDirectMaxRanks ranks: a binomial tree from the root.
+  Status TreeBroadcast(char* buf, size_t bytes, int root);
   // Larger buffers: reduce-scatter then allgather around the ring, pipelined.
   Status RingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale);
 
-  // Sends/receives whole buffers to/from several peers at once.
+  // Sends/receives whole buffers to/from several peers at once. A transfer is one
+  // message: `data` then, if any, `data2` (a block range that wraps around the ranks).
   struct Transfer {
     int peer;
     char* data;
     size_t left;
     bool send;
+    char* data2 = nullptr;
+    size_t left2 = 0;
   };
   Status Exchange(std::vector<Transfer>& transfers, const char* what);
 
@@ -127,9 +145,14 @@ class TcpMesh {
   Status Wait(const std::vector<std::pair<int, short>>& waits,
               std::chrono::steady_clock::time_point last_progress, const char* what);
   // Every rank's block to every peer: rank p's block is out[offset[p], offset[p + 1]),
-  // this rank's taken from `in` (which may already be that block).
+  // this rank's taken from `in` (which may already be that block). Direct among at most
+  // kDirectMaxRanks ranks, else Bruck's ceil(log2(size)) rounds.
   Status AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
                          const char* what);
+  // Blocks [first, first + count) of `out` (rank order, wrapping past the last rank) as
+  // one transfer with `peer`.
+  Transfer BlockRange(int peer, bool send, char* out, const std::vector<size_t>& offset, int first,
+                      int count) const;
   // Where each rank's block starts in a concatenation of blocks of these sizes (size + 1
   // entries, the last one the total), into *offset.
   void Offsets(const std::vector<int64_t>& bytes, std::vector<size_t>* offset) const;
@@ -152,6 +175,7 @@ class TcpMesh {
   PeerLiveness* liveness_;        // may be null
   Status broken_;
   std::vector<char> scratch_;
+  std::vector<char> fixed_tmp_;  // AllreduceFixed's partner record
   // Reused by every op (cleared, never shrunk): no allocation per op in steady state.
   // Block offsets and sizes, the transfers of an exchange, what it waits for, the poll
   // set (and the peers it polls), a segment layout, the barrier's bytes.

@@ -1,5 +1,6 @@
-// TcpMesh allreduce: direct (one round trip) for small buffers, a pipelined ring
-// for larger ones, both over the tensors' own memory (no fusion buffer).
+// TcpMesh allreduce: for small buffers direct (one round trip) among a few ranks and
+// recursive doubling among more, a pipelined ring for larger ones, all over the tensors'
+// own memory (no fusion buffer); and the control plane's AllreduceFixed.
 #include <poll.h>
 #include <sys/uio.h>
 
@@ -37,9 +38,80 @@ Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, 
   // ones take the ring (2 (n - 1) steps, each moving 1/n of the buffer). Both reduce
   // in the order host_reduce.h defines.
   if (ReducesDirect(buf.bytes(), count, size_)) {
-    return DirectAllreduce(buf, dtype, op, scale);
+    return size_ > kDirectMaxRanks ? PairwiseAllreduce(buf, dtype, op, scale)
+                                   : DirectAllreduce(buf, dtype, op, scale);
   }
   return RingAllreduce(buf, dtype, op, scale);
+}
+
+// Recursive doubling. With p the largest power of two <= size, rank p + i (i < size - p)
+// first sends its data to rank i, which folds it in; then ranks 0..p-1 run log2(p) rounds,
+// round k swapping with rank ^ 2^k and folding; last, rank i sends the result to p + i.
+// Every rank sends at most log2(p) + 1 messages.
+Status TcpMesh::RecursiveDoubling(
+    char* data, char* tmp, size_t bytes,
+    FunctionRef<void(char* mine, const char* theirs, bool mine_lower)> fold, const char* what) {
+  const int p = PowerOfTwoFloor(size_);
+  std::vector<Transfer>& xs = xs_;
+  auto move = [&](int peer, char* buf, bool send) {
+    xs.clear();
+    xs.push_back({peer, buf, bytes, send});
+    return Exchange(xs, what);
+  };
+  if (rank_ >= p) {  // folded into rank - p, which hands the result back
+    Status s = move(rank_ - p, data, true);
+    return s.ok() ? move(rank_ - p, data, false) : s;
+  }
+  if (rank_ + p < size_) {
+    Status s = move(rank_ + p, tmp, false);
+    if (!s.ok()) return s;
+    fold(data, tmp, true);
+  }
+  for (int mask = 1; mask < p; mask *= 2) {
+    const int peer = rank_ ^ mask;
+    xs.clear();
+    xs.push_back({peer, data, bytes, true});
+    xs.push_back({peer, tmp, bytes, false});
+    Status s = Exchange(xs, what);
+    if (!s.ok()) return s;
+    fold(data, tmp, rank_ < peer);
+  }
+  return rank_ + p < size_ ? move(rank_ + p, data, true) : Status::OK();
+}
+
+Status TcpMesh::AllreduceFixed(void* inout, int64_t bytes, Communicator::Combine combine) {
+  if (!broken_.ok()) return broken_;
+  if (size_ == 1 || bytes == 0) return Status::OK();
+  const size_t b = static_cast<size_t>(bytes);
+  if (fixed_tmp_.size() < b) fixed_tmp_.resize(b);
+  return RecursiveDoubling(
+      static_cast<char*>(inout), fixed_tmp_.data(), b,
+      [&](char* mine, const char* theirs, bool) { combine(mine, theirs); }, "control allreduce");
+}
+
+// Recursive doubling whose every fold puts the lower rank's operand first, which is
+// host_reduce.h's pairwise order: both partners compute the same expression, so every
+// rank ends with the same bits, and shm's PairwiseReduce computes them too.
+Status TcpMesh::PairwiseAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op,
+                                  double scale) {
+  const size_t n = buf.bytes();
+  const size_t elem = DataTypeSize(dtype);
+  scratch_.resize(std::max(scratch_.size(), 2 * n));
+  char* data = scratch_.data();
+  char* tmp = data + n;
+  buf.CopyOut(data);
+  ReduceFn fn = GetReduceFn(dtype, op);
+  ReduceFn reversed = GetReduceFnReversed(dtype, op);
+  Status s = RecursiveDoubling(
+      data, tmp, n,
+      [&](char* mine, const char* theirs, bool mine_lower) {
+        (mine_lower ? fn : reversed)(mine, theirs, n / elem);
+      },
+      "allreduce");
+  if (!s.ok()) return s;
+  if (scale != 1.0) ScaleBuffer(data, n / elem, dtype, scale);
+  buf.CopyIn(data);
+  return Status::OK();
 }
 
 Status TcpMesh::DirectAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op,

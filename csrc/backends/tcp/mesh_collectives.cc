@@ -1,9 +1,21 @@
 // TcpMesh collectives other than allreduce: allgather (fixed and variable blocks),
-// broadcast (direct or a chain), alltoall, barrier.
+// broadcast (direct, a binomial tree or a chain), alltoall, barrier, and the control
+// plane's AllreduceFixed.
+//
+// Among more than kDirectMaxRanks ranks (host_reduce.h) every collective but alltoall
+// takes log2(size) rounds with one message per rank per round, and talks only to the
+// peers at a power-of-two distance (rank +- 2^k), so a rank's cost grows with log2 of
+// the ranks, not with their number:
+//   allgather: Bruck's algorithm; round k sends the blocks held so far (at most 2^k)
+//     to rank - 2^k and receives as many from rank + 2^k;
+//   broadcast: a binomial tree rooted at the root (a chain for large buffers);
+//   barrier and AllreduceFixed: recursive doubling (mesh_allreduce.cc).
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 
+#include "backends/host_reduce.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
 #include "common/traffic.h"
@@ -36,6 +48,18 @@ Status TcpMesh::Allgatherv(const void* in, void* out, const std::vector<int64_t>
   return AllgatherBlocks(in, out, offset_, "allgather");
 }
 
+TcpMesh::Transfer TcpMesh::BlockRange(int peer, bool send, char* out,
+                                      const std::vector<size_t>& offset, int first,
+                                      int count) const {
+  const int end = first + count;  // may pass size_: the range wraps to rank 0
+  Transfer x{peer, out + offset[first], offset[std::min(end, size_)] - offset[first], send};
+  if (end > size_) {
+    x.data2 = out;
+    x.left2 = offset[end - size_];
+  }
+  return x;
+}
+
 Status TcpMesh::AllgatherBlocks(const void* in, void* out, const std::vector<size_t>& offset,
                                 const char* what) {
   if (!broken_.ok()) return broken_;
@@ -44,6 +68,18 @@ Status TcpMesh::AllgatherBlocks(const void* in, void* out, const std::vector<siz
   const size_t n = offset[rank_ + 1] - offset[rank_];
   if (n > 0 && mine != in) std::memmove(mine, in, n);
   std::vector<Transfer>& xs = xs_;
+  if (size_ > kDirectMaxRanks) {  // Bruck: this rank holds blocks rank .. rank + dist - 1
+    for (int dist = 1; dist < size_; dist *= 2) {
+      const int count = std::min(dist, size_ - dist);
+      xs.clear();
+      xs.push_back(BlockRange((rank_ - dist + size_) % size_, true, o, offset, rank_, count));
+      const int from = (rank_ + dist) % size_;
+      xs.push_back(BlockRange(from, false, o, offset, from, count));
+      Status s = Exchange(xs, what);
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  }
   xs.clear();
   for (int k = 1; k < size_; ++k) {
     if (n > 0) xs.push_back({(rank_ + k) % size_, mine, n, true});
@@ -101,6 +137,7 @@ Status TcpMesh::Broadcast(void* buf, int64_t bytes, int root) {
     }
     return Status::OK();
   }
+  if (size_ > kDirectMaxRanks) return TreeBroadcast(b, static_cast<size_t>(bytes), root);
   std::vector<Transfer>& xs = xs_;
   xs.clear();
   if (rank_ == root) {
@@ -139,7 +176,32 @@ Status TcpMesh::Alltoallv(const void* in, const std::vector<int64_t>& send_bytes
   return Exchange(xs, "alltoall");
 }
 
+// The binomial tree of the ranks numbered from the root (v = rank - root): v receives
+// from v minus its lowest set bit, then sends to v + m for each power of two m below
+// that bit (and v + m < size), all at once.
+Status TcpMesh::TreeBroadcast(char* buf, size_t bytes, int root) {
+  const int v = (rank_ - root + size_) % size_;
+  int mask = 1;
+  while (mask < size_ && (v & mask) == 0) mask *= 2;
+  std::vector<Transfer>& xs = xs_;
+  if (v != 0) {
+    xs.clear();
+    xs.push_back({(v - mask + root) % size_, buf, bytes, false});
+    Status s = Exchange(xs, "broadcast");
+    if (!s.ok()) return s;
+  }
+  xs.clear();
+  for (int m = mask / 2; m >= 1; m /= 2) {
+    if (v + m < size_) xs.push_back({(v + m + root) % size_, buf, bytes, true});
+  }
+  return xs.empty() ? Status::OK() : Exchange(xs, "broadcast");
+}
+
 Status TcpMesh::Barrier() {
+  if (size_ > kDirectMaxRanks) {
+    char mine = 1;
+    return AllreduceFixed(&mine, 1, [](void*, const void*) {});
+  }
   char mine = 1;
   barrier_.resize(static_cast<size_t>(size_));
   fixed_bytes_.assign(static_cast<size_t>(size_), 1);

@@ -168,7 +168,9 @@ Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
 
 Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
   for (const auto& x : xs) {
-    if (x.send && x.left > 0) CountMessage(TrafficSender::kTcp, static_cast<int64_t>(x.left));
+    if (x.send && x.left + x.left2 > 0) {
+      CountMessage(TrafficSender::kTcp, static_cast<int64_t>(x.left + x.left2));
+    }
   }
   auto last_progress = Clock::now();
   std::vector<std::pair<int, short>>& waits = waits_;
@@ -177,15 +179,27 @@ Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
     bool progress = false;
     waits.clear();
     for (auto& x : xs) {
-      while (x.left > 0) {
-        ssize_t r = Move(x.peer, x.send, x.data, x.left, what, &error);
+      while (x.left + x.left2 > 0) {
+        if (x.left == 0) {  // the second piece, once the first has gone
+          x.data = x.data2;
+          x.left = x.left2;
+          x.left2 = 0;
+        }
+        iovec iov[2] = {{x.data, std::min(x.left, kMaxIo)}, {x.data2, x.left2}};
+        const int pieces = x.left2 > 0 && x.left <= kMaxIo ? 2 : 1;
+        ssize_t r = Move(x.peer, x.send, iov, pieces, what, &error);
         if (r < 0) return error;
         if (r == 0) break;
-        x.data += r;
-        x.left -= static_cast<size_t>(r);
+        size_t moved = static_cast<size_t>(r);
+        const size_t first = std::min(moved, x.left);
+        x.data += first;
+        x.left -= first;
+        moved -= first;
+        x.data2 += moved;
+        x.left2 -= moved;
         progress = true;
       }
-      if (x.left > 0) waits.emplace_back(x.peer, x.send ? POLLOUT : POLLIN);
+      if (x.left + x.left2 > 0) waits.emplace_back(x.peer, x.send ? POLLOUT : POLLIN);
     }
     if (waits.empty()) return Status::OK();
     if (progress) last_progress = Clock::now();
