@@ -17,20 +17,18 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import box as box_mod  # noqa: E402
+import box_fit  # noqa: E402
+from _box_spark import session_on, wait_executors  # noqa: E402
 
 HOSTS = 4
 GPUS = 2
 
 
-def needs_namespaces() -> None:
+@pytest.fixture(scope="session")
+def box():
     reason = box_mod.namespaces_refused()
     if reason:
         pytest.skip(reason)
-
-
-@pytest.fixture(scope="session")
-def box():
-    needs_namespaces()
 
     def interrupted(signum, frame):  # a CI timeout's SIGTERM still runs the finalizers
         raise KeyboardInterrupt(f"signal {signum}")
@@ -50,34 +48,24 @@ def box():
 
 @pytest.fixture(scope="session")
 def spark(box):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = box.driver_addr
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.appName("spark_hvd-tests-box")
-    for key, value in box.spark_conf().items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session = session_on(box, "spark_hvd-tests-box")
     wait_executors(session, box, box.names)
     yield session
     session.stop()
 
 
-def executor_hosts(session, box) -> list:
-    """The hosts (box names) with a live executor of ``session``."""
-    by_addr = {h.addr: h.name for h in box.hosts}
-    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus()
-    addrs = [status.keys().toList().apply(i).split(":")[0] for i in range(status.size())]
-    return sorted(by_addr[a] for a in addrs if a in by_addr)
+@pytest.fixture(scope="session")
+def digits(spark, box):
+    """(train, test) DataFrames of scikit-learn's digits, a partition per host."""
+    return box_fit.digits_frames(spark, len(box.hosts))
 
 
-def wait_executors(session, box, hosts, timeout_s: float = 120) -> None:
-    """Until ``session`` has an executor on each of ``hosts``."""
-    deadline = time.monotonic() + timeout_s
-    while not set(hosts) <= set(executor_hosts(session, box)):
-        if time.monotonic() > deadline:
-            pytest.fail(f"executors on {executor_hosts(session, box)} after {timeout_s:.0f} s; "
-                        f"wanted {sorted(hosts)}")
-        time.sleep(0.2)
+@pytest.fixture(scope="session")
+def reference_fit(digits, tmp_path_factory):
+    """An undisturbed TorchEstimator fit on 4 ranks: (its test accuracy, where its ranks
+    ran as {start epoch: {rank: host}})."""
+    train, test = digits
+    d = tmp_path_factory.mktemp("reference_fit")
+    (d / "marks").mkdir()
+    model = box_fit.estimator(str(d / "store"), str(d / "marks"), num_proc=4).fit(train)
+    return box_fit.accuracy_of(model, test), box_fit.launches(str(d / "marks"))

@@ -57,7 +57,8 @@ def measure(nbytes: int = NBYTES) -> dict:
            "global": (hvd.global_process_set, True)}
     result = {"rank": hvd.rank(), "host": me, "hosts": hosts, "local_rank": hvd.local_rank(),
               "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
-              "env_host": os.environ.get("SPARK_HVD_HOSTNAME")}
+              "env_host": os.environ.get("SPARK_HVD_HOSTNAME"),
+              "gpu": os.environ.get("CUDA_VISIBLE_DEVICES")}
     for what, (ps, member) in ops.items():
         hvd.barrier()
         links, sent = _links(), _sent()

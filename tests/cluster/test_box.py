@@ -14,7 +14,12 @@ import time
 import pytest
 
 import box as box_mod
-from conftest import needs_namespaces
+
+
+def needs_namespaces() -> None:
+    reason = box_mod.namespaces_refused()
+    if reason:
+        pytest.skip(reason)
 
 NAME, SUBNET = "tbox", "10.213.78.0/24"
 
