@@ -36,6 +36,22 @@ class PyStore : public Store {
   void Wait(const std::vector<std::string>& keys, double timeout_s) override {
     Call([&] { client_.attr("wait")(keys, timeout_s); });
   }
+  // One request (the client's get_many: MGET) where the client has it.
+  std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
+                                    bool fail_on_lost) override {
+    bool bulk = false;
+    {
+      pybind11::gil_scoped_acquire gil;
+      bulk = pybind11::hasattr(client_, "get_many");
+    }
+    if (!bulk) return Store::MultiGet(keys, timeout_s, fail_on_lost);
+    std::vector<std::string> out;
+    Call([&] {
+      out = client_.attr("get_many")(keys, timeout_s, pybind11::arg("watch_lost") = fail_on_lost)
+                .cast<std::vector<std::string>>();
+    });
+    return out;
+  }
   std::vector<int> LostRanks() override {
     std::vector<int> out;
     Call([&] {
@@ -56,6 +72,19 @@ class PyStore : public Store {
       const bool timeout = e.matches(PyExc_TimeoutError);
       std::string msg = std::string("rendezvous store: ") + e.what();
       if (timeout) throw StatusError(Status::Timeout(msg));
+      // spark_hvd's PeerLostError (code 6) keeps its class and ranks across.
+      pybind11::object value = e.value();
+      if (pybind11::hasattr(value, "code") && pybind11::hasattr(value, "ranks") &&
+          pybind11::int_(value.attr("code")).cast<int>() ==
+              static_cast<int>(StatusCode::kPeerLost)) {
+        std::vector<int32_t> ranks;
+        try {
+          ranks = value.attr("ranks").cast<std::vector<int32_t>>();
+        } catch (const pybind11::cast_error&) {
+        }
+        throw StatusError(
+            Status::PeerLost(pybind11::str(value).cast<std::string>(), std::move(ranks)));
+      }
       throw StatusError(Status::StoreError(msg));
     }
   }

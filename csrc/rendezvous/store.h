@@ -22,6 +22,12 @@ class Store {
   virtual void Set(const std::string& key, const std::string& value) = 0;
   virtual std::string Get(const std::string& key, double timeout_s) = 0;
   virtual void Wait(const std::vector<std::string>& keys, double timeout_s) = 0;
+  // Every key's value, in order: one request to the rendezvous service, waiting up to
+  // timeout_s until all are set. With fail_on_lost, a rank of the job the service has
+  // lost (LostRanks) ends the wait at once with kPeerLost naming it. The default (a
+  // store without a bulk read) gets the keys one by one, asking LostRanks in between.
+  virtual std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
+                                            bool fail_on_lost);
   // Ranks of the job the rendezvous service has seen vanish (a registered rank's
   // connection dropped without a goodbye: its process exited or its host became
   // unreachable). Empty where the store does not watch ranks.
@@ -44,6 +50,13 @@ class PrefixStore : public Store {
     full.reserve(keys.size());
     for (const auto& k : keys) full.push_back(Key(k));
     inner_->Wait(full, timeout_s);
+  }
+  std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
+                                    bool fail_on_lost) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(Key(k));
+    return inner_->MultiGet(full, timeout_s, fail_on_lost);
   }
   std::vector<int> LostRanks() override { return inner_->LostRanks(); }  // job-wide
 

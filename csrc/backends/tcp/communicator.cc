@@ -29,13 +29,15 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Connect(const BackendOptions& 
           "more than one rank needs a rendezvous store: launch with spark-hvdrun or "
           "spark_hvd.spark.run (SPARK_HVD_RENDEZVOUS_ADDR/PORT are not set)"));
     }
-    PrefixStore store(options.store_prefix + "/tcp/set" + std::to_string(set_id), options.store);
-    // The rendezvous service names lost ranks of the job; the mesh wants its own.
+    auto store = std::make_shared<PrefixStore>(
+        options.store_prefix + "/tcp/set" + std::to_string(set_id), options.store);
+    // The rendezvous service names lost ranks of the job; the mesh wants its own. Kept by
+    // the mesh for the connections it makes later: everything captured by value.
     TcpMesh::LostPeers lost_peers;
     if (options.lost_ranks) {
-      lost_peers = [&options, &members] {
+      lost_peers = [lost_ranks = options.lost_ranks, members] {
         std::vector<int> lost;
-        for (int32_t r : options.lost_ranks()) {
+        for (int32_t r : lost_ranks()) {
           auto it = std::lower_bound(members.begin(), members.end(), r);
           if (it != members.end() && *it == r)
             lost.push_back(static_cast<int>(it - members.begin()));
@@ -44,7 +46,7 @@ std::unique_ptr<TcpCommunicator> TcpCommunicator::Connect(const BackendOptions& 
       };
     }
     try {
-      mesh = TcpMesh::Connect(rank, size, &store, options.bind_host, options.timeout_s,
+      mesh = TcpMesh::Connect(rank, size, store, options.bind_host, options.timeout_s,
                               options.connect_timeout_s, lost_peers, members, options.liveness);
     } catch (const StatusError& e) {  // the mesh names its own ranks; the job wants its own
       std::vector<int32_t> lost;

@@ -47,7 +47,7 @@ std::string Seconds(double s) {
 std::unique_ptr<PeerLiveness> StartHeartbeats(const BackendOptions& options) {
   const double timeout_s = env::HeartbeatTimeoutS();
   if (timeout_s <= 0 || options.size <= 1 || !options.store) return nullptr;
-  PrefixStore store(options.store_prefix + "/live", options.store);
+  auto store = std::make_shared<PrefixStore>(options.store_prefix + "/live", options.store);
   TcpMesh::LostPeers lost_peers;
   if (options.lost_ranks) {
     lost_peers = [&options] {
@@ -56,7 +56,7 @@ std::unique_ptr<PeerLiveness> StartHeartbeats(const BackendOptions& options) {
     };
   }
   std::vector<int> fds = TcpMesh::ConnectSockets(
-      options.rank, options.size, &store, options.bind_host, options.connect_timeout_s, lost_peers);
+      options.rank, options.size, store, options.bind_host, options.connect_timeout_s, lost_peers);
   return std::make_unique<Heartbeats>(options.rank, std::move(fds), timeout_s);
 }
 

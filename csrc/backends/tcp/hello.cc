@@ -43,7 +43,8 @@ HelloDesk::HelloDesk(int rank, int size, std::string token, double hello_timeout
       size_(size),
       token_(std::move(token)),
       hello_timeout_s_(hello_timeout_s),
-      fds_(static_cast<size_t>(size), -1) {}
+      fds_(static_cast<size_t>(size), -1),
+      taken_(static_cast<size_t>(size), false) {}
 
 HelloDesk::~HelloDesk() {
   for (const auto& c : half_open_) ::close(c.fd);
@@ -96,6 +97,7 @@ void HelloDesk::Accept(int listener) {
     }
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (errno == EMFILE || errno == ENFILE) out_of_descriptors_ = true;
     SHVD_LOG(kWarning, "tcp") << "rank " << rank_ << " cannot accept connections: " << Errno(errno)
                               << " (" << half_open_.size()
                               << " connections without a complete hello); retrying in "
@@ -136,7 +138,7 @@ void HelloDesk::Check(HalfOpen& c) {
                        std::to_string(size_) + " accepts ranks " + std::to_string(rank_ + 1) +
                        ".." + std::to_string(size_ - 1) + ")");
   }
-  if (fds_[peer] >= 0) {
+  if (fds_[peer] >= 0 || taken_[peer]) {
     return Drop(c,
                 "sent a hello from rank " + std::to_string(peer) + ", which is already connected");
   }
@@ -169,6 +171,7 @@ std::vector<int> HelloDesk::Missing() const {
 int HelloDesk::Take(int peer) {
   const int fd = fds_[peer];
   fds_[peer] = -1;
+  taken_[peer] = fd >= 0;
   return fd;
 }
 

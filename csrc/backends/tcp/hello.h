@@ -48,8 +48,13 @@ class HelloDesk {
 
   // Higher ranks not connected yet.
   std::vector<int> Missing() const;
-  // The acknowledged connection of higher rank `peer` (the caller owns it now).
+  // Has higher rank `peer`'s connection been acknowledged (and not taken yet)?
+  bool Has(int peer) const { return fds_[static_cast<size_t>(peer)] >= 0; }
+  // The acknowledged connection of higher rank `peer` (the caller owns it now). A later
+  // hello from a peer taken is refused.
   int Take(int peer);
+  // Did accept() fail for lack of file descriptors (EMFILE, ENFILE)?
+  bool out_of_descriptors() const { return out_of_descriptors_; }
 
  private:
   struct HalfOpen {
@@ -69,7 +74,9 @@ class HelloDesk {
   std::string token_;
   double hello_timeout_s_;
   std::vector<HalfOpen> half_open_;
-  std::vector<int> fds_;  // acknowledged connections by rank; -1 where none
+  std::vector<int> fds_;     // acknowledged connections by rank; -1 where none
+  std::vector<bool> taken_;  // by rank: connected, and handed to the caller
+  bool out_of_descriptors_ = false;
   bool listener_polled_ = false;
   Clock::time_point paused_until_{};
 };

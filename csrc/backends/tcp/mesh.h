@@ -49,6 +49,16 @@
 
 namespace spark_hvd {
 
+class TcpLinks;  // mesh_connect.cc: a mesh's connection set-up, at init and on demand
+
+// The peers a rank of `size` connects at init: rank +- 2^k (mod size) for every power of
+// two below size, sorted, at most 2 ceil(log2 size) of them (every peer when size <= 4):
+// those of the ring, recursive doubling, Bruck's allgather and the binomial broadcast.
+std::vector<int> AlgorithmPeers(int rank, int size);
+// The descriptors a rank of a job of `size` holds for its connections (tcp mesh,
+// heartbeats, rendezvous client), for the error that says the limit is too low.
+int DescriptorsPerRank(int size);
+
 class TcpMesh {
  public:
   // Returns the ranks of this mesh the job has lost (their process exited or host
@@ -56,24 +66,26 @@ class TcpMesh {
   using LostPeers = std::function<std::vector<int>()>;
 
   // Every rank listens on bind_host, publishes "address port token" under
-  // "tcp/<rank>" in the store, connects to the lower ranks and accepts the higher
-  // ones, all within connect_timeout_s (the protocol: mesh_connect.cc). Hellos are
-  // read concurrently, each with its own deadline: a stray, silent or trickling
-  // connection is dropped with a warning and delays no one. A connection is
-  // accepted only with the listener's token (which only a holder of the store's
-  // secret can read). While it waits, every half second Connect asks lost_peers
-  // (when set) and fails with kPeerLost naming a lost peer. Throws StatusError:
-  // kTimeout at the deadline, kPeerLost, kStoreError, kInvalidArgument (bind_host).
-  // `members` are the job ranks of the mesh's ranks (errors name job ranks); with
-  // `liveness` (the job's heartbeats, which outlive the mesh) every wait also stops
-  // when a peer is lost, and a closed connection is explained by its verdict.
-  static std::unique_ptr<TcpMesh> Connect(int rank, int size, Store* store,
+  // "tcp/<rank>" in the store and connects its AlgorithmPeers, within connect_timeout_s;
+  // any other peer is connected the first time a collective exchanges with it (the
+  // protocol: mesh_connect.cc). Hellos are read concurrently, each with its own
+  // deadline: a stray, silent or trickling connection is dropped with a warning and
+  // delays no one. A connection is accepted only with the listener's token (which only
+  // a holder of the store's secret can read). While it waits, every half second it asks
+  // lost_peers (when set) and fails with kPeerLost naming a lost peer. Throws
+  // StatusError: kTimeout at the deadline, kPeerLost, kStoreError, kInvalidArgument
+  // (bind_host), kInternal (out of file descriptors, naming the limit). `members` are
+  // the job ranks of the mesh's ranks (errors name job ranks); with `liveness` (the
+  // job's heartbeats, which outlive the mesh) every wait also stops when a peer is
+  // lost, and a closed connection is explained by its verdict. The mesh keeps `store`
+  // and `lost_peers` for the connections it makes later.
+  static std::unique_ptr<TcpMesh> Connect(int rank, int size, std::shared_ptr<Store> store,
                                           const std::string& bind_host, double timeout_s,
-                                          double connect_timeout_s, const LostPeers& lost_peers,
+                                          double connect_timeout_s, LostPeers lost_peers,
                                           std::vector<int32_t> members, PeerLiveness* liveness);
-  // The set-up alone: one connected socket per peer (-1 for this rank), for a mesh
-  // of another kind (heartbeat.h). Throws as Connect does.
-  static std::vector<int> ConnectSockets(int rank, int size, Store* store,
+  // The set-up alone, to every peer: one connected socket per peer (-1 for this rank),
+  // for a mesh of another kind (heartbeat.h). Throws as Connect does.
+  static std::vector<int> ConnectSockets(int rank, int size, std::shared_ptr<Store> store,
                                          const std::string& bind_host, double connect_timeout_s,
                                          const LostPeers& lost_peers);
   ~TcpMesh();
@@ -105,7 +117,7 @@ class TcpMesh {
 
  private:
   TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s, std::vector<int32_t> members,
-          PeerLiveness* liveness);
+          PeerLiveness* liveness, std::unique_ptr<TcpLinks> links);
 
   // Small buffers among at most kDirectMaxRanks ranks: everyone sends everything to
   // everyone (one round trip), then each rank reduces the contributions in rank order.
@@ -135,6 +147,9 @@ class TcpMesh {
     size_t left2 = 0;
   };
   Status Exchange(std::vector<Transfer>& transfers, const char* what);
+  // Connects the peers of `xs` that have no socket yet (their other ends are in the
+  // matching call, so connect them too); the mesh is broken if that fails.
+  Status EnsureConnected(const std::vector<Transfer>& xs);
 
   // One non-blocking send or receive with peer: bytes moved, 0 when the socket
   // would block, -1 with *error set (the mesh is then broken).
@@ -169,7 +184,9 @@ class TcpMesh {
 
   int rank_;
   int size_;
-  std::vector<int> fds_;  // by peer rank; -1 for this rank
+  std::vector<int> fds_;  // by peer rank; -1 for this rank and peers not connected yet
+  std::unique_ptr<TcpLinks> links_;
+  std::vector<int> need_;  // EnsureConnected's peers to connect
   double timeout_s_;
   std::vector<int32_t> members_;  // the job rank of each mesh rank
   PeerLiveness* liveness_;        // may be null

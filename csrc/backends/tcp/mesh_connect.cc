@@ -1,26 +1,39 @@
-// TcpMesh set-up. Every rank r of n runs the same steps:
-//  1. Listen on bind_host (any port, backlog kBacklog) and publish
-//     "host port token" under tcp/<r> in the store. The token is random per
-//     listener; only holders of the store's secret can read it.
-//  2. Read the address of every lower rank from the store, waiting for each.
-//     Nothing else is waited on before step 3, so no rank waits on another's
-//     accept loop: a rank that is late in step 2 leaves its connections queued in
-//     its listener's backlog, their hellos buffered by the kernel.
-//  3. One poll loop until every higher rank has connected and every lower rank
+// TcpMesh set-up: the connections of a rank, made at init for the peers its algorithms
+// talk to and later, on demand, for any other. Every rank r of n runs the same steps:
+//  1. Listen on bind_host (any port, backlog kBacklog) and publish "host port token"
+//     under tcp/<r> in the store. The token is random per listener; only holders of the
+//     store's secret can read it. The listener stays open for the mesh's life.
+//  2. Decide which peers to connect now: at init the peers of the mesh's algorithms,
+//     rank +- 2^k (mod n) for every power of two below n (AlgorithmPeers: at most
+//     2 ceil(log2 n) of them; every peer when n <= 4); later, in a collective that
+//     exchanges with a peer not connected yet (an alltoall), that peer. Both ranks of a
+//     pair reach the same collective, so both come to connect it; of each pair the
+//     higher rank connects and the lower one accepts.
+//  3. Read the addresses of the lower peers to connect that it has not read yet, in one
+//     request (Store::MultiGet), which waits for them and fails at once when the
+//     rendezvous service has lost a rank of the job (its process exited or its host
+//     vanished): a rank that never came does not hold the others until the deadline.
+//     Nothing else is waited on before step 4, so no rank waits on another's accept
+//     loop: a late rank leaves its connections queued in its listener's backlog, their
+//     hellos buffered by the kernel.
+//  4. One poll loop until each of these higher peers has connected and each lower one
 //     has acknowledged:
-//     - to each lower rank p: a non-blocking connection (started again after a
-//       failure), then the hello {magic, r, p's token}, then p's acknowledgement
-//       (p's rank, 4 bytes) read back;
+//     - to each lower peer p: a non-blocking connection (started again after a
+//       failure), then the hello {magic, r, p's token}, then p's acknowledgement (p's
+//       rank, 4 bytes) read back;
 //     - the listener accepts whatever arrives, and each accepted connection has
 //       kHelloTimeoutS from its accept for its whole hello, read as it arrives;
-//     - a valid hello (the magic, this listener's token, a higher rank not yet
-//       connected) is acknowledged and its connection kept. Anything else (a stray
-//       client, another job's rank, a connection silent or closed mid-hello) is
-//       closed and logged with what happened; it never delays the others.
-//  4. While waiting in steps 2 and 3, at least every kLostCheckS: if the
-//     rendezvous service has lost a peer (its process exited or its host
-//     vanished), fail with kPeerLost naming it rather than wait out the deadline.
-// Steps 2 and 3 share one deadline, connect_timeout_s after the start.
+//     - a valid hello (the magic, this listener's token, a higher rank not connected
+//       yet) is acknowledged and its connection kept, also one of a peer this round
+//       does not wait for (it reached a later collective first: the connection waits
+//       for it). Anything else (a stray client, another job's rank, a connection silent
+//       or closed mid-hello) is closed and logged with what happened; it never delays
+//       the others.
+//  5. While waiting in step 4, at least every kLostCheckS: if the rendezvous service
+//     has lost a peer, fail with kPeerLost naming it rather than wait out the deadline.
+// Steps 3 and 4 share one deadline, connect_timeout_s after they start. Running out of
+// file descriptors (socket() or accept() failing with EMFILE or ENFILE) is an error at
+// once, naming this rank's limit and what the mesh needs.
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -28,8 +41,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <sstream>
 
+#include "backends/host_reduce.h"
 #include "backends/tcp/hello.h"
 #include "backends/tcp/mesh.h"
 #include "backends/tcp/socket.h"
@@ -49,42 +64,93 @@ constexpr double kRetryS = 0.02;        // pause before connecting again after a
 
 [[noreturn]] void Throw(Status s) { throw StatusError(std::move(s)); }
 
-// One rank's set-up: steps 1 to 4 above.
-class MeshSetup {
+}  // namespace
+
+int DescriptorsPerRank(int size) {
+  int mesh = 0;
+  for (int d = 1; d < size; d *= 2) mesh += 2;
+  // The mesh's peers and listener, the heartbeats' connections (one per peer) and
+  // listener, the two connections of the rendezvous client.
+  return std::min(mesh, size - 1) + 1 + (size - 1) + 1 + 2;
+}
+
+std::vector<int> AlgorithmPeers(int rank, int size) {
+  std::vector<int> peers;
+  for (int d = 1; d < size; d *= 2) {
+    for (int p : {(rank + d) % size, (rank - d % size + size) % size}) {
+      if (p != rank && std::find(peers.begin(), peers.end(), p) == peers.end()) {
+        peers.push_back(p);
+      }
+    }
+  }
+  std::sort(peers.begin(), peers.end());
+  return peers;
+}
+
+// One mesh's connection set-up (steps 1 to 5 above), kept for the mesh's life.
+class TcpLinks {
  public:
-  MeshSetup(int rank, int size, Store* store, double connect_timeout_s,
-            const TcpMesh::LostPeers& lost_peers)
+  TcpLinks(int rank, int size, std::shared_ptr<Store> store, double connect_timeout_s,
+           TcpMesh::LostPeers lost_peers)
       : rank_(rank),
         size_(size),
-        store_(store),
+        store_(std::move(store)),
         timeout_s_(connect_timeout_s),
-        deadline_(After(connect_timeout_s)),
-        lost_peers_(lost_peers),
-        lower_(static_cast<size_t>(rank)) {}
+        lost_peers_(std::move(lost_peers)),
+        listener_(-1) {}
 
-  ~MeshSetup() {
-    for (const auto& l : lower_) {
-      if (l.fd >= 0) ::close(l.fd);
+  ~TcpLinks() {
+    for (auto& kv : lower_) {
+      if (kv.second.fd >= 0) ::close(kv.second.fd);
     }
   }
 
-  std::vector<int> Run(const std::string& bind_host) {
+  // Step 1.
+  void Listen(const std::string& bind_host) {
     int port = 0;
-    tcp::FdCloser listener(tcp::Listen(bind_host, kBacklog, &port));
-    const std::string token = tcp::RandomHex(tcp::kTokenBytes);
+    listener_ = tcp::Listen(bind_host, kBacklog, &port);
+    closer_ = std::make_unique<tcp::FdCloser>(listener_);
+    token_ = tcp::RandomHex(tcp::kTokenBytes);
+    desk_ = std::make_unique<tcp::HelloDesk>(rank_, size_, token_, kHelloTimeoutS);
     store_->Set("tcp/" + std::to_string(rank_),
-                bind_host + " " + std::to_string(port) + " " + token);
-    for (int p = 0; p < rank_; ++p) ReadAddress(p);
-    tcp::HelloDesk desk(rank_, size_, token, kHelloTimeoutS);
-    while (!Done(desk)) Step(listener.get(), &desk);
-    std::vector<int> fds(static_cast<size_t>(size_), -1);
-    for (int p = 0; p < rank_; ++p) std::swap(fds[p], lower_[p].fd);
-    for (int p = rank_ + 1; p < size_; ++p) fds[p] = desk.Take(p);
-    return fds;
+                bind_host + " " + std::to_string(port) + " " + token_);
+  }
+
+  // Steps 2 to 5 for `peers`: on return each has its socket in (*fds)[peer].
+  void Connect(const std::vector<int>& peers, std::vector<int>* fds) {
+    deadline_ = After(timeout_s_);
+    next_lost_check_ = Clock::time_point{};
+    higher_.clear();
+    std::vector<std::string> unread;
+    for (int p : peers) {
+      if ((*fds)[p] >= 0 || p == rank_) continue;
+      if (p > rank_) {
+        higher_.push_back(p);
+        continue;
+      }
+      Lower& l = lower_[p];
+      l.wanted = true;
+      if (l.token.empty()) unread.push_back("tcp/" + std::to_string(p));
+    }
+    if (!unread.empty()) ReadAddresses(unread);
+    while (!Done()) Step();
+    for (auto it = lower_.begin(); it != lower_.end();) {
+      if (!it->second.acked) {
+        ++it;
+        continue;
+      }
+      (*fds)[it->first] = it->second.fd;
+      it->second.fd = -1;
+      it->second.acked = it->second.wanted = false;
+      it->second.connected = false;
+      ++it;
+    }
+    for (int p : higher_) (*fds)[p] = desk_->Take(p);
   }
 
  private:
   struct Lower {
+    bool wanted = false;
     std::string host;
     int port = 0;
     std::string token;
@@ -99,46 +165,44 @@ class MeshSetup {
     std::string last_error = "not tried yet";
   };
 
-  bool Done(const tcp::HelloDesk& desk) const {
-    for (const auto& l : lower_) {
-      if (!l.acked) return false;
+  bool Done() const {
+    for (const auto& kv : lower_) {
+      if (kv.second.wanted && !kv.second.acked) return false;
     }
-    return desk.Missing().empty();
+    for (int p : higher_) {
+      if (!desk_->Has(p)) return false;
+    }
+    return true;
   }
 
-  // Step 2 for rank p, watching for lost peers while its address is not there.
-  void ReadAddress(int p) {
-    const std::string key = "tcp/" + std::to_string(p);
-    std::string address;
-    while (true) {
-      CheckLost(false);
-      const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
-      if (left <= 0) {
-        std::ostringstream os;
-        os << "rank " << rank_ << " waited " << timeout_s_ << " s for the address of rank " << p
-           << " (key " << key << " in the rendezvous store): rank " << p
-           << " did not reach init in time (SPARK_HVD_START_TIMEOUT_S)";
-        Throw(Status(StatusCode::kTimeout, os.str(), {p}));
-      }
-      try {
-        address =
-            store_->Get(key, lost_peers_ ? std::max(0.01, std::min(left, kLostCheckS)) : left);
-        break;
-      } catch (const StatusError& e) {
-        if (e.status().code() != StatusCode::kTimeout) throw;
-      }
+  // Step 3, one request: the addresses of `keys` ("tcp/<p>").
+  void ReadAddresses(const std::vector<std::string>& keys) {
+    std::vector<std::string> values;
+    try {
+      values = store_->MultiGet(keys, timeout_s_, /*fail_on_lost=*/true);
+    } catch (const StatusError& e) {
+      if (e.status().code() != StatusCode::kTimeout) throw;
+      std::ostringstream os;
+      os << "rank " << rank_ << " waited " << timeout_s_
+         << " s (SPARK_HVD_START_TIMEOUT_S) for the addresses of its peers in the rendezvous "
+            "store: "
+         << e.status().message();
+      Throw(Status(StatusCode::kTimeout, os.str(), e.status().ranks()));
     }
-    Lower& l = lower_[p];
-    std::istringstream in(address);
-    in >> l.host >> l.port >> l.token;
-    if (l.token.size() != tcp::kTokenBytes) {
-      Throw(Status::StoreError("malformed address of rank " + std::to_string(p) +
-                               " in the store: '" + address + "'"));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const int p = std::stoi(keys[i].substr(4));
+      Lower& l = lower_[p];
+      std::istringstream in(values[i]);
+      in >> l.host >> l.port >> l.token;
+      if (l.token.size() != tcp::kTokenBytes) {
+        Throw(Status::StoreError("malformed address of rank " + std::to_string(p) +
+                                 " in the store: '" + values[i] + "'"));
+      }
+      l.hello = tcp::MakeHello(rank_, l.token);
     }
-    l.hello = tcp::MakeHello(rank_, l.token);
   }
 
-  // Step 4: throws kPeerLost when the rendezvous service has lost a peer.
+  // Step 5: throws kPeerLost when the rendezvous service has lost a peer.
   void CheckLost(bool now) {
     if (!lost_peers_ || (!now && Clock::now() < next_lost_check_)) return;
     next_lost_check_ = After(kLostCheckS);
@@ -146,47 +210,55 @@ class MeshSetup {
     if (lost.empty()) return;
     Throw(Status::PeerLost("rank " + std::to_string(rank_) + " stopped connecting to its peers: " +
                                "the rendezvous service lost rank" + (lost.size() > 1 ? "s " : " ") +
-                               JoinRanks(lost) +
-                               " during init (the process exited or its host is " + "unreachable)",
+                               JoinRanks(lost) + " (the process exited or its host is unreachable)",
                            std::vector<int32_t>(lost.begin(), lost.end())));
   }
 
-  // One round of step 3: poll everything pending, then move what is ready.
-  void Step(int listener, tcp::HelloDesk* desk) {
+  [[noreturn]] void OutOfDescriptors(const char* doing) {
+    Throw(Status::InvalidArgument("rank " + std::to_string(rank_) +
+                                  " ran out of file descriptors " + doing + ": " +
+                                  tcp::DescriptorLimitAdvice(DescriptorsPerRank(size_))));
+  }
+
+  // One round of step 4: poll everything pending, then move what is ready.
+  void Step() {
     CheckLost(false);
-    if (Clock::now() >= deadline_) ThrowTimeout(*desk);
+    if (Clock::now() >= deadline_) ThrowTimeout();
     Clock::time_point wake = lost_peers_ ? std::min(deadline_, next_lost_check_) : deadline_;
-    std::vector<pollfd> pfds;
-    std::vector<int> owner;  // lower rank, or -1 for the listener and accepted connections
-    for (int p = 0; p < rank_; ++p) {
-      Lower& l = lower_[p];
-      if (l.acked) continue;
-      if (l.fd < 0 && Clock::now() >= l.retry_at) Start(p);
+    pfds_.clear();
+    owner_.clear();
+    for (auto& kv : lower_) {
+      Lower& l = kv.second;
+      if (!l.wanted || l.acked) continue;
+      if (l.fd < 0 && Clock::now() >= l.retry_at) Start(kv.first);
       if (l.fd < 0) {
         wake = std::min(wake, l.retry_at);
         continue;
       }
       const bool sending = !l.connected || l.sent < sizeof(l.hello);
-      pfds.push_back(pollfd{l.fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0});
-      owner.push_back(p);
+      pfds_.push_back(pollfd{l.fd, static_cast<short>(sending ? POLLOUT : POLLIN), 0});
+      owner_.push_back(kv.first);
     }
-    const size_t first_desk = pfds.size();
-    desk->AddPolls(listener, &pfds, &wake);
-    owner.resize(pfds.size(), -1);
-    int rc = ::poll(pfds.data(), pfds.size(), tcp::MillisUntil(wake));
+    const size_t first_desk = pfds_.size();
+    desk_->AddPolls(listener_, &pfds_, &wake);
+    int rc = ::poll(pfds_.data(), pfds_.size(), tcp::MillisUntil(wake));
     if (rc < 0 && errno != EINTR) Throw(Status::Internal("poll: " + tcp::Errno(errno)));
     for (size_t i = 0; i < first_desk; ++i) {
-      if (pfds[i].revents != 0) Advance(owner[i]);
+      if (pfds_[i].revents != 0) Advance(owner_[i]);
     }
-    desk->Handle(listener, pfds, first_desk);
+    desk_->Handle(listener_, pfds_, first_desk);
+    if (desk_->out_of_descriptors()) OutOfDescriptors("accepting a peer's connection");
   }
 
   void Start(int p) {
     Lower& l = lower_[p];
-    l.fd = tcp::StartConnect(l.host, l.port, &l.last_error);
+    bool out_of_descriptors = false;
+    l.fd = tcp::StartConnect(l.host, l.port, &l.last_error, &out_of_descriptors);
     l.connected = false;
     l.sent = 0;
+    l.got = 0;
     if (l.fd < 0) {
+      if (out_of_descriptors) OutOfDescriptors(("connecting to rank " + std::to_string(p)).c_str());
       Connections().failed.fetch_add(1, std::memory_order_relaxed);
       l.retry_at = After(kRetryS);
     }
@@ -201,7 +273,7 @@ class MeshSetup {
     l.retry_at = After(kRetryS);
   }
 
-  // Moves the connection to lower rank p on: connected, hello sent, ack read.
+  // Moves the connection to lower peer p on: connected, hello sent, ack read.
   void Advance(int p) {
     Lower& l = lower_[p];
     if (!l.connected) {
@@ -238,22 +310,26 @@ class MeshSetup {
     Connections().opened.fetch_add(1, std::memory_order_relaxed);
   }
 
-  [[noreturn]] void ThrowTimeout(const tcp::HelloDesk& desk) {
+  [[noreturn]] void ThrowTimeout() {
     std::ostringstream os;
     os << "rank " << rank_ << " waited " << timeout_s_ << " s (SPARK_HVD_START_TIMEOUT_S) for";
     const char* sep = " ";
-    const std::vector<int> missing = desk.Missing();
-    std::vector<int32_t> silent(missing.begin(), missing.end());
+    std::vector<int32_t> silent;
+    std::vector<int32_t> missing;
+    for (int p : higher_) {
+      if (!desk_->Has(p)) missing.push_back(p);
+    }
     if (!missing.empty()) {
       os << sep << "connections from rank" << (missing.size() > 1 ? "s " : " ")
-         << JoinRanks(std::vector<int32_t>(missing.begin(), missing.end()));
+         << JoinRanks(missing);
+      silent = missing;
       sep = "; ";
     }
-    for (int p = 0; p < rank_; ++p) {
-      const Lower& l = lower_[p];
-      if (l.acked) continue;
-      silent.push_back(p);
-      os << sep << "rank " << p << " at " << l.host << ":" << l.port;
+    for (const auto& kv : lower_) {
+      const Lower& l = kv.second;
+      if (!l.wanted || l.acked) continue;
+      silent.push_back(kv.first);
+      os << sep << "rank " << kv.first << " at " << l.host << ":" << l.port;
       if (l.connected) {
         os << " to acknowledge this rank's hello";
       } else {
@@ -267,35 +343,98 @@ class MeshSetup {
 
   int rank_;
   int size_;
-  Store* store_;
+  std::shared_ptr<Store> store_;
   double timeout_s_;
-  Clock::time_point deadline_;
-  const TcpMesh::LostPeers& lost_peers_;
+  TcpMesh::LostPeers lost_peers_;
+  int listener_;
+  std::unique_ptr<tcp::FdCloser> closer_;  // the listener's
+  std::string token_;
+  std::unique_ptr<tcp::HelloDesk> desk_;
+  Clock::time_point deadline_{};
   Clock::time_point next_lost_check_{};
-  std::vector<Lower> lower_;
+  std::map<int, Lower> lower_;  // lower peers: addresses read, connections in progress
+  std::vector<int> higher_;     // higher peers this round waits for
+  std::vector<pollfd> pfds_;
+  std::vector<int> owner_;  // lower peer of each of the first pfds_
 };
 
-}  // namespace
+// Here, where TcpLinks is complete.
+TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s,
+                 std::vector<int32_t> members, PeerLiveness* liveness,
+                 std::unique_ptr<TcpLinks> links)
+    : rank_(rank),
+      size_(size),
+      fds_(std::move(fds)),
+      links_(std::move(links)),
+      timeout_s_(timeout_s),
+      members_(std::move(members)),
+      liveness_(liveness) {
+  // Whole at once: the first op to wait on the wire (maybe long after warm-up) allocates
+  // nothing.
+  const size_t n = static_cast<size_t>(size);
+  xs_.reserve(2 * n);
+  waits_.reserve(2 * n);
+  pfds_.reserve(n + 1);
+  poll_peers_.reserve(n);
+}
 
-std::vector<int> TcpMesh::ConnectSockets(int rank, int size, Store* store,
+TcpMesh::~TcpMesh() {
+  for (int fd : fds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+std::vector<int> TcpMesh::ConnectSockets(int rank, int size, std::shared_ptr<Store> store,
                                          const std::string& bind_host, double connect_timeout_s,
                                          const LostPeers& lost_peers) {
-  std::vector<int> fds = MeshSetup(rank, size, store, connect_timeout_s, lost_peers).Run(bind_host);
+  TcpLinks links(rank, size, std::move(store), connect_timeout_s, lost_peers);
+  links.Listen(bind_host);
+  std::vector<int> fds(static_cast<size_t>(size), -1);
+  std::vector<int> all;
+  for (int p = 0; p < size; ++p) {
+    if (p != rank) all.push_back(p);
+  }
+  links.Connect(all, &fds);
   for (int p = 0; p < size; ++p) {
     if (p != rank) tcp::SetNoDelay(fds[p]);
   }
   return fds;
 }
 
-std::unique_ptr<TcpMesh> TcpMesh::Connect(int rank, int size, Store* store,
+std::unique_ptr<TcpMesh> TcpMesh::Connect(int rank, int size, std::shared_ptr<Store> store,
                                           const std::string& bind_host, double timeout_s,
-                                          double connect_timeout_s, const LostPeers& lost_peers,
+                                          double connect_timeout_s, LostPeers lost_peers,
                                           std::vector<int32_t> members, PeerLiveness* liveness) {
-  std::vector<int> fds =
-      ConnectSockets(rank, size, store, bind_host, connect_timeout_s, lost_peers);
+  auto links =
+      std::make_unique<TcpLinks>(rank, size, std::move(store), connect_timeout_s, lost_peers);
+  links->Listen(bind_host);
+  std::vector<int> fds(static_cast<size_t>(size), -1);
+  links->Connect(AlgorithmPeers(rank, size), &fds);
+  for (int p = 0; p < size; ++p) {
+    if (fds[p] >= 0) tcp::SetNoDelay(fds[p]);
+  }
   SHVD_LOG(kDebug, "tcp") << "mesh of rank " << rank << " of " << size << " connected";
-  return std::unique_ptr<TcpMesh>(
-      new TcpMesh(rank, size, std::move(fds), timeout_s, std::move(members), liveness));
+  return std::unique_ptr<TcpMesh>(new TcpMesh(rank, size, std::move(fds), timeout_s,
+                                              std::move(members), liveness, std::move(links)));
+}
+
+Status TcpMesh::EnsureConnected(const std::vector<Transfer>& xs) {
+  need_.clear();
+  for (const auto& x : xs) {
+    if (fds_[x.peer] < 0 && std::find(need_.begin(), need_.end(), x.peer) == need_.end()) {
+      need_.push_back(x.peer);
+    }
+  }
+  if (need_.empty()) return Status::OK();
+  try {
+    links_->Connect(need_, &fds_);
+  } catch (const StatusError& e) {  // mesh ranks, in the message and .ranks, to job ranks
+    return Fail(
+        Status(e.status().code(), e.status().message(),
+               JobRanks(std::vector<int>(e.status().ranks().begin(), e.status().ranks().end()))));
+  }
+  for (int p : need_) tcp::SetNoDelay(fds_[p]);
+  return Status::OK();
 }
 
 }  // namespace spark_hvd

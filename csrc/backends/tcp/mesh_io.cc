@@ -26,29 +26,6 @@ namespace {
 constexpr double kVerdictWaitS = 1.0;
 }  // namespace
 
-TcpMesh::TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s,
-                 std::vector<int32_t> members, PeerLiveness* liveness)
-    : rank_(rank),
-      size_(size),
-      fds_(std::move(fds)),
-      timeout_s_(timeout_s),
-      members_(std::move(members)),
-      liveness_(liveness) {
-  // Whole at once: the first op to wait on the wire (maybe long after warm-up) allocates
-  // nothing.
-  const size_t n = static_cast<size_t>(size);
-  xs_.reserve(2 * n);
-  waits_.reserve(2 * n);
-  pfds_.reserve(n + 1);
-  poll_peers_.reserve(n);
-}
-
-TcpMesh::~TcpMesh() {
-  for (int fd : fds_) {
-    if (fd >= 0) ::close(fd);
-  }
-}
-
 Status TcpMesh::Fail(Status s) {
   if (broken_.ok()) broken_ = s;
   return s;
@@ -167,6 +144,8 @@ Status TcpMesh::Wait(const std::vector<std::pair<int, short>>& waits,
 }
 
 Status TcpMesh::Exchange(std::vector<Transfer>& xs, const char* what) {
+  Status connected = EnsureConnected(xs);
+  if (!connected.ok()) return connected;
   for (const auto& x : xs) {
     if (x.send && x.left + x.left2 > 0) {
       CountMessage(TrafficSender::kTcp, static_cast<int64_t>(x.left + x.left2));

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -85,6 +86,11 @@ int Listen(const std::string& host, int backlog, int* port) {
     FdCloser fd(
         ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (fd.get() < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        freeaddrinfo(res);
+        Throw(Status::Internal("ran out of file descriptors listening on '" + host +
+                               "': " + DescriptorLimitAdvice(0)));
+      }
       last = Errno(errno);
       continue;
     }
@@ -104,7 +110,21 @@ int Listen(const std::string& host, int backlog, int* port) {
   Throw(Status::InvalidArgument("cannot listen on this rank's address '" + host + "': " + last));
 }
 
-int StartConnect(const std::string& host, int port, std::string* error) {
+std::string DescriptorLimitAdvice(int needed) {
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  std::string s = "this process may open " + std::to_string(lim.rlim_cur) +
+                  " files (ulimit -n; hard limit " + std::to_string(lim.rlim_max) + ")";
+  if (needed > 0) {
+    s += " and the job needs about " + std::to_string(needed) +
+         " per rank for its connections, besides what the process opens itself";
+  }
+  return s +
+         ": raise the soft limit (ulimit -n 65536 in the shell that starts the ranks, "
+         "LimitNOFILE= for a systemd service, or the cluster manager's limit for executors)";
+}
+
+int StartConnect(const std::string& host, int port, std::string* error, bool* out_of_descriptors) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -121,6 +141,9 @@ int StartConnect(const std::string& host, int port, std::string* error) {
     FdCloser fd(
         ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (fd.get() < 0) {
+      if ((errno == EMFILE || errno == ENFILE) && out_of_descriptors != nullptr) {
+        *out_of_descriptors = true;
+      }
       *error = Errno(errno);
       continue;
     }

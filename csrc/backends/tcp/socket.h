@@ -49,8 +49,13 @@ class FdCloser {
 int Listen(const std::string& host, int backlog, int* port);
 
 // Starts a non-blocking connection to host:port and returns its fd (connected or
-// in progress: poll it for POLLOUT, then ConnectError), or -1 with *error set.
-int StartConnect(const std::string& host, int port, std::string* error);
+// in progress: poll it for POLLOUT, then ConnectError), or -1 with *error set
+// (*out_of_descriptors too when no socket could be made for lack of descriptors).
+int StartConnect(const std::string& host, int port, std::string* error,
+                 bool* out_of_descriptors = nullptr);
+// What to say when a process runs out of file descriptors: its limits (getrlimit), what
+// the job needs per rank (`needed`; <= 0: not said) and how to raise them.
+std::string DescriptorLimitAdvice(int needed);
 // 0 once a started connection is established, else why it failed (an errno).
 int ConnectError(int fd);
 
