@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import threading
+import time
 from collections import Counter
 from typing import List, Optional, Sequence
 
 from spark_hvd._job import wire as _wire
-from spark_hvd._job.store import DEFAULT_TIMEOUT_S, check_key, check_timeout, check_value
+from spark_hvd._job.store import (DEFAULT_TIMEOUT_S, check_key, check_keys, check_timeout,
+                                  check_value)
 from spark_hvd._job.wire import Kind, Op
 from spark_hvd.exceptions import (AuthenticationError, CollectiveTimeoutError,
                                   InvalidArgumentError, SparkHvdError, StoreError, from_code)
@@ -18,11 +21,29 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
-HANDSHAKE_ATTEMPTS = 3
+# A connection the server closes or resets before authenticating it is opened again,
+# after a random pause of up to RETRY_BASE_S * 2**(attempt - 1) (at most RETRY_MAX_S):
+# clients turned away together come back spread out, not together again.
+HANDSHAKE_ATTEMPTS = 6
+RETRY_BASE_S = 0.05
+RETRY_MAX_S = 1.0
 
 
 def _ms(timeout_s: float) -> bytes:
     return str(int(round(check_timeout(timeout_s) * 1000))).encode("ascii")
+
+
+def _backoff(attempt: int) -> None:
+    """Pause before connection attempt ``attempt + 1`` (full jitter)."""
+    time.sleep(random.uniform(0.0, min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (attempt - 1))))
+
+
+def _ranks(result: List[bytes]) -> Optional[List[int]]:
+    """The ranks a failed request's reply names (its second argument), if any."""
+    try:
+        return [int(r) for r in result[1].split(b",")] if len(result) > 1 and result[1] else None
+    except ValueError:
+        return None
 
 
 class _Broken(Exception):
@@ -37,12 +58,15 @@ class _Connection:
     """One authenticated connection to the server (not thread-safe).
 
     A server with too many connections authenticating closes the oldest, so a
-    connection closed before it is authenticated is opened again, up to
-    ``HANDSHAKE_ATTEMPTS`` times.
+    connection closed or reset before it is authenticated is opened again, up to
+    ``HANDSHAKE_ATTEMPTS`` times with a jittered pause between; each retry counts in
+    ``retries["handshake"]``.  A refused connect is not retried: on Linux a server
+    whose backlog is full drops the SYN (the kernel resends it) rather than refuse, so
+    a refusal means no server.
     """
 
     def __init__(self, addr: str, port: int, secret: bytes, run_id: bytes,
-                 connect_timeout_s: float) -> None:
+                 connect_timeout_s: float, retries: Counter) -> None:
         self.where = f"{addr}:{port}"
         self._secret, self._run_id = secret, run_id
         for attempt in range(1, HANDSHAKE_ATTEMPTS + 1):
@@ -56,7 +80,10 @@ class _Connection:
                     raise StoreError(
                         f"the rendezvous server at {self.where} closed the connection before "
                         f"authenticating it, {attempt} times (last: {e}); it does so when "
-                        f"too many connections are authenticating at once") from None
+                        f"more connections are authenticating at once than its max_pending "
+                        f"(RendezvousServer, default 4096)") from None
+                retries["handshake"] += 1
+                _backoff(attempt)
 
     def _open(self, addr: str, port: int, connect_timeout_s: float) -> None:
         """Connect and authenticate; _Broken if the server closes the connection first."""
@@ -70,6 +97,8 @@ class _Connection:
         except socket.gaierror as e:
             raise StoreError(f"cannot resolve the rendezvous server address {self.where}: "
                              f"{e}") from None
+        except (ConnectionResetError, ConnectionAbortedError) as e:
+            raise _Broken(str(e), sent=False) from None
         except OSError as e:
             raise StoreError(f"could not connect to the rendezvous server at {self.where}: "
                              f"{e.strerror or e}; is the driver or launcher of this job "
@@ -144,7 +173,7 @@ class _Connection:
             raise StoreError(f"reply {seq} from {self.where} does not match request {self.seq}")
         if status != _wire.OK:
             message = result[0].decode("utf-8", "replace") if result else ""
-            raise from_code(status, message)
+            raise from_code(status, message, ranks=_ranks(result))
         return result
 
 
@@ -171,6 +200,9 @@ class RendezvousClient:
         # Requests sent, by operation name (SET, GET, ...): what a rank costs the service,
         # read by bench/scale.py and the tests of the rendezvous' growth.
         self.requests: Counter = Counter()
+        # What had to be tried again: "handshake" (a connection closed or reset before it
+        # authenticated), "request" (a request sent again on a new connection).
+        self.retries: Counter = Counter()
         self._idle: List[_Connection] = [self._connect()]
         self._registration: Optional[_Connection] = None
         self._group = ""
@@ -178,7 +210,7 @@ class RendezvousClient:
 
     def _connect(self) -> _Connection:
         return _Connection(self.addr, self.port, self._secret, self._run_id,
-                           self._connect_timeout_s)
+                           self._connect_timeout_s, self.retries)
 
     def _checkout(self) -> _Connection:
         with self._lock:
@@ -207,6 +239,7 @@ class RendezvousClient:
                 if e.sent and not idempotent:
                     raise StoreError(f"the connection to the rendezvous server at "
                                      f"{conn.where} broke during {op.name}: {e}") from None
+                self.retries["request"] += 1
                 conn = self._connect()
                 try:
                     return conn.request(op, args, timeout_s)
@@ -234,14 +267,44 @@ class RendezvousClient:
         return self._call(Op.GET, [check_key(key).encode("utf-8"), _ms(timeout_s)],
                           wait_s=timeout_s)[0]
 
+    def get_many(self, keys: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S,
+                 watch_lost: bool = False) -> List[bytes]:
+        """The values of ``keys`` in their order, in one request (MGET) that waits on the
+        server until every key is set.
+
+        With ``watch_lost``, a rank of this client's registration group (the group
+        :meth:`lost_ranks` answers for) that is lost, or is lost during the wait, ends
+        it at once.  Values of all keys together travel in one reply: at most ~64 MiB.
+
+        Raises
+        ------
+        CollectiveTimeoutError
+            when keys are still missing after ``timeout_s``, naming them.
+        PeerLostError
+            with ``watch_lost``, while keys are missing and a rank is lost; ``ranks``
+            names the lost ranks, the message them and the missing keys.
+        """
+        encoded = [k.encode("utf-8") for k in check_keys(keys)]
+        if sum(len(k) + 4 for k in encoded) > _wire.MAX_VALUE_BYTES:
+            raise InvalidArgumentError(f"{len(encoded)} keys take more than one request "
+                                       f"carries ({_wire.MAX_VALUE_BYTES} bytes); ask for fewer")
+        if not isinstance(watch_lost, bool):
+            raise InvalidArgumentError(f"watch_lost must be a bool, got {watch_lost!r}")
+        watch = b"/" + self._group.encode("utf-8") if watch_lost else b""
+        values = self._call(Op.MGET, [_ms(timeout_s), watch] + encoded, wait_s=timeout_s)
+        if len(values) != len(encoded):
+            raise StoreError(f"the rendezvous server at {self.addr}:{self.port} answered "
+                             f"{len(values)} values to an MGET of {len(encoded)} keys")
+        return values
+
     def wait(self, keys: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Block until every key is set (CollectiveTimeoutError after ``timeout_s``)."""
-        self._call(Op.WAIT, [_ms(timeout_s)] + [check_key(k).encode("utf-8") for k in keys],
+        self._call(Op.WAIT, [_ms(timeout_s)] + [k.encode("utf-8") for k in check_keys(keys)],
                    wait_s=timeout_s)
 
     def check(self, keys: Sequence[str]) -> bool:
         """Whether every key is set; never blocks."""
-        return self._call(Op.CHECK, [check_key(k).encode("utf-8") for k in keys])[0] == b"1"
+        return self._call(Op.CHECK, [k.encode("utf-8") for k in check_keys(keys)])[0] == b"1"
 
     def add(self, key: str, amount: int = 1) -> int:
         """Atomically add ``amount`` to the counter ``key``; returns the new value."""

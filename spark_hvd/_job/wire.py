@@ -18,10 +18,19 @@ Protocol, version 1 (all integers big-endian):
 4. The first request must be ``AUTH``; until it succeeds nothing else is read.
    A connection that has not authenticated within a few seconds is closed, and
    so is the oldest unauthenticated one when too many are waiting; a client
-   whose connection is closed before ``AUTH`` is answered connects again.
+   whose connection is closed before ``AUTH`` is answered connects again, after
+   a random pause that doubles with each attempt.
 5. A bad signature, a malformed frame or a wrong sequence number is answered
    with ``REFUSED``: ``kind=4 | u8 code | utf-8 message`` (code 8 for
    authentication, 7 otherwise) and the connection is closed.
+6. A request that fails is answered with ``status`` = the error's code
+   (spark_hvd.exceptions) and args ``message[, ranks]``, ranks comma-separated
+   decimal (PeerLostError's lost ranks).
+7. ``MGET`` (args ``timeout_ms | watch | key * n``) answers the n values in order
+   once every key is set: one request and one reply per rank, whatever n is.
+   ``watch`` is empty, or ``/`` and a registration group (``/`` alone: the
+   default group); then, while keys are missing, a rank of that group that is
+   or becomes lost fails it at once with PeerLostError naming the rank.
 """
 
 from __future__ import annotations
@@ -69,6 +78,7 @@ class Op(enum.IntEnum):
     REGISTER = 9
     GOODBYE = 10
     LOST = 11
+    MGET = 12
 
 
 class ProtocolError(Exception):

@@ -6,6 +6,13 @@ their connection addresses through it, ranks register their hosts, and a
 rank whose registration connection drops without a goodbye is recorded as
 lost (``lost_ranks()`` and the key ``__lost__/<rank>``).
 
+What a rank costs the service does not grow with the job: it publishes its
+keys (a SET each) and reads what it needs in one ``MGET``, which waits on the
+server for every key and, when it watches the rank's registration group, fails
+at once when a rank of it is lost; the store wakes a blocked request only when
+its keys are all set (:mod:`spark_hvd._job.store`), so N ranks cost O(N)
+requests and O(N) wake-ups in all.
+
 The wire protocol is described in :mod:`spark_hvd._job.wire`.  Every
 request is signed with HMAC-SHA256 under the job's secret, bound to the run id,
 a per-connection server nonce and a sequence number.
@@ -50,12 +57,14 @@ DEFAULT_HANDSHAKE_TIMEOUT_S = 5.0
 # Authenticated connections: a rank holds about three (twice that under Spark), so
 # thousands of ranks fit; the limit stops a client that leaks connections.
 DEFAULT_MAX_CONNECTIONS = 16384
-# Connections still authenticating: a burst of ranks connecting at once passes (each
-# needs only a round trip), while a flood holds at most this many descriptors.
-DEFAULT_MAX_PENDING = 128
+# Connections still authenticating: thousands of ranks connecting at once pass (each
+# needs only a round trip, within the handshake deadline), while a flood holds at most
+# this many descriptors (the oldest is closed beyond it; its client connects again).
+DEFAULT_MAX_PENDING = 4096
 # Connections the kernel holds until they are accepted (capped by net.core.somaxconn);
 # they cost the server no descriptor, and a burst of ranks connecting at once fits.
 _BACKLOG = 4096
+_SOMAXCONN = "/proc/sys/net/core/somaxconn"
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -65,6 +74,15 @@ def _keepalive(sock: socket.socket) -> None:
     for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _backlog_cap() -> Optional[int]:
+    """The kernel's cap on a listen backlog (Linux: net.core.somaxconn); None if unknown."""
+    try:
+        with open(_SOMAXCONN) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 class _ConnState(Connection):
@@ -158,6 +176,12 @@ class RendezvousServer:
             except OSError as e:
                 raise StoreError(f"rendezvous server cannot listen on {host}:{port}: {e}") from e
             self.host, self.port = self._lsock.getsockname()[:2]
+            cap = _backlog_cap()
+            if cap is not None and cap < _BACKLOG:
+                logger.info("rendezvous server: net.core.somaxconn (%d) caps the listen "
+                            "backlog below %d; more ranks than that connecting at once wait "
+                            "for the kernel to resend their SYN (sysctl -w "
+                            "net.core.somaxconn=%d)", cap, _BACKLOG, _BACKLOG)
             self._conns = ConnectionLoop(
                 self._lsock, new_connection=_ConnState, on_accepted=self._greet,
                 on_frame=self._on_frame, on_bad_frame=self._on_bad_frame,
@@ -304,6 +328,8 @@ class RendezvousServer:
             status, result = _wire.OK, self._dispatch(conn, op, args)
         except SparkHvdError as e:
             status, result = e.code, [e.message.encode("utf-8", "replace")]
+            if e.ranks:  # the evidence travels: PeerLostError's lost ranks
+                result.append(",".join(map(str, e.ranks)).encode("ascii"))
         try:
             conn.sock.sendall(self._response(conn, seq, status, result))
         except OSError as e:
@@ -370,6 +396,21 @@ class RendezvousServer:
                 raise InvalidArgumentError(f"LOST takes at most 1 argument, got {len(args)}")
             group = text(args[0]) if args else ""
             return [str(r).encode("ascii") for r in self.lost_ranks(group)]
+        if op == Op.MGET:  # timeout_ms, watch ("" or "/" + group), key...
+            if len(args) < 2:
+                raise InvalidArgumentError("MGET needs a timeout and a watch argument")
+            watch = text(args[1])
+            if watch and (watch[0] != "/" or "/" in watch[1:]):
+                raise InvalidArgumentError(f"MGET's watch is empty or '/<group>', got {watch!r}")
+            values = store.get_many([text(a) for a in args[2:]], number(args[0]) / 1000.0,
+                                    f"{LOST_KEY_PREFIX}{_group_path(watch[1:])}" if watch
+                                    else None)
+            size = sum(len(v) + 4 for v in values)
+            if size > _wire.MAX_VALUE_BYTES:
+                raise InvalidArgumentError(
+                    f"the values of {len(values)} keys take {size} bytes, more than one reply "
+                    f"carries ({_wire.MAX_VALUE_BYTES}); read them in several MGETs")
+            return values
         raise InvalidArgumentError(f"unknown rendezvous op {op}")
 
     def _register(self, state: _ConnState, rank: int, host: str, group: str) -> List[bytes]:

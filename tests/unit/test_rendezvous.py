@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -14,7 +15,7 @@ from spark_hvd._job import env
 from spark_hvd._job import wire as _wire
 from spark_hvd._job.store import InMemoryStore
 from spark_hvd.exceptions import (AuthenticationError, CollectiveTimeoutError,
-                                  InvalidArgumentError, StoreError)
+                                  InvalidArgumentError, PeerLostError, StoreError)
 from spark_hvd.runner.rendezvous import RendezvousClient, RendezvousServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,6 +90,34 @@ class StoreContract:
         setter.join()
         assert store.check(["w1", "w2"])
 
+    def test_get_many_answers_in_order_once_every_key_is_set(self, store, other):
+        store.set("m/b", b"2")
+        assert store.get_many([], 1.0) == []
+        assert store.get_many(["m/b"], 1.0) == [b"2"]
+        got = []
+        reader = threading.Thread(
+            target=lambda: got.append(store.get_many(["m/c", "m/a", "m/b", "m/a"], WAIT_S)))
+        reader.start()
+        other.set("m/a", b"1")
+        reader.join(0.2)
+        assert reader.is_alive() and not got  # m/c is still missing
+        other.set("m/c", b"")
+        reader.join(WAIT_S)
+        assert got == [[b"", b"1", b"2", b"1"]]
+
+    def test_get_many_times_out_naming_the_missing_keys(self, store):
+        store.set("t/0", b"")
+        keys = [f"t/{i}" for i in range(20)]
+        start = time.monotonic()
+        with pytest.raises(CollectiveTimeoutError) as info:
+            store.get_many(keys, 0.3)
+        assert time.monotonic() - start < WAIT_S
+        message = str(info.value)
+        assert "0.3 s" in message and "missing 19: ['t/1', 't/2'," in message
+        assert "... and 11 more" in message and "t/19" not in message  # bounded at any N
+        with pytest.raises(InvalidArgumentError, match="wrap it in a list"):
+            store.get_many("t/0", 1.0)
+
     def test_add(self, store):
         assert store.add("n", 5) == 5
         assert store.add("n", -7) == -2
@@ -148,6 +177,99 @@ class TestInMemoryStore(StoreContract):
         store.close()
         reader.join(WAIT_S)
         assert len(errors) == 1 and "shut down" in str(errors[0])
+
+    def test_close_wakes_a_bulk_read(self, store):
+        errors = []
+
+        def read():
+            try:
+                store.get_many(["never", "nor"], WAIT_S, abort_prefix="lost/")
+            except StoreError as e:
+                errors.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        until(lambda: len(store._waiters) == 2)
+        store.close()
+        reader.join(WAIT_S)
+        assert len(errors) == 1 and "shut down" in str(errors[0])
+        assert not reader.is_alive()
+
+    @pytest.mark.parametrize("n", [1, 3, 256])
+    def test_a_set_wakes_only_the_calls_waiting_for_its_key(self, store, n):
+        """n calls blocked on n keys, the keys set one at a time: n wake-ups in all (one
+        condition notified on every set woke every blocked call: n(n+1)/2 here)."""
+        readers = [threading.Thread(target=store.get, args=(f"w/{i}", WAIT_S))
+                   for i in range(n)]
+        for r in readers:
+            r.start()
+        until(lambda: len(store._waiters) == n)
+        for i, r in enumerate(readers):
+            store.set(f"w/{i}", b"")
+            r.join(WAIT_S)  # the others wait meanwhile, and would be woken by every set
+            assert not r.is_alive()
+        assert store.wakeups == n
+        assert not store._waiters  # nothing left registered
+
+    def test_a_bulk_read_is_woken_once(self, store):
+        n = 64
+        got = []
+        reader = threading.Thread(target=lambda: got.append(
+            store.get_many([f"b/{i}" for i in range(n)], WAIT_S)))
+        reader.start()
+        until(lambda: len(store._waiters) == n)
+        for i in range(n):
+            store.set(f"b/{i}", str(i).encode())
+        reader.join(WAIT_S)
+        assert got == [[str(i).encode() for i in range(n)]] and store.wakeups == 1
+
+    def test_a_key_deleted_before_the_wake_up_is_waited_for_again(self, store):
+        got = []
+        reader = threading.Thread(target=lambda: got.append(store.get_many(["a", "b"], WAIT_S)))
+        reader.start()
+        until(lambda: len(store._waiters) == 2)
+        store.set("a", b"1")
+        store.delete("a")
+        store.set("b", b"2")  # its last missing key: woken, finds "a" gone, waits again
+        until(lambda: store.wakeups == 1 and "a" in store._waiters)
+        assert reader.is_alive() and not got
+        store.set("a", b"3")
+        reader.join(WAIT_S)
+        assert got == [[b"3", b"2"]] and store.wakeups == 2
+
+    def test_a_key_under_the_watched_prefix_ends_a_bulk_read(self, store):
+        store.set("lost/e1/4", b"connection dropped")  # another group's: not under lost/
+        store.set("have", b"x")
+        errors = []
+
+        def read():
+            try:
+                store.get_many(["have", "addr/1", "addr/3"], WAIT_S, abort_prefix="lost/")
+            except PeerLostError as e:
+                errors.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        until(lambda: "lost/" in store._watchers)
+        store.set("lost/3", b"connection from 10.0.0.3:4000 dropped")
+        reader.join(WAIT_S)
+        assert len(errors) == 1 and errors[0].ranks == [3]
+        message = str(errors[0])
+        assert message.startswith("rank 3 lost (3: connection from 10.0.0.3:4000 dropped)")
+        assert "missing 2: ['addr/1', 'addr/3']" in message
+        start = time.monotonic()
+        with pytest.raises(PeerLostError) as info:  # lost already: fails without waiting
+            store.get_many(["addr/1"], WAIT_S, abort_prefix="lost/")
+        assert time.monotonic() - start < WAIT_S / 2
+        assert info.value.ranks == [3] and "key 'addr/1'" in str(info.value)
+        store.set("addr/1", b"a1")
+        store.set("addr/3", b"a3")  # every key set: the values, lost ranks or not
+        assert store.get_many(["addr/1", "addr/3"], 1.0, abort_prefix="lost/") == [b"a1", b"a3"]
+        store.delete("lost/3")
+        with pytest.raises(CollectiveTimeoutError):
+            store.get_many(["addr/2"], 0.1, abort_prefix="lost/")
+        with pytest.raises(InvalidArgumentError, match="ending in '/'"):
+            store.get_many(["addr/2"], 0.1, abort_prefix="lost")
 
 
 class TestRendezvousClient(StoreContract):
@@ -415,6 +537,46 @@ class TestLostRanks:
         assert b"before it registered" in client.get("__lost__/0", 1.0)
         alive.close()
 
+    @pytest.mark.parametrize("group", ["", "e2"])
+    def test_a_bulk_read_watching_lost_ranks_fails_at_once(self, server, client, group):
+        """A rank waiting in get_many(watch_lost=True) for a peer's key hears at once that
+        a rank of its group lost its connection: PeerLostError naming it, not a timeout.
+        A loss in another group does not end it."""
+        other_group = connect(server)
+        other_group.register_rank(5, group="e1")
+        victim = connect(server)
+        victim.register_rank(3, group=group)
+        reader = connect(server)
+        reader.register_rank(0, group=group)
+        client.set("addr/1", b"a1")
+        errors = []
+
+        def read():
+            try:
+                reader.get_many(["addr/1", "addr/2", "addr/3"], 60.0, watch_lost=True)
+            except PeerLostError as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        other_group._registration.sock.close()
+        client.get("__lost__/e1/5", WAIT_S)
+        thread.join(0.2)
+        assert thread.is_alive() and not errors
+        start = time.monotonic()
+        victim._registration.sock.close()  # no goodbye
+        thread.join(WAIT_S)
+        assert time.monotonic() - start < WAIT_S and len(errors) == 1
+        error = errors[0]
+        assert error.ranks == [3] and error.code == 6
+        assert str(error).startswith("rank 3 lost (3: connection from 127.0.0.1:")
+        assert "missing 2: ['addr/2', 'addr/3']" in str(error)
+        assert reader.requests["MGET"] == 1
+        with pytest.raises(CollectiveTimeoutError):  # without watching, it waits
+            reader.get_many(["addr/2"], 0.2)
+        for c in (other_group, victim, reader):
+            c.close()
+
     def test_stopping_the_server_loses_nobody(self):
         s = RendezvousServer(host="127.0.0.1")
         s.start()
@@ -423,6 +585,105 @@ class TestLostRanks:
         s.stop()
         assert s.lost_ranks() == []
         c.close()
+
+
+RANKS = 1024  # the scale of issue #33's goals
+
+
+class TestGrowth:
+    """What N ranks cost the service grows as N: requests, wake-ups, connections."""
+
+    @pytest.mark.parametrize("n", [2, 64])
+    def test_a_ring_rendezvous_costs_each_rank_three_requests(self, server, n):
+        """Each of n ranks registers, publishes its address and reads its ring neighbours'
+        in one MGET: 3 requests per rank, at most one wake-up per rank on the server."""
+        clients = [connect(server) for _ in range(n)]
+        got = [None] * n
+
+        def rank(i):
+            c = clients[i]
+            c.register_rank(i)
+            c.set(f"addr/{i}", f"host{i}".encode())
+            got[i] = c.get_many([f"addr/{(i - 1) % n}", f"addr/{(i + 1) % n}"], WAIT_S,
+                                watch_lost=True)
+
+        threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT_S)
+        assert got == [[f"host{(i - 1) % n}".encode(), f"host{(i + 1) % n}".encode()]
+                       for i in range(n)]
+        for c in clients:
+            assert c.requests == {"REGISTER": 1, "SET": 1, "MGET": 1}
+            assert not c.retries
+            c.close()
+        assert server.store.wakeups <= n
+
+    @pytest.fixture
+    def files_for_both_ends(self):
+        """An open-files limit for RANKS connections with both ends in this process."""
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        need = 2 * RANKS + 256
+        if soft < need:
+            if hard != resource.RLIM_INFINITY and hard < need:
+                pytest.skip(f"needs {need} open files, the hard limit is {hard}")
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        yield
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    def test_a_thousand_connections_authenticating_at_once(self, files_for_both_ends):
+        """RANKS connections accepted and greeted before any authenticates (ranks on other
+        hosts, a round trip away, connecting at once), then all authenticate: the server's
+        defaults keep every one (128 pending at most closed all but the last 128)."""
+        with RendezvousServer(host="127.0.0.1") as server:
+            socks = [raw_connect(server) for _ in range(RANKS)]
+            try:
+                assert server.connection_counts() == (0, RANKS)
+                for sock, nonce in socks:
+                    sock.sendall(_wire.signed_frame(_wire.Kind.REQUEST, server.secret,
+                                                    server.run_id.encode(), nonce, 1,
+                                                    _wire.Op.AUTH, []))
+                for sock, nonce in socks:
+                    assert _wire.parse_signed(_wire.read_frame(sock, 1 << 16),
+                                              _wire.Kind.RESPONSE, server.secret,
+                                              server.run_id.encode(), nonce)[:2] == (1, _wire.OK)
+                assert server.connection_counts() == (RANKS, 0)
+            finally:
+                for sock, _ in socks:
+                    sock.close()
+
+    def test_a_thousand_ranks_connect_at_once(self, files_for_both_ends):
+        """RANKS clients connect, authenticate and send a request at the same moment against
+        the server's defaults: none is refused, reset or closed before authenticating (no
+        retry), and every request gets through."""
+        n = RANKS
+        start = threading.Barrier(n)
+        clients, errors = [None] * n, []
+
+        def rank(i):
+            start.wait()
+            try:
+                clients[i] = connect(server)
+                clients[i].set(f"at-once/{i}", b"")
+            except Exception as e:  # noqa: BLE001 - every failure is reported below
+                errors.append(e)
+
+        with RendezvousServer(host="127.0.0.1") as server:
+            threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60.0)
+            assert not errors, f"{len(errors)} failed, e.g. {errors[0]!r}"
+            assert None not in clients
+            assert sum((c.retries for c in clients), Counter()) == Counter()
+            assert len(server.store.keys("at-once/")) == n
+            assert server.connection_counts() == (n, 0)
+            for c in clients:
+                c.close()
 
 
 class TestEnv:
