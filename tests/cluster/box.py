@@ -14,9 +14,10 @@ Layout (the default subnet 10.213.77.0/24; nothing else on the machine may use i
 Every host is a network namespace of that name; whatever the box starts there runs under
 ``ip netns exec <host> unshare --uts``, with the host name set to the namespace's, and
 ``ip netns exec`` lays /etc/netns/<host>/{hosts,resolv.conf} over /etc: the box's names
-resolve inside it, nothing else does. No namespace has a default route and the root
-namespace does not forward (net.ipv4.ip_forward is checked), so the addresses exist only
-on the bridge; IPv6 is off on every box link. A host's link may be capped (``tc ... tbf``
+resolve inside it, nothing else does. A host's only route is the box's subnet (no
+default route: a packet for anywhere else is refused at the host, ENETUNREACH, whether
+or not the machine forwards), so the addresses exist only on the bridge; IPv6 is off on
+every box link. A host's link may be capped (``tc ... tbf``
 on both ends of its veth), set down and up again.
 
 What the box made is written down before it is made (``/run/spark_hvd_box/state.json``:
@@ -250,9 +251,6 @@ def _check_free(state: dict) -> None:
     for tool in ("ip", "tc", "unshare"):
         if shutil.which(tool) is None:
             raise BoxError(f"the box needs `{tool}`: apt-get install iproute2 util-linux")
-    if _run("sysctl", "-n", "net.ipv4.ip_forward").strip() != "0":
-        raise BoxError("net.ipv4.ip_forward is on: the root namespace would route the box's "
-                       "hosts out; the box refuses to start")
     names = [state["master"]["name"]] + [h["name"] for h in state["hosts"]]
     taken = sorted(set(names) & set(_procs.netns_names()))
     links = {d["ifname"] for d in json.loads(_run("ip", "-j", "link", "show"))}
