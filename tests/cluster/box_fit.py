@@ -9,19 +9,24 @@ import os
 import socket
 import time
 
-EPOCHS = 4
+EPOCHS = 3
 PAUSE_TIMEOUT_S = 300.0
+
+
+def digits_arrays():
+    """(x_train, x_test, y_train, y_test): scikit-learn's digits, pixels in [0, 1]."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    return train_test_split(x / 16.0, y, test_size=0.25, random_state=0, stratify=y)
 
 
 def digits_frames(spark, partitions: int):
     """(train, test) DataFrames of 'features' (64 pixels in [0, 1]) and 'label'."""
     from pyspark.ml.linalg import Vectors
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
 
-    x, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split(x / 16.0, y, test_size=0.25,
-                                                        random_state=0, stratify=y)
+    x_train, x_test, y_train, y_test = digits_arrays()
 
     def frame(xs, ys):
         rows = [(Vectors.dense(a.tolist()), int(b)) for a, b in zip(xs, ys)]
@@ -91,6 +96,17 @@ def estimator(store_dir: str, mark_dir: str, num_proc: int, **kw):
                 callbacks=[WhereRanksRun(mark_dir, kw.pop("pause_after", None))])
     args.update(kw)
     return TorchEstimator(**args)
+
+
+def local_accuracy(model) -> float:
+    """The fitted model's accuracy on the held-out digits, run here (its torch module)."""
+    import numpy as np
+    import torch
+
+    _, x_test, _, y_test = digits_arrays()
+    with torch.no_grad():
+        out = model.getModel().eval()(torch.tensor(x_test, dtype=torch.float32))
+    return float(np.mean(out.argmax(dim=1).numpy() == y_test))
 
 
 def accuracy_of(model, test_df) -> float:

@@ -94,8 +94,12 @@ def test_torch_distributor_trains_ddp_across_hosts(spark, box):
 def test_torch_estimator_fits_on_ranks_across_hosts_and_transforms(reference_fit, box):
     """The digits MLP on 4 ranks: the ranks ran on at least 2 hosts, in one launch, and
     the model the fit returned predicts the held-out digits through transform."""
-    accuracy, launches = reference_fit
+    launches = reference_fit["launches"]
     assert list(launches) == [0], launches
     assert sorted(launches[0]) == [0, 1, 2, 3] and len(set(launches[0].values())) >= 2
     assert set(launches[0].values()) <= set(box.names)
-    assert accuracy >= 0.9, accuracy
+    assert reference_fit["transform_accuracy"] >= 0.9, reference_fit
+    # transform ran the fitted model: its predictions are the module's, run here (a row
+    # or two may flip on a near tie of two outputs between batchings)
+    assert abs(reference_fit["transform_accuracy"] - reference_fit["accuracy"]) <= 0.005, \
+        reference_fit
