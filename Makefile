@@ -28,7 +28,7 @@ STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench clean wheel docs lint format
+.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench bench-scale clean wheel docs lint format
 
 setup: apt $(STAMP_BUILD)
 
@@ -210,12 +210,18 @@ CLUSTER_HOSTS ?= 4
 CLUSTER_RATE ?=
 BOX := tests/cluster/box.py
 
-.PHONY: cluster-up cluster-down
+.PHONY: cluster-up cluster-down demo-cluster
 cluster-up: setup apt-test
 	$(VPY) $(BOX) up --hosts $(CLUSTER_HOSTS) $(if $(CLUSTER_RATE),--rate $(CLUSTER_RATE))
 
 cluster-down:
 	$(if $(wildcard $(VPY)),$(VPY),$(PY)) $(BOX) down
+
+# The demo's fit on a box of its own (CLUSTER_HOSTS hosts, 2 ranks each), printing which
+# rank ran on which host; the box goes when it ends.
+demo-cluster: setup apt-test
+	$(VPY) examples/demo_cluster.py --hosts $(CLUSTER_HOSTS) --num-proc $$(( 2 * $(CLUSTER_HOSTS) )) \
+	  $(if $(CLUSTER_RATE),--rate $(CLUSTER_RATE))
 
 # Every benchmark of docs/benchmarks.md's table, one after the other (each prints its own
 # side-by-side ratios); BENCH=name runs one, e.g. `make bench BENCH=torch_step`.
@@ -226,6 +232,16 @@ bench: setup
 	@for b in $(BENCH); do echo "== bench/$$b.py"; \
 	  PYTHONPATH=. $(VPY) bench/$$b.py || exit 1; \
 	done
+
+# docs/scaling.md's measured part and docs/scaling.png: jobs of N rank processes on this
+# machine in simulated hosts (bench/scale.py --help), each mode and N in turn; a job is killed
+# after 10 minutes, larger N are skipped once one fails. NP=2,8,64 another list of N;
+# SCALE_ARGS more options (e.g. --backend tcp --merge).
+NP ?=
+SCALE_ARGS ?=
+
+bench-scale: setup
+	PYTHONPATH=. $(VPY) bench/scale.py $(if $(NP),--np $(NP)) $(SCALE_ARGS)
 
 clean:
 	rm -rf build *.egg-info spark_hvd/_core*.so $(WHEEL_DIR) site $(VENV_COMPAT)
