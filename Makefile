@@ -234,9 +234,9 @@ bench: setup
 	done
 
 # docs/scaling.md's measured part and docs/scaling.png: jobs of N rank processes on this
-# machine in simulated hosts (bench/scale.py --help), each mode and N in turn; a job is killed
-# after 10 minutes, larger N are skipped once one fails. NP=2,8,64 another list of N;
-# SCALE_ARGS more options (e.g. --backend tcp --merge).
+# machine in simulated hosts (bench/scale.py --help), each mode and N in turn (about 30 min on
+# 2 cores); a job not through init after 5 minutes, or running 10, is killed and larger N
+# are skipped. NP=2,8,64 another list of N; SCALE_ARGS more options (--backend tcp --merge).
 NP ?=
 SCALE_ARGS ?=
 
