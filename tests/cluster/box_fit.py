@@ -10,6 +10,7 @@ import socket
 import time
 
 EPOCHS = 3
+RANKS = 2  # Spark gives a barrier stage's tasks one per executor first: 2 hosts
 PAUSE_TIMEOUT_S = 300.0
 
 

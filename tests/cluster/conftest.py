@@ -62,13 +62,13 @@ def digits(spark, box):
 
 @pytest.fixture(scope="session")
 def reference_fit(digits, tmp_path_factory):
-    """An undisturbed TorchEstimator fit on 4 ranks: its test accuracy through transform
+    """An undisturbed TorchEstimator fit on 2 ranks: its test accuracy through transform
     and run here, where its ranks ran ({start epoch: {rank: host}}), and its store (a
     later fit of the same data there reuses the Parquet files)."""
     train, test = digits
     d = tmp_path_factory.mktemp("reference_fit")
     (d / "marks").mkdir()
-    model = box_fit.estimator(str(d / "store"), str(d / "marks"), num_proc=4).fit(train)
+    model = box_fit.estimator(str(d / "store"), str(d / "marks"), num_proc=box_fit.RANKS).fit(train)
     return {"transform_accuracy": box_fit.accuracy_of(model, test),
             "accuracy": box_fit.local_accuracy(model), "store": str(d / "store"),
             "launches": box_fit.launches(str(d / "marks"))}

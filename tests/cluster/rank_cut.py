@@ -5,9 +5,11 @@ spark.run/run_elastic through ``train_elastic``): after a few allreduces it writ
 ``running-<rank>@<host>`` in ``out_dir`` (the shared disk: a test waits for every rank
 there, then cuts a host off), and on the first failure ``failed-<rank>.json`` with the
 exception's class, message, ``ranks`` and the wall-clock time it was raised (the hosts
-share the machine's clock). Then it raises the error again.
+share the machine's clock). With ``linger_s``, it then waits (up to that) for the file
+``release``: a survivor that exited at once would be lost to the survivors still
+waiting, which would name it beside the cut host's ranks. Then it raises the error again.
 
-Run as a script: ``rank_cut.py OUT_DIR [NBYTES]``.
+Run as a script: ``rank_cut.py OUT_DIR [NBYTES]`` (lingering up to 60 s).
 """
 
 import json
@@ -28,7 +30,8 @@ def _write(out_dir: str, name: str, record=None) -> None:
     os.replace(path + ".tmp", path)
 
 
-def allreduce_until_failure(out_dir: str, nbytes: int = NBYTES, marks: int = 3) -> None:
+def allreduce_until_failure(out_dir: str, nbytes: int = NBYTES, marks: int = 3,
+                            linger_s: float = 0.0) -> None:
     import spark_hvd as hvd
 
     hvd.init()
@@ -46,6 +49,10 @@ def allreduce_until_failure(out_dir: str, nbytes: int = NBYTES, marks: int = 3) 
                {"rank": rank, "host": host, "time": time.time(), "allreduces": done,
                 "error": type(e).__name__, "message": str(e),
                 "ranks": sorted(getattr(e, "ranks", None) or [])})
+        deadline = time.monotonic() + linger_s
+        while time.monotonic() < deadline and not os.path.exists(os.path.join(out_dir,
+                                                                              "release")):
+            time.sleep(0.05)
         raise
 
 
@@ -83,6 +90,7 @@ def train_elastic(out_dir: str, nbytes: int = NBYTES) -> dict:
 
 if __name__ == "__main__":
     try:
-        allreduce_until_failure(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else NBYTES)
+        allreduce_until_failure(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else NBYTES,
+                                linger_s=60.0)
     except Exception:
         sys.exit(1)

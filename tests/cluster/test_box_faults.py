@@ -26,6 +26,7 @@ import spark_hvd.spark
 from _box_procs import cmdline
 from _box_spark import wait_executors
 from spark_hvd.exceptions import RankFailedError
+from spark_hvd.spark import _driver, runner
 from test_box_hvdrun import hosts_arg
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -98,6 +99,7 @@ def hvdrun_cut(box, tmp_path_factory):
             got = wait_for("every survivor failing",
                            lambda: (f := failures(out)) and set(survivors) <= set(f) and f)
         finally:
+            open(os.path.join(out, "release"), "w").close()
             box.link(victim, True)
         launcher.wait(WAIT_S)
     finally:
@@ -144,8 +146,9 @@ def test_a_cut_host_fails_every_survivor_with_peer_lost_within_10_s(hvdrun_cut):
 def test_spark_run_fails_with_the_survivors_peer_lost_error(spark, box, unplug, tmp_path):
     """spark.run of 8 ranks (2 per host); a host's cable is pulled: the run raises
     RankFailedError whose root failure is a survivor's PeerLostError naming ranks of
-    that host (all of them, or an expected failure: partial_naming), within 20 s. The
-    cable goes back in and the executor of that host stays usable."""
+    that host (all of them, or an expected failure: partial_naming), within 28 s (the
+    driver waits 13 s for the cut ranks' reports). The cable goes back in and the
+    executor of that host stays usable."""
     out, n, victim = str(tmp_path), 2 * len(box.hosts), box.names[2]
     outcome = {}
 
@@ -167,13 +170,17 @@ def test_spark_run_fails_with_the_survivors_peer_lost_error(spark, box, unplug, 
     err = outcome.get("error")
     assert isinstance(err, RankFailedError), repr(err)
     text = str(err)
-    m = re.search(r"PeerLostError: allreduce on rank (\d+) lost ranks? ([\d,]+)", text)
+    m = re.search(r"PeerLostError: (?:control )?allreduce on rank (\d+) lost ranks? ([\d,]+)",
+                  text)
     assert m, text
     named = [int(r) for r in m.group(2).split(",")]
     assert int(m.group(1)) not in victim_ranks and set(named) <= set(victim_ranks), \
         (victim_ranks, text)
     assert err.cause == "collective", (err.cause, text)
-    assert outcome["time"] - t_cut <= 2 * DETECT_S, outcome["time"] - t_cut
+    # the survivors' detection, then the driver's wait for the cut host's ranks to report
+    # (kill grace + REPORT_WAIT_S: they cannot), with 5 s of room
+    bound = DETECT_S + runner.DEFAULT_KILL_GRACE_S + _driver.REPORT_WAIT_S + 5
+    assert outcome["time"] - t_cut <= bound, (outcome["time"] - t_cut, bound)
     wait_executors(spark, box, box.names)
     partial_naming(victim, victim_ranks, {int(m.group(1)): named})
 
@@ -212,7 +219,7 @@ def test_run_elastic_goes_on_without_a_cut_host(spark, box, unplug, tmp_path):
 
 def test_a_fit_restarts_from_its_checkpoint_when_a_worker_is_killed(spark, box, digits,
                                                                     reference_fit, tmp_path):
-    """A 4-rank fit with max_restarts=1 (on the undisturbed fit's data): after epoch 0
+    """A 2-rank fit with max_restarts=1 (on the undisturbed fit's data): after epoch 0
     (rank 0 has checkpointed it) every rank waits; the test SIGKILLs the Worker of a host
     running ranks, whose executor and ranks die with it, and lets the others go on. They
     lose their peers, the fit launches again on the remaining hosts from epoch 1, and the
@@ -220,7 +227,8 @@ def test_a_fit_restarts_from_its_checkpoint_when_a_worker_is_killed(spark, box, 
     train, _ = digits
     marks = tmp_path / "marks"
     marks.mkdir()
-    est = box_fit.estimator(reference_fit["store"], str(marks), num_proc=4, pause_after=0,
+    est = box_fit.estimator(reference_fit["store"], str(marks), num_proc=box_fit.RANKS,
+                            pause_after=0,
                             max_restarts=1, run_id="killed_worker")
     outcome = {}
 
@@ -234,7 +242,7 @@ def test_a_fit_restarts_from_its_checkpoint_when_a_worker_is_killed(spark, box, 
     job.start()
     try:
         wait_for("every rank paused after epoch 0",
-                 lambda: len(glob.glob(str(marks / "paused-*"))) == 4, 2 * WAIT_S)
+                 lambda: len(glob.glob(str(marks / "paused-*"))) == box_fit.RANKS, 2 * WAIT_S)
         first = box_fit.launches(str(marks))[0]
         victim = sorted(first.values())[-1]
         box.services.kill_worker(victim)
@@ -249,7 +257,8 @@ def test_a_fit_restarts_from_its_checkpoint_when_a_worker_is_killed(spark, box, 
     assert "error" not in outcome, repr(outcome.get("error"))
     runs = box_fit.launches(str(marks))
     assert sorted(runs) == [0, 1], runs  # a second launch, resumed at epoch 1
-    assert sorted(runs[1]) == [0, 1, 2, 3] and victim not in runs[1].values(), runs
+    assert sorted(runs[1]) == list(range(box_fit.RANKS)), runs
+    assert victim not in runs[1].values(), runs
     accuracy = box_fit.local_accuracy(outcome["model"])
     assert abs(accuracy - reference_fit["accuracy"]) <= 0.02, (accuracy, reference_fit)
 

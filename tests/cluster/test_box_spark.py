@@ -81,22 +81,23 @@ def _ddp_on_hosts(steps):
 
 
 def test_torch_distributor_trains_ddp_across_hosts(spark, box):
-    """pyspark's layout (each task a node of one process) on 4 barrier tasks; the DDP
-    weights are those one process reaches on all 4 ranks' batches."""
-    result = TorchDistributor(num_processes=4, local_mode=False, use_gpu=False).run(
+    """pyspark's layout (each task a node of one process) on 2 barrier tasks, which Spark
+    gives 2 executors (one task per executor first): the DDP weights are those one
+    process reaches on both ranks' batches."""
+    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
         _ddp_on_hosts, 3)
-    assert (result["rank"], result["world"], result["local_rank"]) == (0, 4, 0)
-    assert len(set(result["hosts"])) >= 2 and set(result["hosts"]) <= set(box.names)
-    expected = ddp_program.reference(3, 4)
+    assert (result["rank"], result["world"], result["local_rank"]) == (0, 2, 0)
+    assert len(set(result["hosts"])) == 2 and set(result["hosts"]) <= set(box.names)
+    expected = ddp_program.reference(3, 2)
     assert [pytest.approx(w, rel=1e-5, abs=1e-7) for w in expected] == result["weights"]
 
 
 def test_torch_estimator_fits_on_ranks_across_hosts_and_transforms(reference_fit, box):
-    """The digits MLP on 4 ranks: the ranks ran on at least 2 hosts, in one launch, and
+    """The digits MLP on 2 ranks: the ranks ran on 2 hosts, in one launch, and
     the model the fit returned predicts the held-out digits through transform."""
     launches = reference_fit["launches"]
     assert list(launches) == [0], launches
-    assert sorted(launches[0]) == [0, 1, 2, 3] and len(set(launches[0].values())) >= 2
+    assert sorted(launches[0]) == [0, 1] and len(set(launches[0].values())) == 2
     assert set(launches[0].values()) <= set(box.names)
     assert reference_fit["transform_accuracy"] >= 0.9, reference_fit
     # transform ran the fitted model: its predictions are the module's, run here (a row
