@@ -41,4 +41,24 @@ std::vector<std::string> Store::MultiGet(const std::vector<std::string>& keys, d
   return values;
 }
 
+Status LostDuringInit(const std::string& who, const Status& lost) {
+  const std::vector<int32_t>& ranks = lost.ranks();
+  return Status::PeerLost(who + ": it lost rank" + (ranks.size() > 1 ? "s " : " ") +
+                              JoinRanks(ranks) + " during init (" + lost.message() + ")",
+                          ranks);
+}
+
+std::vector<size_t> MissingKeys(Store* store, const std::vector<std::string>& keys) {
+  std::vector<size_t> missing;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    try {
+      store->Get(keys[i], 0.0);
+    } catch (const StatusError& e) {
+      if (e.status().code() != StatusCode::kTimeout) throw;
+      missing.push_back(i);
+    }
+  }
+  return missing;
+}
+
 }  // namespace spark_hvd

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "common/status.h"
+
 namespace spark_hvd {
 
 class Store {
@@ -33,6 +35,14 @@ class Store {
   // unreachable). Empty where the store does not watch ranks.
   virtual std::vector<int> LostRanks() { return {}; }
 };
+
+// After a MultiGet timed out: the indices of `keys` still missing (one request per key:
+// the failure path only), so the error can name whose keys never came.
+std::vector<size_t> MissingKeys(Store* store, const std::vector<std::string>& keys);
+
+// A MultiGet's kPeerLost as `who`'s (e.g. "rank 3 stopped connecting to its peers"):
+// "<who>: it lost rank 5 during init (<the service's words>)", the ranks kept.
+Status LostDuringInit(const std::string& who, const Status& lost);
 
 // Namespaces every key with "<prefix>/", so several contexts can share one store.
 class PrefixStore : public Store {

@@ -273,6 +273,30 @@ def hold_shm_setup() -> None:
     wait_file("checked", 60)  # the test looks at this process's sockets meanwhile
 
 
+def stop_ranks() -> None:
+    """Ranks SPARK_HVD_TEST_VICTIMS (comma-separated) stop together, by SIGSTOP (frozen:
+    a host cut off) or SIGKILL (SPARK_HVD_TEST_SIGNAL=KILL), while every rank runs
+    allreduces; the others report what they saw."""
+    import threading
+
+    me = hvd.rank()
+    victims = [int(v) for v in os.environ["SPARK_HVD_TEST_VICTIMS"].split(",")]
+    sig = signal.SIGKILL if os.environ.get("SPARK_HVD_TEST_SIGNAL") == "KILL" else signal.SIGSTOP
+    hvd.allreduce(np.ones(4), name="warm")
+    save(f"pid{me}", pid=os.getpid())
+    if me in victims:
+        def stop():
+            if me == victims[0]:
+                save("stopped_at", at=time.time())
+            os.kill(os.getpid(), sig)
+        threading.Timer(0.5, stop).start()
+
+    def loop():
+        for _ in range(1000000):
+            hvd.allreduce(np.ones(4), name="loop")
+    save(f"result{me}", **attempt(loop))
+
+
 if __name__ == "__main__":
     if sys.argv[1].startswith("kill_in_init:"):
         kill_in_init(sys.argv[1].split(":", 1)[1])
@@ -285,7 +309,8 @@ if __name__ == "__main__":
         sys.exit(0)
     hvd.init()
     save(f"pid{hvd.rank()}", pid=os.getpid())
-    {"kill": kill, "kill_mid_transfer": kill_mid_transfer,
+    {"kill": kill, "kill_mid_transfer": kill_mid_transfer, "stop_ranks": stop_ranks,
      "kill_forked_mid_transfer": kill_forked_mid_transfer, "freeze": freeze,
      "freeze_mid_transfer": freeze_mid_transfer, "shutdown_early": shutdown_early,
      "stall_warning": stall_warning, "stall_shutdown": stall_shutdown}[sys.argv[1]]()
+

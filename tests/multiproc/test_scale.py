@@ -6,9 +6,16 @@ descriptors is a clear error at once."""
 
 import json
 import math
+import os
+import re
+import signal
 import textwrap
 
-from _ranks import PYTHON, hvdrun
+import pytest
+
+from _ranks import PYTHON, DirectJob, hvdrun
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_worker.py")
 
 TCP = {"SPARK_HVD_CPU_OPERATIONS": "tcp"}
 
@@ -33,7 +40,7 @@ RANK = textwrap.dedent("""
     hvd.init()
     n, me = hvd.size(), hvd.rank()
     for _ in range(20):  # warm-up: every name cached
-        hvd.allreduce(np.ones(1, np.float32), name="scale.small")
+        hvd.allreduce(np.ones(3, np.float32), name="scale.small")
     opened = _core.traffic()["connections"]
     mesh_sockets = opened["opened"] + opened["accepted"]
     c0, k0, d0 = _core.cycles(), sent("control"), sent("data")
@@ -45,9 +52,11 @@ RANK = textwrap.dedent("""
     before = sockets()
     out, _ = hvd.alltoall(np.arange(n, dtype=np.float32) + 100 * me, name="scale.a2a")
     assert out.tolist() == [100.0 * j + me for j in range(n)], out
+    after = _core.traffic()["connections"]
     print("SCALE" + json.dumps({
         "rank": me, "size": n, "connections_at_init": mesh_sockets,
         "control_per_cycle": (k1 - k0) / (c1 - c0), "data_per_op": (d1 - d0) / steps,
+        "connections_by_alltoall": after["opened"] + after["accepted"] - mesh_sockets,
         "sockets_before_alltoall": before, "sockets_after_alltoall": sockets()}), flush=True)
 """)
 
@@ -69,23 +78,73 @@ def test_log_depth_messages_and_connections_on_demand_at_16_ranks():
         # One summary per cycle by recursive doubling; one small allreduce per op.
         assert r["control_per_cycle"] <= log2 + 1, r
         assert r["data_per_op"] <= log2 + 1, r
-        # The heartbeats' connections are to every peer today (n - 1); the mesh's to
+        # The heartbeats' connections are to the ring neighbours (2), the mesh's to
         # rank +- 2^k only, 7 of 15 at 16 ranks (the alltoall connects the rest).
-        assert r["connections_at_init"] - (n - 1) == 2 * log2 - 1, r
-        assert r["sockets_after_alltoall"] - r["sockets_before_alltoall"] == n - 1 - 7, r
+        assert r["connections_at_init"] == 2 + 2 * log2 - 1, r
+        assert r["connections_by_alltoall"] == n - 1 - 7, r
+        # (sockets: the same 8 more, and any the rendezvous client opens meanwhile)
+        assert r["sockets_after_alltoall"] - r["sockets_before_alltoall"] >= n - 1 - 7, r
 
 
 def test_running_out_of_file_descriptors_is_a_clear_error_at_once():
-    """16 ranks under `ulimit -n 30` (a limit too low for their connections) used to wait
-    out SPARK_HVD_START_TIMEOUT_S and report a timeout naming other ranks; the rank that
-    runs out now says so at once, with its limit and what the job needs."""
+    """16 ranks under `ulimit -n 30` used to wait out SPARK_HVD_START_TIMEOUT_S and report
+    a timeout naming other ranks (they needed 2 (n - 1) sockets each; now 13); under
+    `ulimit -n 16`, too few, the rank that runs out says so at once, with its limit and
+    what the job needs."""
     script = "import numpy as np, spark_hvd as hvd; hvd.init(); hvd.allreduce(np.ones(1))"
-    proc = hvdrun(16, ["sh", "-c", f'ulimit -n 30; exec "{PYTHON}" -c "{script}"'],
+    proc = hvdrun(16, ["sh", "-c", f'ulimit -n 16; exec "{PYTHON}" -c "{script}"'],
                   env=TCP, timeout=60)
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     lines = [ln for ln in text.splitlines() if "ran out of file descriptors" in ln]
     assert lines, text[-4000:]
-    assert "ulimit -n" in lines[0] and "may open 30 files" in lines[0], lines[0]
+    assert "ulimit -n" in lines[0] and "may open 16 files" in lines[0], lines[0]
+    assert "needs about 14 per rank" in lines[0], lines[0]
     assert "InvalidArgumentError" in lines[0], lines[0]
     assert "SPARK_HVD_START_TIMEOUT_S" not in text, text[-4000:]
+
+
+# -- liveness on a ring: every survivor names exactly the lost ranks -----------------------
+
+def _named(message: str):
+    """The ranks a PeerLostError's message names as lost."""
+    return sorted({int(r) for m in re.findall(r"lost ranks? ([\d,]+)", message)
+                   for r in m.split(",")})
+
+
+@pytest.mark.parametrize("victims,how,limit_s", [
+    # a killed process: its two ring neighbours see its connections close at once
+    ((5,), "KILL", 10),
+    # three stopped ranks in a row, as a host cut off: only 2 and 6 beat with them; 2's
+    # probes past 3 find 4 and 5 silent and 6 alive (6 s, then a third of it)
+    ((3, 4, 5), "STOP", 15),
+])
+def test_every_survivor_names_exactly_the_lost_ranks_at_10_ranks(tmp_path, victims, how,
+                                                                   limit_s):
+    """Heartbeats go to two neighbours per rank, and what they find travels around the
+    ring: each of the 7 or 9 survivors, most of them no neighbour of the victims, raises
+    PeerLostError naming exactly the victims, within 10 s of a kill and 15 s of a stop."""
+    n = 10
+    env = dict(TCP, SPARK_HVD_TEST_VICTIMS=",".join(map(str, victims)),
+               SPARK_HVD_TEST_SIGNAL=how)
+    job = DirectJob(n, [PYTHON, WORKER, "stop_ranks", str(tmp_path)], env=env)
+    survivors = [r for r in range(n) if r not in victims]
+    try:
+        job.wait(limit_s + 30, ranks=survivors)
+        logs = job.outputs()
+        stopped = json.loads((tmp_path / "stopped_at").read_text())["at"]
+        for r in survivors:
+            path = tmp_path / f"result{r}"
+            assert path.exists(), f"rank {r} did not report\n{logs}"
+            res = json.loads(path.read_text())
+            assert res["error"] == "PeerLostError", (r, res)
+            assert sorted(res["ranks"]) == list(victims), (r, res)
+            assert _named(res["message"]) == list(victims), (r, res["message"])
+            assert res["at"] - stopped < limit_s, (r, res["at"] - stopped, res["message"])
+    finally:
+        for v in victims:  # a stopped rank needs its SIGKILL to go
+            try:
+                os.kill(job.pids[v], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        job.close()

@@ -115,8 +115,14 @@ class Setup {
   // Every member's host key, by member: each publishes its own and reads the others'.
   std::vector<std::string> ExchangeHosts(const std::string& key) {
     store_.Set("host/" + std::to_string(rank_), key);
+    std::vector<int> others;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) others.push_back(p);
+    }
+    std::vector<std::string> read = ReadKeys("host/", others, "the host");
     std::vector<std::string> keys(static_cast<size_t>(size_));
-    for (int p = 0; p < size_; ++p) keys[p] = p == rank_ ? key : ReadKey("host/", p, "the host");
+    keys[static_cast<size_t>(rank_)] = key;
+    for (size_t i = 0; i < others.size(); ++i) keys[static_cast<size_t>(others[i])] = read[i];
     return keys;
   }
 
@@ -159,8 +165,11 @@ class Setup {
       uint32_t ack = 0;
     };
     std::vector<Lower> lower(static_cast<size_t>(rank_));
+    std::vector<int> below;
+    for (int p = 0; p < rank_; ++p) below.push_back(p);
+    const std::vector<std::string> addresses = ReadKeys("addr/", below, "the address");
     for (int p = 0; p < rank_; ++p) {
-      std::istringstream in(ReadKey("addr/", p, "the address"));
+      std::istringstream in(addresses[static_cast<size_t>(p)]);
       in >> lower[p].name >> lower[p].token;
       if (lower[p].token.size() != tcp::kTokenBytes) {
         Throw(Status::StoreError("shm: malformed address of rank " + std::to_string(members_[p]) +
@@ -238,18 +247,24 @@ class Setup {
     return true;
   }
 
-  // Member p's value of `key` in the store, waiting for it.
-  std::string ReadKey(const char* key_prefix, int p, const char* what) {
-    const std::string key = key_prefix + std::to_string(p);
-    while (true) {
-      CheckLost(false);
-      const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
-      if (left <= 0) ThrowTimeout(what, {p});
-      try {
-        return store_.Get(key, o_.lost_ranks ? std::max(0.01, std::min(left, kLostCheckS)) : left);
-      } catch (const StatusError& e) {
-        if (e.status().code() != StatusCode::kTimeout) throw;
+  // Members' values of `key_prefix`<p>, in one request (failing at once on a lost rank).
+  std::vector<std::string> ReadKeys(const char* key_prefix, const std::vector<int>& ps,
+                                    const char* what) {
+    if (ps.empty()) return {};
+    std::vector<std::string> keys;
+    for (int p : ps) keys.push_back(key_prefix + std::to_string(p));
+    const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
+    try {
+      return store_.MultiGet(keys, std::max(0.0, left), static_cast<bool>(o_.lost_ranks));
+    } catch (const StatusError& e) {
+      if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
+        Throw(LostDuringInit("shm: rank " + std::to_string(o_.rank) + " stopped its set-up",
+                             e.status()));
       }
+      if (e.status().code() != StatusCode::kTimeout) throw;
+      std::vector<int> late;
+      for (size_t i : MissingKeys(&store_, keys)) late.push_back(ps[i]);
+      ThrowTimeout(what, late);
     }
   }
 
@@ -371,8 +386,8 @@ class Setup {
   PrefixStore store_;
   size_t slot_bytes_;
   Clock::time_point deadline_;
-  Clock::time_point next_lost_check_{};
-  std::vector<int> socks_;  // by member; -1 for this rank
+  Clock::time_point next_lost_check_ = After(kLostCheckS);  // reads fail at once on a loss
+  std::vector<int> socks_;                                  // by member; -1 for this rank
   std::string last_error_;
 };
 

@@ -38,13 +38,14 @@ Hello MakeHello(int rank, const std::string& token) {
   return h;
 }
 
-HelloDesk::HelloDesk(int rank, int size, std::string token, double hello_timeout_s)
+HelloDesk::HelloDesk(int rank, int size, std::string token, double hello_timeout_s, bool any_rank)
     : rank_(rank),
       size_(size),
       token_(std::move(token)),
       hello_timeout_s_(hello_timeout_s),
       fds_(static_cast<size_t>(size), -1),
-      taken_(static_cast<size_t>(size), false) {}
+      taken_(static_cast<size_t>(size), false),
+      any_rank_(any_rank) {}
 
 HelloDesk::~HelloDesk() {
   for (const auto& c : half_open_) ::close(c.fd);
@@ -132,13 +133,15 @@ void HelloDesk::Check(HalfOpen& c) {
                        ") presented a wrong token: a rank of another job or of an earlier "
                        "init, or a stray client");
   }
-  if (peer <= static_cast<uint32_t>(rank_) || peer >= static_cast<uint32_t>(size_)) {
+  const bool rank_ok =
+      any_rank_ ? peer != static_cast<uint32_t>(rank_) : peer > static_cast<uint32_t>(rank_);
+  if (!rank_ok || peer >= static_cast<uint32_t>(size_)) {
     return Drop(c, "sent a hello from rank " + std::to_string(peer) +
                        ", which is not expected (rank " + std::to_string(rank_) + " of " +
                        std::to_string(size_) + " accepts ranks " + std::to_string(rank_ + 1) +
                        ".." + std::to_string(size_ - 1) + ")");
   }
-  if (fds_[peer] >= 0 || taken_[peer]) {
+  if (fds_[peer] >= 0 || (taken_[peer] && !any_rank_)) {
     return Drop(c,
                 "sent a hello from rank " + std::to_string(peer) + ", which is already connected");
   }
@@ -148,6 +151,7 @@ void HelloDesk::Check(HalfOpen& c) {
                 "(rank " + std::to_string(peer) + ") could not be acknowledged: " + Errno(errno));
   }
   fds_[peer] = c.fd;
+  ready_.push_back(static_cast<int>(peer));
   c.fd = -1;
   Connections().accepted.fetch_add(1, std::memory_order_relaxed);
 }
@@ -168,10 +172,13 @@ std::vector<int> HelloDesk::Missing() const {
   return missing;
 }
 
+std::vector<int> HelloDesk::Ready() const { return ready_; }
+
 int HelloDesk::Take(int peer) {
   const int fd = fds_[peer];
   fds_[peer] = -1;
   taken_[peer] = fd >= 0;
+  ready_.erase(std::remove(ready_.begin(), ready_.end(), peer), ready_.end());
   return fd;
 }
 

@@ -34,7 +34,9 @@ Hello MakeHello(int rank, const std::string& token);
 
 class HelloDesk {
  public:
-  HelloDesk(int rank, int size, std::string token, double hello_timeout_s);
+  // Accepts higher ranks, each once (a mesh's rule), or with `any_rank` every rank but
+  // this one, again after Take (the heartbeats' neighbours, which change).
+  HelloDesk(int rank, int size, std::string token, double hello_timeout_s, bool any_rank = false);
   ~HelloDesk();  // closes every connection not taken
   HelloDesk(const HelloDesk&) = delete;
   HelloDesk& operator=(const HelloDesk&) = delete;
@@ -48,6 +50,8 @@ class HelloDesk {
 
   // Higher ranks not connected yet.
   std::vector<int> Missing() const;
+  // The ranks whose connection is acknowledged and not taken yet.
+  std::vector<int> Ready() const;
   // Has higher rank `peer`'s connection been acknowledged (and not taken yet)?
   bool Has(int peer) const { return fds_[static_cast<size_t>(peer)] >= 0; }
   // The acknowledged connection of higher rank `peer` (the caller owns it now). A later
@@ -77,6 +81,8 @@ class HelloDesk {
   std::vector<int> fds_;     // acknowledged connections by rank; -1 where none
   std::vector<bool> taken_;  // by rank: connected, and handed to the caller
   bool out_of_descriptors_ = false;
+  bool any_rank_ = false;
+  std::vector<int> ready_;  // ranks acknowledged and not taken
   bool listener_polled_ = false;
   Clock::time_point paused_until_{};
 };

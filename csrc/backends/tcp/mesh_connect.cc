@@ -69,9 +69,9 @@ constexpr double kRetryS = 0.02;        // pause before connecting again after a
 int DescriptorsPerRank(int size) {
   int mesh = 0;
   for (int d = 1; d < size; d *= 2) mesh += 2;
-  // The mesh's peers and listener, the heartbeats' connections (one per peer) and
-  // listener, the two connections of the rendezvous client.
-  return std::min(mesh, size - 1) + 1 + (size - 1) + 1 + 2;
+  // The mesh's peers and listener, the heartbeats' two neighbours and listener, the two
+  // connections of the rendezvous client.
+  return std::min(mesh, size - 1) + 1 + 2 + 1 + 2;
 }
 
 std::vector<int> AlgorithmPeers(int rank, int size) {
@@ -119,7 +119,9 @@ class TcpLinks {
   // Steps 2 to 5 for `peers`: on return each has its socket in (*fds)[peer].
   void Connect(const std::vector<int>& peers, std::vector<int>* fds) {
     deadline_ = After(timeout_s_);
-    next_lost_check_ = Clock::time_point{};
+    // The addresses' read fails at once on a lost rank; after it, peers rarely die
+    // before they connect: ask the service only once a wait has lasted (step 5).
+    next_lost_check_ = After(kLostCheckS);
     higher_.clear();
     std::vector<std::string> unread;
     for (int p : peers) {
@@ -181,13 +183,20 @@ class TcpLinks {
     try {
       values = store_->MultiGet(keys, timeout_s_, /*fail_on_lost=*/true);
     } catch (const StatusError& e) {
+      if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
+        Throw(LostDuringInit("rank " + std::to_string(rank_) + " stopped connecting to its peers",
+                             e.status()));
+      }
       if (e.status().code() != StatusCode::kTimeout) throw;
+      std::vector<int32_t> late;
+      for (size_t i : MissingKeys(store_.get(), keys)) late.push_back(std::stoi(keys[i].substr(4)));
       std::ostringstream os;
       os << "rank " << rank_ << " waited " << timeout_s_
-         << " s (SPARK_HVD_START_TIMEOUT_S) for the addresses of its peers in the rendezvous "
-            "store: "
-         << e.status().message();
-      Throw(Status(StatusCode::kTimeout, os.str(), e.status().ranks()));
+         << " s (SPARK_HVD_START_TIMEOUT_S) to hear from rank" << (late.size() > 1 ? "s " : " ")
+         << JoinRanks(late)
+         << " in the rendezvous store (its address): " << (late.size() > 1 ? "they" : "it")
+         << " did not reach init in time";
+      Throw(Status(StatusCode::kTimeout, os.str(), late));
     }
     for (size_t i = 0; i < keys.size(); ++i) {
       const int p = std::stoi(keys[i].substr(4));
