@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "backends/communicator.h"
-#include "backends/liveness.h"
 #include "common/types.h"
+#include "net/liveness.h"
 #include "rendezvous/store.h"
 
 namespace spark_hvd {

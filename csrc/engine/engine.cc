@@ -112,7 +112,15 @@ void Engine::Connect() {
   // MPI the ranks are MPI's (the control plane defines them) and mpirun ends a job
   // whose rank died: no heartbeats there.
   if (controller_name_ != "mpi") {
-    liveness_ = StartHeartbeats(bo);
+    LivenessOptions lo;
+    lo.rank = bo.rank;
+    lo.size = bo.size;
+    lo.store = bo.store;
+    lo.store_prefix = bo.store_prefix;
+    lo.bind_host = bo.bind_host;
+    lo.connect_timeout_s = bo.connect_timeout_s;
+    lo.lost_ranks = bo.lost_ranks;
+    liveness_ = StartHeartbeats(lo);
     bo.liveness = liveness_.get();
   }
   // The control plane connects first: it may define the ranks (MPI's world).

@@ -153,7 +153,7 @@ class Engine {
   CacheStats cache_stats_;
   Communicator* control_ = nullptr;  // the control plane: the global set's, of the first
                                      // backend that can carry it (CarriesControl)
-  // The job's heartbeats (backends/liveness.h): started before the communicators,
+  // The job's heartbeats (net/liveness.h): started before the communicators,
   // left before they are destroyed.
   std::unique_ptr<PeerLiveness> liveness_;
 

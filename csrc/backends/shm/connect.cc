@@ -9,7 +9,7 @@
 //     store. Anyone on the host may see the name (/proc/net/unix) and connect: the token
 //     is what admits a connection.
 //  3. Connect to every lower member p and send the tcp mesh's hello {magic, r, p's token}
-//     (tcp/hello.h); accept the higher members through a tcp::HelloDesk, which admits a
+//     (net/hello.h); accept the higher members through a net::HelloDesk, which admits a
 //     connection only with this rank's token and acknowledges it; read each lower
 //     member's acknowledgement. Stray, silent or wrong connections are dropped with a
 //     warning and delay no one.
@@ -33,18 +33,18 @@
 #include <sstream>
 
 #include "backends/shm/group.h"
-#include "backends/tcp/hello.h"
-#include "backends/tcp/socket.h"
 #include "common/logging.h"
 #include "common/types.h"
+#include "net/hello.h"
+#include "net/socket.h"
 
 namespace spark_hvd {
 namespace shm {
 namespace {
 
-using tcp::After;
-using tcp::Clock;
-using tcp::Errno;
+using net::After;
+using net::Clock;
+using net::Errno;
 
 constexpr double kHelloTimeoutS = 5.0;  // per accepted connection, for its whole hello
 constexpr double kLostCheckS = 0.5;
@@ -58,7 +58,7 @@ struct Note {
 
 [[noreturn]] void Throw(Status s) { throw StatusError(std::move(s)); }
 
-std::string RandomHex() { return tcp::RandomHex(tcp::kTokenBytes); }
+std::string RandomHex() { return net::RandomHex(net::kTokenBytes); }
 
 socklen_t AbstractAddress(const std::string& name, sockaddr_un* a) {
   std::memset(a, 0, sizeof(*a));
@@ -73,7 +73,7 @@ int UnixSocket() {
   return fd;
 }
 
-using tcp::MillisUntil;
+using net::MillisUntil;
 
 // A message of one Note with room for one descriptor (SCM_RIGHTS).
 struct FdMessage {
@@ -128,9 +128,9 @@ class Setup {
 
   std::unique_ptr<Group> Run() {
     std::vector<Mapping> maps(static_cast<size_t>(size_));
-    tcp::FdCloser segment(CreateSegment(slot_bytes_, rank_, &maps[static_cast<size_t>(rank_)]));
+    net::FdCloser segment(CreateSegment(slot_bytes_, rank_, &maps[static_cast<size_t>(rank_)]));
     const std::string name = "spark_hvd-shm-" + RandomHex(), token = RandomHex();
-    tcp::FdCloser listener(Listen(name));
+    net::FdCloser listener(Listen(name));
     store_.Set("addr/" + std::to_string(rank_), name + " " + token);
     Connect(listener.get(), token);
     for (int p = 0; p < size_; ++p) {
@@ -147,7 +147,7 @@ class Setup {
 
  private:
   int Listen(const std::string& name) {
-    tcp::FdCloser fd(UnixSocket());
+    net::FdCloser fd(UnixSocket());
     sockaddr_un a;
     const socklen_t len = AbstractAddress(name, &a);
     if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), len) != 0 ||
@@ -171,12 +171,12 @@ class Setup {
     for (int p = 0; p < rank_; ++p) {
       std::istringstream in(addresses[static_cast<size_t>(p)]);
       in >> lower[p].name >> lower[p].token;
-      if (lower[p].token.size() != tcp::kTokenBytes) {
+      if (lower[p].token.size() != net::kTokenBytes) {
         Throw(Status::StoreError("shm: malformed address of rank " + std::to_string(members_[p]) +
                                  " in the store"));
       }
     }
-    tcp::HelloDesk desk(rank_, size_, token, kHelloTimeoutS);
+    net::HelloDesk desk(rank_, size_, token, kHelloTimeoutS);
     auto acked = [&] {
       for (int p = 0; p < rank_; ++p) {
         if (lower[p].got < 4) return false;
@@ -229,7 +229,7 @@ class Setup {
 
   // Connects to lower rank p and sends its hello; false when it is to be tried again.
   bool StartConnect(int p, const std::string& name, const std::string& token) {
-    tcp::FdCloser fd(UnixSocket());
+    net::FdCloser fd(UnixSocket());
     sockaddr_un a;
     const socklen_t len = AbstractAddress(name, &a);
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), len) != 0) {
@@ -237,7 +237,7 @@ class Setup {
       last_error_ = Errno(errno);
       return false;
     }
-    const tcp::Hello hello = tcp::MakeHello(rank_, token);
+    const net::Hello hello = net::MakeHello(rank_, token);
     if (::send(fd.get(), &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT) !=
         static_cast<ssize_t>(sizeof(hello))) {
       last_error_ = Errno(errno);
@@ -312,7 +312,7 @@ class Setup {
         const int p = owner[i];
         const int fd = ReceiveFd(p);
         if (fd < 0) continue;
-        tcp::FdCloser closer(fd);
+        net::FdCloser closer(fd);
         (*maps)[p] = MapSegment(fd, slot_bytes_, p);
         have[p] = true;
       }

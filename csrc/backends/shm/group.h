@@ -44,7 +44,7 @@ class Group {
  public:
   // maps[r]: member r's segment (this rank's included); socks[r]: the connection to
   // peer r (-1 for this rank), owned from now on; job_ranks[r]: its rank in the job.
-  // liveness: the job's heartbeats (backends/liveness.h), or null; a wait stops when
+  // liveness: the job's heartbeats (net/liveness.h), or null; a wait stops when
   // they lose a peer.
   Group(int rank, std::vector<int32_t> job_ranks, std::vector<Mapping> maps, std::vector<int> socks,
         double timeout_s, PeerLiveness* liveness);

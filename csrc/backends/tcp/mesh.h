@@ -3,10 +3,10 @@
 // and, unless another CPU backend is chosen (SPARK_HVD_CPU_OPERATIONS), every CPU
 // collective on it.
 //
-// Files: mesh_connect.cc (set-up: listen, publish, connect, exchange hellos) with
-// hello.{h,cc} (the accepting side), mesh_io.cc (non-blocking socket I/O and the errors it
-// reports), mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and mesh_allreduce.cc
-// (direct and ring allreduce); socket.h (socket helpers).
+// Files: mesh_connect.cc (set-up on net/links.h's PeerLinks: listen, publish, connect at
+// init and on demand), mesh_io.cc (non-blocking socket I/O and the errors it reports),
+// mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and mesh_allreduce.cc
+// (direct, recursive doubling and ring allreduce); net/socket.h (socket helpers).
 //
 // Why not Gloo's pairs: every Gloo receive is completed by Gloo's event-loop
 // thread and handed to the caller through a condition variable (two thread
@@ -41,15 +41,15 @@
 
 #include "backends/communicator.h"
 #include "backends/layout.h"
-#include "backends/liveness.h"
 #include "common/function_ref.h"
 #include "common/status.h"
 #include "common/types.h"
+#include "net/liveness.h"
 #include "rendezvous/store.h"
 
 namespace spark_hvd {
 
-class TcpLinks;  // mesh_connect.cc: a mesh's connection set-up, at init and on demand
+class PeerLinks;  // net/links.h: a mesh's connection set-up, at init and on demand
 
 // The peers a rank of `size` connects at init: rank +- 2^k (mod size) for every power of
 // two below size, sorted, at most 2 ceil(log2 size) of them (every peer when size <= 4):
@@ -68,7 +68,7 @@ class TcpMesh {
   // Every rank listens on bind_host, publishes "address port token" under
   // "tcp/<rank>" in the store and connects its AlgorithmPeers, within connect_timeout_s;
   // any other peer is connected the first time a collective exchanges with it (the
-  // protocol: mesh_connect.cc). Hellos are read concurrently, each with its own
+  // protocol: net/links.cc). Hellos are read concurrently, each with its own
   // deadline: a stray, silent or trickling connection is dropped with a warning and
   // delays no one. A connection is accepted only with the listener's token (which only
   // a holder of the store's secret can read). While it waits, every half second it asks
@@ -117,7 +117,7 @@ class TcpMesh {
 
  private:
   TcpMesh(int rank, int size, std::vector<int> fds, double timeout_s, std::vector<int32_t> members,
-          PeerLiveness* liveness, std::unique_ptr<TcpLinks> links);
+          PeerLiveness* liveness, std::unique_ptr<PeerLinks> links);
 
   // Small buffers among at most kDirectMaxRanks ranks: everyone sends everything to
   // everyone (one round trip), then each rank reduces the contributions in rank order.
@@ -185,7 +185,7 @@ class TcpMesh {
   int rank_;
   int size_;
   std::vector<int> fds_;  // by peer rank; -1 for this rank and peers not connected yet
-  std::unique_ptr<TcpLinks> links_;
+  std::unique_ptr<PeerLinks> links_;
   std::vector<int> need_;  // EnsureConnected's peers to connect
   double timeout_s_;
   std::vector<int32_t> members_;  // the job rank of each mesh rank

@@ -10,14 +10,14 @@
 #include "backends/host_reduce.h"
 #include "backends/layout.h"
 #include "backends/tcp/mesh.h"
-#include "backends/tcp/socket.h"
 #include "common/reduce.h"
 #include "common/traffic.h"
+#include "net/socket.h"
 
 namespace spark_hvd {
 namespace {
 
-using tcp::Clock;
+using net::Clock;
 
 // The reduce-scatter receives into a scratch ring of this size and reduces slices
 // of at least kReduceSlice bytes (or what is left of a step) as they arrive.

@@ -17,13 +17,13 @@
 
 #include "backends/host_reduce.h"
 #include "backends/tcp/mesh.h"
-#include "backends/tcp/socket.h"
 #include "common/traffic.h"
+#include "net/socket.h"
 
 namespace spark_hvd {
 namespace {
 
-using tcp::Clock;
+using net::Clock;
 
 // Broadcasts of at least this many bytes among more than two ranks use a chain.
 constexpr int64_t kChainBytes = 1 << 20;

@@ -10,15 +10,15 @@
 #include <sstream>
 
 #include "backends/tcp/mesh.h"
-#include "backends/tcp/socket.h"
 #include "common/logging.h"
 #include "common/traffic.h"
+#include "net/socket.h"
 
 namespace spark_hvd {
 
-using tcp::Clock;
-using tcp::Errno;
-using tcp::SecondsSince;
+using net::Clock;
+using net::Errno;
+using net::SecondsSince;
 
 namespace {
 // How long a closed connection waits for the heartbeats' verdict on its peer: its

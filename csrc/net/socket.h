@@ -11,7 +11,7 @@
 #include <string>
 
 namespace spark_hvd {
-namespace tcp {
+namespace net {
 
 using Clock = std::chrono::steady_clock;
 
@@ -59,5 +59,5 @@ std::string DescriptorLimitAdvice(int needed);
 // 0 once a started connection is established, else why it failed (an errno).
 int ConnectError(int fd);
 
-}  // namespace tcp
+}  // namespace net
 }  // namespace spark_hvd

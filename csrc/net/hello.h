@@ -1,4 +1,4 @@
-// The hello of the TCP mesh's set-up (see mesh_connect.cc) and the accepting
+// The hello of a connection set-up (see links.cc) and the accepting
 // side's desk: every connection a rank's listener accepts, read concurrently until
 // its hello is complete, then acknowledged (a higher rank of this mesh presenting
 // this listener's token) or dropped with a warning that says why. Internal to
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "backends/tcp/socket.h"
+#include "net/socket.h"
 
 namespace spark_hvd {
-namespace tcp {
+namespace net {
 
 constexpr uint32_t kHelloMagic = 0x73687664;  // "shvd"
 constexpr size_t kTokenBytes = 32;            // hex characters
@@ -87,5 +87,5 @@ class HelloDesk {
   Clock::time_point paused_until_{};
 };
 
-}  // namespace tcp
+}  // namespace net
 }  // namespace spark_hvd

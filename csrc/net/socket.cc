@@ -1,4 +1,4 @@
-#include "backends/tcp/socket.h"
+#include "net/socket.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -15,7 +15,7 @@
 #include "common/status.h"
 
 namespace spark_hvd {
-namespace tcp {
+namespace net {
 
 std::string Errno(int err) { return std::string(std::strerror(err)); }
 
@@ -164,5 +164,5 @@ int ConnectError(int fd) {
   return err;
 }
 
-}  // namespace tcp
+}  // namespace net
 }  // namespace spark_hvd

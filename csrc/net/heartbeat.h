@@ -1,4 +1,4 @@
-// Heartbeats: the job's PeerLiveness (backends/liveness.h) on TCP connections of
+// Heartbeats: the job's PeerLiveness (net/liveness.h) on TCP connections of
 // their own, kept by a thread of their own (shvd_heartbeat) that takes no lock the
 // engine or Python holds. Each rank beats with two peers, its neighbours on a ring of
 // the ranks, whatever the job's size, and what one rank learns travels around the ring.
@@ -7,7 +7,7 @@
 //     "host port token" under "<prefix>/live/<rank>", read the addresses of the next
 //     kBook ranks in one request (Store::MultiGet, failing at once on a lost rank),
 //     connect to the successor (rank + 1 mod n) and accept the predecessor's
-//     connection (the mesh's hello and token: tcp/hello.h), within the start timeout.
+//     connection (the mesh's hello and token: net/hello.h), within the start timeout.
 //     Two connections per rank (one pair of them with 2 ranks).
 //  2. Every interval (SPARK_HVD_HEARTBEAT_TIMEOUT_S / 6) the thread writes a beat, one
 //     byte 'H', on each of its connections, and reads whatever comes. Any byte from a
@@ -47,9 +47,9 @@
 #include <thread>
 #include <vector>
 
-#include "backends/liveness.h"
-#include "backends/tcp/hello.h"
-#include "backends/tcp/socket.h"
+#include "net/hello.h"
+#include "net/liveness.h"
+#include "net/socket.h"
 #include "rendezvous/store.h"
 
 namespace spark_hvd {
@@ -57,7 +57,7 @@ namespace spark_hvd {
 class Heartbeats : public PeerLiveness {
  public:
   // Step 1 (throws StatusError as a connect does), then starts the thread.
-  Heartbeats(const BackendOptions& options, double timeout_s);
+  Heartbeats(const LivenessOptions& options, double timeout_s);
   ~Heartbeats() override;  // Leave({}) unless done
 
   int wake_fd() const override { return wake_fd_; }
@@ -84,8 +84,8 @@ class Heartbeats : public PeerLiveness {
     size_t hello_sent = 0;
     uint32_t ack = 0;
     size_t ack_got = 0;
-    tcp::Clock::time_point deadline;    // a probe's
-    tcp::Clock::time_point last_heard;  // any byte
+    net::Clock::time_point deadline;    // a probe's
+    net::Clock::time_point last_heard;  // any byte
     std::string inbox;                  // bytes of a record not complete yet
     std::string outbox;                 // records the socket has not taken yet
     bool ok = false;                    // a probe that answered
@@ -93,14 +93,14 @@ class Heartbeats : public PeerLiveness {
     bool refused = false;
   };
 
-  void SetUp(const BackendOptions& options);  // step 1
-  void Run();                                 // steps 2-5, the thread
-  void Read(Link& l);                         // step 2
-  void Parse(Link& l);                        // step 4's records
+  void SetUp(const LivenessOptions& options);  // step 1
+  void Run();                                  // steps 2-5, the thread
+  void Read(Link& l);                          // step 2
+  void Parse(Link& l);                         // step 4's records
   void Learn(int32_t rank, State state, How how, int32_t reporter, const Link* from);  // mu_
   void Send(Link& l, const std::string& bytes);                                        // step 7
   void Flush(Link& l);
-  void Probe(const tcp::Clock::time_point& now);  // step 5: start the next batch
+  void Probe(const net::Clock::time_point& now);  // step 5: start the next batch
   std::vector<int32_t> ProbeCandidates() const;   // its ranks without a known address
   void AdvanceProbe(Link& l);
   void SettleProbes();
@@ -117,7 +117,7 @@ class Heartbeats : public PeerLiveness {
   int stop_fd_ = -1;  // eventfd that ends the thread's poll
   int listener_ = -1;
   std::string token_;
-  std::unique_ptr<tcp::HelloDesk> desk_;
+  std::unique_ptr<net::HelloDesk> desk_;
   std::map<int32_t, std::string> book_;  // liveness addresses read, by rank
   int32_t succ_ = -1;                    // the successor (-1: none, or healing)
   int32_t probed_up_to_ = -1;            // the farthest rank probed in this healing
@@ -127,7 +127,7 @@ class Heartbeats : public PeerLiveness {
   std::vector<Rank> ranks_;          // what this rank knows of every rank
   std::vector<Link> links_;
   bool woken_ = false;
-  tcp::Clock::time_point first_loss_{};  // when this rank first heard of a lost rank
+  net::Clock::time_point first_loss_{};  // when this rank first heard of a lost rank
   double settle_s_ = 0;                  // how long a verdict waits after it (Verdict)
   bool left_ = false;
   std::thread thread_;

@@ -1,4 +1,4 @@
-#include "backends/tcp/hello.h"
+#include "net/hello.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 #include "common/traffic.h"
 
 namespace spark_hvd {
-namespace tcp {
+namespace net {
 namespace {
 
 // After an accept failure (out of descriptors or memory), accepting pauses this
@@ -182,5 +182,5 @@ int HelloDesk::Take(int peer) {
   return fd;
 }
 
-}  // namespace tcp
+}  // namespace net
 }  // namespace spark_hvd

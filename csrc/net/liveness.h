@@ -1,5 +1,5 @@
 // Peer liveness: are the other ranks of the job still there? Known without the
-// engine thread or the user's Python: tcp/heartbeat.h keeps it, with heartbeats on
+// engine thread or the user's Python: net/heartbeat.h keeps it, with heartbeats on
 // connections of their own answered by a thread of their own, so a rank that
 // computes for minutes without collectives is alive, and one that stopped (SIGSTOP,
 // a hung host, a partition) or died is found within SPARK_HVD_HEARTBEAT_TIMEOUT_S.
@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +20,7 @@
 
 namespace spark_hvd {
 
-struct BackendOptions;
+class Store;
 
 class PeerLiveness {
  public:
@@ -43,10 +44,22 @@ class PeerLiveness {
   virtual void Leave(const std::vector<int32_t>& lost) = 0;
 };
 
-// Heartbeats among every rank of the job (tcp/heartbeat.cc), set up through
+// What the heartbeats need of the job (the engine fills it from its BackendOptions).
+struct LivenessOptions {
+  int32_t rank = 0;
+  int32_t size = 1;
+  std::shared_ptr<Store> store;  // the job's rendezvous store (null: no heartbeats)
+  std::string store_prefix;      // this init's namespace in it
+  std::string bind_host = "127.0.0.1";
+  double connect_timeout_s = 60.0;
+  // Ranks of the job the rendezvous service has seen vanish (asked while connecting).
+  std::function<std::vector<int32_t>()> lost_ranks;
+};
+
+// Heartbeats among the ranks of the job (net/heartbeat.h), set up through
 // options.store; null with one rank, without a store, or with
 // SPARK_HVD_HEARTBEAT_TIMEOUT_S = 0. Collective over the job; throws StatusError as a
 // connect does.
-std::unique_ptr<PeerLiveness> StartHeartbeats(const BackendOptions& options);
+std::unique_ptr<PeerLiveness> StartHeartbeats(const LivenessOptions& options);
 
 }  // namespace spark_hvd
