@@ -56,14 +56,24 @@ double PostFactor(const ReduceArgs& args);
 //   largest power of two <= n, y_i = x_i op x_(i+p) for i < n - p (else y_i = x_i), then
 //   neighbours pairwise, the lower operand first, level by level: for n = 4,
 //   (y0 op y1) op (y2 op y3) (PairwiseReduce);
+// - halving: a larger buffer among more than kRingMinRanks ranks whose ring steps would
+//   move less than kRingStepBytes each (ReducesByHalving) is reduced in the same
+//   pairwise order, every element: tcp runs reduce-scatter by recursive halving and
+//   allgather by recursive doubling (2 log2 n steps instead of the ring's 2 (n - 1));
 // - ring: otherwise chunk c (elements [RingChunkStart(c), RingChunkStart(c + 1))) is
 //   reduced around the ring from rank c, the arriving partial result as the right
 //   operand: x(c+2) op (x(c+1) op x(c)) ... (GetReduceFnReversed, common/reduce.h).
 // The postscale factor (float32/float64, see above) multiplies each final element.
 constexpr size_t kDirectReduceBytes = 64 * 1024;
 constexpr int kDirectMaxRanks = 4;
+constexpr int kRingMinRanks = 8;            // up to this many ranks the ring runs any size
+constexpr size_t kRingStepBytes = 1 << 20;  // a ring step moving less waits more than it moves
 inline bool ReducesDirect(size_t bytes, size_t count, int ranks) {
   return bytes <= kDirectReduceBytes || count < static_cast<size_t>(ranks);
+}
+inline bool ReducesByHalving(size_t bytes, size_t count, int ranks) {
+  return !ReducesDirect(bytes, count, ranks) && ranks > kRingMinRanks &&
+         bytes / static_cast<size_t>(ranks) < kRingStepBytes;
 }
 inline size_t RingChunkStart(size_t count, int chunk, int ranks) {
   return count * static_cast<size_t>(chunk) / static_cast<size_t>(ranks);

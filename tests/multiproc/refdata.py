@@ -156,6 +156,8 @@ class Checks:
 
 DIRECT_REDUCE_BYTES = 64 * 1024
 DIRECT_MAX_RANKS = 4
+RING_MIN_RANKS = 8
+RING_STEP_BYTES = 1 << 20
 
 
 def _pairwise(op: str, xs: List[np.ndarray]) -> np.ndarray:
@@ -205,12 +207,16 @@ def ordered_reduce(arrays: List[np.ndarray], op: str, prescale: float = 1.0,
     """The allreduce of float `arrays` (one per rank, 1-D) exactly as tcp and shm compute
     it: prescaled inputs; up to DIRECT_REDUCE_BYTES (or fewer elements than ranks) in
     rank order, accumulator first (among more than DIRECT_MAX_RANKS ranks in the pairwise
-    order of recursive doubling); above, chunk c = [count*c//n, count*(c+1)//n) around
+    order of recursive doubling, as larger buffers among more than RING_MIN_RANKS ranks
+    whose ring steps would move less than RING_STEP_BYTES); above, chunk c = [count*c//n, count*(c+1)//n) around
     the ring from rank c, the partial result as the right operand; then the post factor
     (Average: postscale / n)."""
     n, count = len(arrays), arrays[0].size
     xs = [_scaled(a, prescale) for a in arrays]
-    if (count * arrays[0].itemsize <= DIRECT_REDUCE_BYTES or count < n) and n > DIRECT_MAX_RANKS:
+    nbytes = count * arrays[0].itemsize
+    direct = nbytes <= DIRECT_REDUCE_BYTES or count < n
+    halving = not direct and n > RING_MIN_RANKS and nbytes // n < RING_STEP_BYTES
+    if (direct and n > DIRECT_MAX_RANKS) or halving:
         acc = _pairwise(op, xs)
     elif count * arrays[0].itemsize <= DIRECT_REDUCE_BYTES or count < n:
         acc = xs[0]

@@ -52,6 +52,19 @@ def test_case_log_depth(case_runs, case, backend):
                   pattern=OPS_PATTERN).check(case)
 
 
+# Above 8 ranks, allreduces whose ring steps would be small run recursive halving and
+# doubling in the pairwise order (tcp) and shm reduces in that order too; 9 ranks: 8 and 1
+# folded in. The allreduce and order cases only (a 9-rank job of every case is long).
+HALVING_PATTERN = r"^(allreduce|order|reducescatter)"
+
+
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+@pytest.mark.parametrize("case", cases_collectives.CASES.names(HALVING_PATTERN))
+def test_case_halving(case_runs, case, backend):
+    case_runs.get("cases_collectives", 9, env={"SPARK_HVD_CPU_OPERATIONS": backend},
+                  pattern=HALVING_PATTERN).check(case)
+
+
 @pytest.mark.skipif(not have_mpirun(), reason="mpirun not on PATH (apt-get install openmpi-bin)")
 @pytest.mark.parametrize("case", MPI_NAMES)
 def test_case_mpi(case_runs, case):

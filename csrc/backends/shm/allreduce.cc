@@ -130,15 +130,20 @@ Status ShmCommunicator::SlicedRound(const SegmentLayout& buf, size_t count, size
   s = group_->Wait(shm::Counter::kStarted, g, "allreduce");
   if (!s.ok()) return s;
   auto piece = [&](int j) { return a + (b - a) * static_cast<size_t>(j) / static_cast<size_t>(n); };
-  const Chain chain{GetReduceFnReversed(dtype, op), dtype, scale};
+  // Where tcp halves instead of running the ring (host_reduce.h), the pairwise order.
+  const bool halving = ReducesByHalving(count * elem, count, n);
+  const Chain chain = halving
+                          ? Chain{GetReduceFn(dtype, op), dtype, scale, PairwiseRoom(&pairwise_, n)}
+                          : Chain{GetReduceFnReversed(dtype, op), dtype, scale};
   alignas(64) char acc[kBlockBytes];
   std::vector<const char*>& in = in_;  // kept: no allocation per op
   in.resize(static_cast<size_t>(n));
   const size_t block = kBlockBytes / elem;
   for (size_t e = piece(rank_), end = piece(rank_ + 1); e < end;) {
-    // Within one ring chunk: from its first rank around the ring.
-    const int c = ChunkOf(e, count, n);
-    const size_t len = std::min({block, end - e, RingChunkStart(count, c + 1, n) - e});
+    // Within one ring chunk: from its first rank around the ring (halving: rank order).
+    const int c = halving ? 0 : ChunkOf(e, count, n);
+    const size_t len = halving ? std::min(block, end - e)
+                               : std::min({block, end - e, RingChunkStart(count, c + 1, n) - e});
     for (int k = 0; k < n; ++k) in[k] = group_->slot((c + k) % n, g) + (e - a) * elem;
     chain.Run(acc, in.data(), n, len);
     std::memcpy(mine + (e - a) * elem, acc, len * elem);
@@ -163,7 +168,9 @@ bool ShmCommunicator::ReducescatterBlocks(const ReduceArgs& args, int64_t block,
   const size_t elem = DataTypeSize(args.dtype);
   const int n = size();
   const size_t count = static_cast<size_t>(t.count);
-  const bool direct = ReducesDirect(count * elem, count, n);
+  // Direct and halving sizes reduce in rank (or pairwise) order, the ring's from the chunk.
+  const bool direct =
+      ReducesDirect(count * elem, count, n) || ReducesByHalving(count * elem, count, n);
   // The arithmetic of HostAllreduce: prescaled inputs (zeros for a joined rank),
   // float32/float64 scaled in the reduction's pass, the other dtypes after.
   const double post = PostFactor(args);

@@ -131,6 +131,12 @@ class TcpMesh {
   Status RecursiveDoubling(char* data, char* tmp, size_t bytes,
                            FunctionRef<void(char* mine, const char* theirs, bool mine_lower)> fold,
                            const char* what);
+  // Larger buffers among many ranks (host_reduce.h's ReducesByHalving): recursive
+  // halving, then doubling, in the pairwise order, 2 log2 n steps.
+  Status HalvingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op, double scale);
+  Status StreamStep(const SegmentLayout& buf, int to, size_t send_off, size_t send_len, int from,
+                    size_t recv_off, size_t recv_len, bool reduce, bool mine_lower, DataType dtype,
+                    ReduceOp op);
   // Small broadcasts among more than kDirectMaxRanks ranks: a binomial tree from the root.
   Status TreeBroadcast(char* buf, size_t bytes, int root);
   // Larger buffers: reduce-scatter then allgather around the ring, pipelined.

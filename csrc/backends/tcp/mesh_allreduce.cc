@@ -41,7 +41,155 @@ Status TcpMesh::Allreduce(const std::vector<Segment>& segments, DataType dtype, 
     return size_ > kDirectMaxRanks ? PairwiseAllreduce(buf, dtype, op, scale)
                                    : DirectAllreduce(buf, dtype, op, scale);
   }
+  if (ReducesByHalving(buf.bytes(), count, size_)) return HalvingAllreduce(buf, dtype, op, scale);
   return RingAllreduce(buf, dtype, op, scale);
+}
+
+// One step of the halving allreduce, streamed: sends buf[send_off, + send_len) to `to`
+// while receiving recv_len bytes from `from` for buf[recv_off, ...): reduced into it
+// slice by slice as they land in the scratch ring (the lower rank's operand first), or,
+// without `reduce`, received straight into it. The two ranges never overlap.
+Status TcpMesh::StreamStep(const SegmentLayout& buf, int to, size_t send_off, size_t send_len,
+                           int from, size_t recv_off, size_t recv_len, bool reduce, bool mine_lower,
+                           DataType dtype, ReduceOp op) {
+  const size_t elem = DataTypeSize(dtype);
+  const size_t ring = std::min(kScratchBytes, std::max(recv_len, elem));
+  if (reduce) scratch_.resize(std::max(scratch_.size(), ring));
+  char* scratch = scratch_.data();
+  ReduceFn fn = mine_lower ? GetReduceFn(dtype, op) : GetReduceFnReversed(dtype, op);
+  if (send_len > 0) CountMessage(TrafficSender::kTcp, static_cast<int64_t>(send_len));
+  size_t sent = 0, got = 0, done = 0;
+  auto last_progress = Clock::now();
+  iovec iov[SegmentLayout::kMaxIov];
+  Status error;
+  auto reduce_ready = [&](bool force) {
+    size_t avail = (got - done) / elem * elem;
+    if (avail == 0 || (!force && avail < kReduceSlice && got < recv_len)) return;
+    while (avail > 0) {
+      const size_t at = done % ring;
+      const size_t len = std::min(avail, ring - at);
+      const char* in = scratch + at;
+      buf.Pieces(recv_off + done, len, [&](char* p, size_t m) {
+        fn(p, in, m / elem);
+        in += m;
+      });
+      done += len;
+      avail -= len;
+    }
+  };
+  while (sent < send_len || done < recv_len) {
+    bool progress = false;
+    while (sent < send_len) {
+      const int k = buf.Iov(send_off + sent, std::min(send_len - sent, kMaxIo), iov);
+      ssize_t w = Move(to, true, iov, k, "allreduce", &error);
+      if (w < 0) return error;
+      if (w == 0) break;
+      sent += static_cast<size_t>(w);
+      progress = true;
+    }
+    while (got < recv_len) {
+      ssize_t r;
+      if (reduce) {
+        const size_t at = got % ring;
+        const size_t room = std::min({ring - at, ring - (got - done), recv_len - got});
+        if (room == 0) {
+          reduce_ready(true);
+          continue;
+        }
+        r = Move(from, false, scratch + at, room, "allreduce", &error);
+      } else {
+        const int k = buf.Iov(recv_off + got, std::min(recv_len - got, kMaxIo), iov);
+        r = Move(from, false, iov, k, "allreduce", &error);
+      }
+      if (r < 0) return error;
+      if (r == 0) break;
+      got += static_cast<size_t>(r);
+      if (reduce) {
+        reduce_ready(false);
+      } else {
+        done = got;
+      }
+      progress = true;
+    }
+    if (reduce && got == recv_len) reduce_ready(true);
+    if (sent >= send_len && done >= recv_len) break;
+    if (progress) {
+      last_progress = Clock::now();
+      continue;
+    }
+    std::vector<std::pair<int, short>>& waits = waits_;
+    waits.clear();
+    if (got < recv_len) waits.emplace_back(from, POLLIN);
+    if (sent < send_len) waits.emplace_back(to, POLLOUT);
+    Status s = Wait(waits, last_progress, "allreduce");
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+// Reduce-scatter by recursive halving, allgather by recursive doubling, in the tensors'
+// own memory (a scratch ring of at most kScratchBytes for what arrives to be reduced).
+// With p the largest power of two <= n, rank p + i first hands its data to rank i, which
+// folds it in; among ranks 0..p-1, step k pairs rank with rank ^ 2^k: the pair splits the
+// part each still reduces in halves, the lower rank keeping the lower half, and each
+// sends the half it gives up and reduces the other's into the half it keeps (the lower
+// rank's operand first: host_reduce.h's pairwise order). After log2 p steps each holds
+// 1/p of the buffer reduced, scales it, and the steps run backwards as an allgather;
+// last, rank i sends the result to p + i. Messages per rank: 2 log2 p (+ 2 past p).
+Status TcpMesh::HalvingAllreduce(const SegmentLayout& buf, DataType dtype, ReduceOp op,
+                                 double scale) {
+  const int p = PowerOfTwoFloor(size_);
+  const size_t elem = DataTypeSize(dtype);
+  const size_t count = buf.bytes() / elem;
+  if (rank_ >= p) {  // folded into rank - p, which hands the result back
+    Status s = StreamStep(buf, rank_ - p, 0, buf.bytes(), rank_ - p, 0, 0, false, false, dtype, op);
+    if (!s.ok()) return s;
+    return StreamStep(buf, rank_ - p, 0, 0, rank_ - p, 0, buf.bytes(), false, false, dtype, op);
+  }
+  if (rank_ + p < size_) {
+    Status s = StreamStep(buf, rank_ + p, 0, 0, rank_ + p, 0, buf.bytes(), true, true, dtype, op);
+    if (!s.ok()) return s;
+  }
+  // The part this rank reduces, in elements: [lo, hi); each step's halves, kept to undo.
+  size_t lo = 0, hi = count;
+  size_t los[32], his[32];
+  int steps = 0;
+  for (int mask = 1; mask < p; mask *= 2, ++steps) {
+    const int peer = rank_ ^ mask;
+    const bool lower = rank_ < peer;
+    const size_t mid = lo + (hi - lo) / 2;
+    los[steps] = lo;
+    his[steps] = hi;
+    const size_t keep_lo = lower ? lo : mid, keep_hi = lower ? mid : hi;
+    const size_t give_lo = lower ? mid : lo, give_hi = lower ? hi : mid;
+    Status s = StreamStep(buf, peer, give_lo * elem, (give_hi - give_lo) * elem, peer,
+                          keep_lo * elem, (keep_hi - keep_lo) * elem, true, lower, dtype, op);
+    if (!s.ok()) return s;
+    lo = keep_lo;
+    hi = keep_hi;
+  }
+  if (scale != 1.0) {
+    buf.Pieces(lo * elem, (hi - lo) * elem,
+               [&](char* q, size_t m) { ScaleBuffer(q, m / elem, dtype, scale); });
+  }
+  for (int k = steps - 1; k >= 0; --k) {  // allgather: the steps backwards
+    const int peer = rank_ ^ (1 << k);
+    const size_t plo = los[k], phi = his[k];
+    const size_t mid = plo + (phi - plo) / 2;
+    // This rank holds its half of [plo, phi) (the lower one if it is the lower rank),
+    // the partner the other.
+    const bool lower = rank_ < peer;
+    const size_t other_lo = lower ? mid : plo, other_hi = lower ? phi : mid;
+    Status s = StreamStep(buf, peer, lo * elem, (hi - lo) * elem, peer, other_lo * elem,
+                          (other_hi - other_lo) * elem, false, false, dtype, op);
+    if (!s.ok()) return s;
+    lo = plo;
+    hi = phi;
+  }
+  if (rank_ + p < size_) {
+    return StreamStep(buf, rank_ + p, 0, buf.bytes(), rank_ + p, 0, 0, false, false, dtype, op);
+  }
+  return Status::OK();
 }
 
 // Recursive doubling. With p the largest power of two <= size, rank p + i (i < size - p)
