@@ -208,9 +208,9 @@ def ordered_reduce(arrays: List[np.ndarray], op: str, prescale: float = 1.0,
     it: prescaled inputs; up to DIRECT_REDUCE_BYTES (or fewer elements than ranks) in
     rank order, accumulator first (among more than DIRECT_MAX_RANKS ranks in the pairwise
     order of recursive doubling, as larger buffers among more than RING_MIN_RANKS ranks
-    whose ring steps would move less than RING_STEP_BYTES); above, chunk c = [count*c//n, count*(c+1)//n) around
-    the ring from rank c, the partial result as the right operand; then the post factor
-    (Average: postscale / n)."""
+    whose ring steps would move less than RING_STEP_BYTES); above, chunk
+    c = [count*c//n, count*(c+1)//n) around the ring from rank c, the partial result as
+    the right operand; then the post factor (Average: postscale / n)."""
     n, count = len(arrays), arrays[0].size
     xs = [_scaled(a, prescale) for a in arrays]
     nbytes = count * arrays[0].itemsize
