@@ -22,6 +22,17 @@ Columns follow nccl-tests: algbw = bytes / time, busbw = algbw * 2 (n - 1) / n.
 Then "200 async allreduces of 4 KiB": spark_hvd enqueues all 200 and synchronizes;
 torch runs 200 blocking all_reduce calls one by one, and (for fairness) 200 with
 async_op=True then waits on them all.
+
+``--hosts HxL`` (e.g. ``4x4``) runs on a cluster in a box instead (tests/cluster/box.py,
+root only): H hosts as network namespaces, each link capped at ``--rate`` (default
+1gbit), L ranks per host started over ssh. Two jobs in turn, ``--repeat`` times: flat
+(SPARK_HVD_HIERARCHICAL_ALLREDUCE/_ALLGATHER=0: allreduce as a tcp ring over all ranks in
+host order, allgather flat on tcp) and hierarchical (=1: shm within each host, tcp
+across). Each times allreduce and allgather (numpy, the slowest rank per block) from
+``--min-size`` (default 1 MiB) to ``--max-size``; an allgather's size is what each rank
+ends with (every rank gives size/n), as in nccl-tests. Reported per size: busbw best /
+median over rounds and jobs, hierarchical over flat, and the tcp bytes one rank sends
+per op (``_core.traffic()``).
 """
 
 from __future__ import annotations
@@ -213,6 +224,110 @@ def worker(args) -> None:
     b.close()
 
 
+def parse_hosts(text: str) -> tuple:
+    m = re.fullmatch(r"\s*(\d+)\s*x\s*(\d+)\s*", text)
+    if not m or int(m.group(1)) < 2 or int(m.group(2)) < 1:
+        raise argparse.ArgumentTypeError(f"--hosts {text!r}: HOSTSxRANKS, e.g. 4x4")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _tcp_bytes() -> int:
+    from spark_hvd import _core
+
+    return _core.traffic()["tcp"]["data"]["bytes"]
+
+
+def hosts_worker(args) -> None:
+    """One job on the box: a MARK line per (op, size) from rank 0."""
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    mode = "hierarchical" if os.environ.get("SPARK_HVD_HIERARCHICAL_ALLREDUCE") == "1" else "flat"
+    for nbytes in [s for s in SIZES if args.min_size <= s <= args.max_size]:
+        x = np.full(nbytes // 4, rank + 1.0, np.float32)
+        piece = np.full(nbytes // 4 // n, rank + 1.0, np.float32)
+        ops = {"allreduce": lambda: hvd.allreduce(x, op=hvd.Sum, name=f"h.ar.{nbytes}"),
+               "allgather": lambda: hvd.allgather(piece, name=f"h.ag.{nbytes}")}
+        got = ops["allreduce"]()
+        assert np.all(got == n * (n + 1) / 2), f"allreduce of {human(nbytes)} is wrong"
+        got = ops["allgather"]()
+        assert np.all(got == np.repeat(np.arange(1.0, n + 1), len(piece))), "allgather wrong"
+        iters = iterations(nbytes, args.iters_scale)
+        for op, call in ops.items():
+            times, sent = [], 0
+            for _ in range(1 + args.rounds):  # the first round warms up
+                hvd.barrier()
+                before, t0 = _tcp_bytes(), time.perf_counter()
+                for _ in range(iters):
+                    call()
+                dt = float(hvd.allreduce(np.array([time.perf_counter() - t0]), op=hvd.Max,
+                                         name="h.time")[0]) / iters
+                times.append(dt)
+                sent = (_tcp_bytes() - before) // iters
+            if rank == 0:
+                print(MARK + json.dumps({"mode": mode, "op": op, "bytes": nbytes, "iters": iters,
+                                         "times": times[1:], "tcp_bytes": sent}), flush=True)
+    hvd.shutdown()
+
+
+def hosts_driver(args) -> None:
+    """The flat and hierarchical jobs on a box of --hosts, in turn; one table."""
+    n_hosts, per_host = args.hosts
+    sys.path.insert(0, os.path.join(ROOT, "tests", "cluster"))
+    import box as box_mod
+
+    print(f"# allreduce and allgather (float32), {n_hosts} hosts x {per_host} ranks in a box "
+          f"(network namespaces, links capped at {args.rate}), {os.cpu_count()} cores, load "
+          f"{os.getloadavg()[0]:.1f}; flat and hierarchical jobs in turn, {args.repeat} each; "
+          f"{args.rounds} rounds per size and job", flush=True)
+    b = box_mod.up(hosts=n_hosts, rate=args.rate, spark=False)
+    rows: dict = {}
+    try:
+        spec = ",".join(f"{h}:{per_host}" for h in b.names)
+        for _ in range(args.repeat):
+            for mode in ("flat", "hierarchical"):
+                flag = "1" if mode == "hierarchical" else "0"
+                env = b.env(dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+                    p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+                    SPARK_HVD_HIERARCHICAL_ALLREDUCE=flag, SPARK_HVD_HIERARCHICAL_ALLGATHER=flag))
+                cmd = [sys.executable, "-m", "spark_hvd.runner", "--network-interface",
+                       b.driver_addr, "-np", str(n_hosts * per_host), "-H", spec,
+                       sys.executable, os.path.abspath(__file__), "--worker",
+                       "--hosts", f"{n_hosts}x{per_host}", "--min-size", str(args.min_size),
+                       "--max-size", str(args.max_size), "--rounds", str(args.rounds),
+                       "--iters-scale", str(args.iters_scale)]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
+                if proc.returncode != 0:
+                    raise SystemExit(f"the {mode} job failed (exit {proc.returncode}):\n"
+                                     f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+                for line in proc.stdout.splitlines():
+                    _, sep, payload = line.partition(MARK)
+                    if sep:
+                        r = json.loads(payload)
+                        row = rows.setdefault((r["op"], r["bytes"], r["mode"]), {"times": []})
+                        row["times"] += r["times"]
+                        row["tcp_bytes"] = r["tcp_bytes"]
+    finally:
+        box_mod.down()
+    n = n_hosts * per_host
+    factor = {"allreduce": 2 * (n - 1) / n, "allgather": (n - 1) / n}
+    med = statistics.median
+    print(f"# busbw GB/s (best / median over {args.rounds} x {args.repeat} rounds; allreduce "
+          f"algbw * 2(n-1)/n, allgather algbw * (n-1)/n); hier/flat: ratio of median busbw; "
+          f"tcp MiB: sent by one rank per op")
+    print(f"{'op':>9} {'size':>8} | {'flat best / med':>17} {'tcp MiB':>8} | "
+          f"{'hier best / med':>17} {'tcp MiB':>8} | {'hier/flat':>9}")
+    for op in ("allreduce", "allgather"):
+        for nbytes in sorted({k[1] for k in rows if k[0] == op}):
+            cells, bw = [], {}
+            for mode in ("flat", "hierarchical"):
+                r = rows[(op, nbytes, mode)]
+                bw[mode] = nbytes / med(r["times"]) * factor[op] / 1e9
+                best = nbytes / min(r["times"]) * factor[op] / 1e9
+                cells.append(f"{best:>8.3f} / {bw[mode]:>6.3f} {r['tcp_bytes'] / MiB:>8.1f}")
+            print(f"{op:>9} {human(nbytes):>8} | {cells[0]} | {cells[1]} | "
+                  f"{bw['hierarchical'] / bw['flat']:>8.2f}x", flush=True)
+
+
 def launch(backend: str, args) -> tuple:
     """One job on `backend`: its size rows and its burst."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -310,10 +425,19 @@ def main(argv=None) -> int:
                         "best and the median over jobs, ratios between backends per round of jobs")
     p.add_argument("--iters-scale", type=float, default=1.0,
                    help="multiplies the iterations per block")
+    p.add_argument("--hosts", type=parse_hosts, default=None, metavar="HxL",
+                   help="on a cluster in a box (root): H hosts of L ranks, flat vs "
+                        "hierarchical allreduce and allgather (see above)")
+    p.add_argument("--rate", default="1gbit",
+                   help="with --hosts: each host's link cap in tc units (default 1gbit)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.hosts and not args.min_size:
+        args.min_size = MiB
     if args.worker:
-        worker(args)
+        (hosts_worker if args.hosts else worker)(args)
+    elif args.hosts:
+        hosts_driver(args)
     else:
         driver(args)
     return 0
