@@ -560,6 +560,40 @@ def _(ctx):
         assert_same(got, want, f"{kind} {i}")
 
 
+@CASES.case("fusion/independent_allreduces_of_one_cycle_are_fused")
+def _(ctx):
+    """Async allreduces of one dtype and op, in no group, that reach the core in one cycle
+    (one submit_together block) are fused into one collective: the backend sends what one
+    allreduce sends (tcp: a message per peer its algorithm talks to; shm: one round), not
+    one per tensor, as _core.traffic() counts it."""
+    from spark_hvd import _core, _ops
+
+    backend = os.environ.get("SPARK_HVD_CPU_OPERATIONS", "") or "shm"
+    if ctx.size < 2 or backend not in ("tcp", "shm") or \
+            os.environ.get("SPARK_HVD_CONTROLLER", "gloo") != "gloo":
+        raise Skip("counted on tcp and shm with 2 or more ranks")
+
+    def sent():
+        return _core.traffic()[backend]["data"]["messages"]
+
+    k, me = 16, ctx.rank
+    hvd.allreduce(np.ones(100, np.float32), op=hvd.Sum, name="fused.one")  # warm: cached
+    before = sent()
+    hvd.allreduce(np.ones(100, np.float32), op=hvd.Sum, name="fused.one")
+    one = sent() - before
+    for attempt in range(2):  # the first round's names are new; the second's are cached
+        before = sent()
+        with _ops.submit_together():
+            hs = [hvd.allreduce_async(np.full(100, float(me + i), np.float32), op=hvd.Sum,
+                                      name=f"fused.{i}") for i in range(k)]
+        for i, h in enumerate(hs):
+            want = np.full(100, float(sum(r + i for r in range(ctx.size))), np.float32)
+            assert_same(hvd.synchronize(h), want, f"tensor {i}")
+        together = sent() - before
+        assert together == one, (f"round {attempt}: {k} allreduces of one cycle sent {together} "
+                                 f"messages; one allreduce sends {one}")
+
+
 @CASES.case("async/poll_and_synchronize")
 def _(ctx):
     x = np.arange(1000, dtype=np.float64) + ctx.rank
