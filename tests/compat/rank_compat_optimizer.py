@@ -11,6 +11,10 @@ import spark_hvd.torch as hvd
 VOCAB, DIM, BATCH = 12, 3, 4
 
 
+class Skip(Exception):
+    pass
+
+
 def _batch(rank: int):
     """Rank ``rank``'s embedding indices: overlapping and distinct rows across ranks."""
     g = torch.Generator().manual_seed(100 + rank)
@@ -206,3 +210,38 @@ def check_broadcast_optimizer_state_of_new_optimizers_is_horovods():
             for key, v in st.items():
                 torch.testing.assert_close(sd["state"][pid][key], v, msg=f"{name} {pid}.{key}")
     assert all(torch.equal(ws[k], ws[0]) for k in range(n)), "training went on alike"
+
+
+# -- 5. a process set: the optimizer averages within the set only ----------------------
+
+def check_optimizer_on_a_process_set_averages_within_the_set():
+    """DistributedOptimizer(process_set=ps), as Horovod's: the members' gradients are
+    averaged over the members only (a rank outside is not waited for and adds nothing),
+    so every member takes the same step, the average of the members' gradients; a rank
+    outside the set trains alone on its own gradient."""
+    r, n = hvd.rank(), hvd.size()
+    if n < 3:
+        raise Skip("a set that leaves a rank out, with 2 members, needs 3 ranks")
+    members = [0, n - 1]  # leaves rank 1 out
+    ps = hvd.add_process_set(members)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1, bias=False)
+        with torch.no_grad():
+            model.weight.fill_(1.0)
+        x = torch.full((2, 3), float(r + 1))  # rank r's gradient: d/dw sum(w.x) = 2 (r + 1)
+        if r in members:
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                           named_parameters=model.named_parameters(),
+                                           process_set=ps)
+        else:
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        grad = (sum(2.0 * (m + 1) for m in members) / len(members) if r in members
+                else 2.0 * (r + 1))
+        want = torch.full((1, 3), 1.0 - 0.1 * grad)
+        assert torch.allclose(model.weight.detach(), want), (r, model.weight, want)
+    finally:
+        hvd.remove_process_set(ps)
