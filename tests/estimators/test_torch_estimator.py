@@ -58,6 +58,35 @@ def test_fit_logs_to_mlflow_and_tensorboard(undisturbed, digits):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_transform_cuts_arrow_batches_into_inference_batches(undisturbed, digits):
+    """An Arrow batch larger than inference_batch_size (the test rows: one batch per
+    partition, up to spark.sql.execution.arrow.maxRecordsPerBatch rows) is cut into calls of
+    at most that many rows, and the predictions are the same as with one call per batch: a
+    module that refuses more than 7 rows fails at the default size (1024) and predicts with 7."""
+    _, model, _ = undisturbed
+
+    class AtMost(torch.nn.Module):  # defined here: cloudpickled by value to the executors
+        def __init__(self, inner, rows):
+            super().__init__()
+            self.inner, self.rows = inner, rows
+
+        def forward(self, x):
+            if x.shape[0] > self.rows:
+                raise RuntimeError(f"a call of {x.shape[0]} rows, more than {self.rows}")
+            return self.inner(x)
+
+    test_df = digits[1]
+    want = [r["label__output"].toArray() for r in model.transform(test_df).collect()]
+    strict = model.copy()
+    strict.setModel(AtMost(model.getModel(), 7))
+    with pytest.raises(Exception, match="more than 7"):
+        strict.transform(test_df).collect()
+    strict.setInferenceBatchSize(7)
+    got = [r["label__output"].toArray() for r in strict.transform(test_df).collect()]
+    assert len(got) == len(want) > 7
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-6, atol=1e-6)
+
+
 @contextlib.contextmanager
 def _active_mlflow_run():
     """An active MLflow run for the body (None without mlflow)."""
