@@ -35,8 +35,6 @@ import fcntl
 import ipaddress
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -46,23 +44,13 @@ from typing import Dict, Iterator, List, Optional, Sequence
 
 if __package__ in (None, ""):  # run as a script: its siblings by their names
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _box_net as _net  # noqa: E402
 import _box_procs as _procs  # noqa: E402
 import _box_services as _services  # noqa: E402
 from _box_procs import BoxBusy, BoxError  # noqa: E402,F401
 
-DEFAULT_NAME = "box"
-ETC_NETNS = "/etc/netns"
-RUN_NETNS = "/run/netns"
+DEFAULT_NAME = _net.DEFAULT_NAME
 DEFAULT_SUBNET = "10.213.77.0/24"
-
-
-def box_dir(name: str) -> str:
-    """Where the box ``name`` keeps its state and files."""
-    return f"/run/spark_hvd_{name}"
-
-
-def _state_path(name: str) -> str:
-    return os.path.join(box_dir(name), "state.json")
 
 
 @dataclass(frozen=True)
@@ -72,14 +60,6 @@ class Node:
     name: str
     addr: str
     veth: str
-
-
-def _run(*argv: str, check: bool = True, ns: Optional[str] = None) -> str:
-    cmd = (["ip", "netns", "exec", ns] if ns else []) + list(argv)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    if check and proc.returncode != 0:
-        raise BoxError(f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.strip()}")
-    return proc.stdout
 
 
 def namespaces_refused() -> Optional[str]:
@@ -106,22 +86,6 @@ def _locked() -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
-
-def _read_state(name: str) -> Optional[dict]:
-    try:
-        with open(_state_path(name)) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
-
-def _write_state(state: dict) -> None:
-    os.makedirs(state["dir"], mode=0o700, exist_ok=True)
-    path = _state_path(state["name"])
-    with open(path + ".tmp", "w") as f:
-        json.dump(state, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def _owner_alive(owner: Optional[dict]) -> bool:
@@ -185,25 +149,19 @@ class Box:
 
     def link(self, host: str, up: bool) -> None:
         """Plugs (up) or unplugs (down) ``host``'s cable at the bridge."""
-        _run("ip", "link", "set", self.host(host).veth, "up" if up else "down")
+        _net.run("ip", "link", "set", self.host(host).veth, "up" if up else "down")
 
     def cap(self, host: str, rate: Optional[str]) -> None:
         """Caps ``host``'s link to ``rate`` (tc's units: 1gbit, 100mbit) both ways, or
         lifts the cap (None)."""
         node = self.host(host)
         for dev, ns in ((node.veth, None), ("eth0", host)):
-            _run("tc", "qdisc", "del", "dev", dev, "root", check=False, ns=ns)
+            _net.run("tc", "qdisc", "del", "dev", dev, "root", check=False, ns=ns)
             if rate:
-                bits = _tc_rate_bits(rate)
+                bits = _net.tc_rate_bits(rate)
                 burst = max(64 * 1024, bits // 8 // 100)  # 10 ms at the rate
-                _run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+                _net.run("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
                      "burst", str(burst), "latency", "100ms", ns=ns)
-
-    def counters(self, host: str) -> Dict[str, Dict[str, int]]:
-        """Bytes sent and received on each link of ``host`` ({dev: {tx, rx}})."""
-        out = json.loads(_run("ip", "-n", host, "-j", "-s", "link", "show"))
-        return {d["ifname"]: {"tx": d["stats64"]["tx"]["bytes"],
-                              "rx": d["stats64"]["rx"]["bytes"]} for d in out}
 
     # -- Spark ---------------------------------------------------------------------------
 
@@ -213,135 +171,6 @@ class Box:
 
     def spark_conf(self, **overrides: str) -> Dict[str, str]:
         return self.services.spark_conf(**overrides)
-
-
-def _tc_rate_bits(rate: str) -> int:
-    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "bit": 1}
-    for unit, scale in units.items():
-        if rate.lower().endswith(unit):
-            return int(float(rate[: -len(unit)]) * scale)
-    raise BoxError(f"rate {rate!r}: give it in tc's units, e.g. 1gbit, 100mbit")
-
-
-def _plan(name: str, hosts: int, subnet: str, rates: Sequence[Optional[str]],
-          owner: Optional[int]) -> dict:
-    """The box's names and addresses. The default box's hosts are host1..hostN, its
-    master namespace boxmaster; another box ``name``'s are <name>-host1.., <name>master."""
-    if not re.fullmatch(r"[a-z]{1,8}", name):
-        raise BoxError(f"box name {name!r}: 1 to 8 letters a-z (it prefixes link names)")
-    net = ipaddress.ip_network(subnet)
-    if not 1 <= hosts <= min(200, net.num_addresses - 12):
-        raise BoxError(f"hosts={hosts}: 1 to {min(200, net.num_addresses - 12)} in {subnet}")
-    addr = [str(a) for a in net]
-    prefix = "host" if name == DEFAULT_NAME else f"{name}-host"
-    return {
-        "owner": None if owner is None else {"pid": owner, "start": _procs.start_time(owner)},
-        "name": name, "subnet": str(net), "bridge": f"shvd{name}0", "bridge_addr": addr[1],
-        "dir": box_dir(name),
-        "master": {"name": f"{name}master", "addr": addr[2], "veth": f"shvd{name}m"},
-        "hosts": [{"name": f"{prefix}{i}", "addr": addr[10 + i], "veth": f"shvd{name}{i}"}
-                  for i in range(1, hosts + 1)],
-        "rates": list(rates), "inodes": {}, "etc_netns": [], "made_etc_netns": False,
-        "made_run_netns": False, "services": {},
-    }
-
-
-def _check_free(state: dict) -> None:
-    """Refuses names or a subnet that something else on this machine uses."""
-    for tool in ("ip", "tc", "unshare"):
-        if shutil.which(tool) is None:
-            raise BoxError(f"the box needs `{tool}`: apt-get install iproute2 util-linux")
-    names = [state["master"]["name"]] + [h["name"] for h in state["hosts"]]
-    taken = sorted(set(names) & set(_procs.netns_names()))
-    links = {d["ifname"] for d in json.loads(_run("ip", "-j", "link", "show"))}
-    ours = {state["bridge"], state["master"]["veth"]} | {h["veth"] for h in state["hosts"]}
-    taken += sorted(links & ours)
-    taken += [f"{ETC_NETNS}/{n}" for n in names if os.path.exists(os.path.join(ETC_NETNS, n))]
-    if taken:
-        raise BoxError(f"not made by this box, or by a box whose state is gone: "
-                       f"{', '.join(taken)}; remove them (ip netns del / ip link del) first")
-    net = ipaddress.ip_network(state["subnet"])
-    for route in json.loads(_run("ip", "-j", "route", "show", "table", "all")):
-        dst = route.get("dst", "")
-        if dst in ("default", "") or ":" in dst:
-            continue
-        if ipaddress.ip_network(dst, strict=False).overlaps(net):
-            raise BoxError(f"the subnet {net} overlaps this machine's route to {dst}; "
-                           f"give another (--subnet)")
-
-
-def _make(state: dict) -> None:
-    """Makes the namespaces, bridge, veths and files of ``state``, recording each in its
-    state file before making it."""
-    bridge, prefix = state["bridge"], ipaddress.ip_network(state["subnet"]).prefixlen
-    _write_state(state)
-    _run("ip", "link", "add", bridge, "type", "bridge")
-    _run("sysctl", "-q", "-w", f"net.ipv6.conf.{bridge}.disable_ipv6=1")
-    _run("ip", "addr", "add", f"{state['bridge_addr']}/{prefix}", "dev", bridge)
-    _run("ip", "link", "set", bridge, "up")
-    for path, key in ((ETC_NETNS, "made_etc_netns"), (RUN_NETNS, "made_run_netns")):
-        if not os.path.isdir(path):  # the first box here: iproute2 makes /run/netns
-            state[key] = True
-            _write_state(state)
-    os.makedirs(ETC_NETNS, exist_ok=True)
-    nodes = [state["master"], *state["hosts"]]
-    hosts_file = "127.0.0.1 localhost\n" + f"{state['bridge_addr']} driver\n" + "".join(
-        f"{n['addr']} {n['name']}\n" for n in nodes)
-    for node in nodes:
-        name = node["name"]
-        state["etc_netns"].append(name)
-        _write_state(state)
-        os.makedirs(os.path.join(ETC_NETNS, name))
-        with open(os.path.join(ETC_NETNS, name, "hosts"), "w") as f:
-            f.write(hosts_file)
-        with open(os.path.join(ETC_NETNS, name, "resolv.conf"), "w") as f:
-            f.write("# spark_hvd's cluster in a box: no DNS, the box's names are in hosts\n")
-        _run("ip", "netns", "add", name)
-        state["inodes"][name] = os.stat(os.path.join(RUN_NETNS, name)).st_ino
-        _write_state(state)
-        _run("sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1", ns=name)
-        _run("sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1", ns=name)
-        _run("ip", "link", "add", node["veth"], "type", "veth", "peer", "name", "eth0",
-             "netns", name)
-        _run("sysctl", "-q", "-w", f"net.ipv6.conf.{node['veth']}.disable_ipv6=1")
-        _run("ip", "link", "set", node["veth"], "master", bridge, "up")
-        _run("ip", "-n", name, "addr", "add", f"{node['addr']}/{prefix}", "dev", "eth0")
-        _run("ip", "-n", name, "link", "set", "lo", "up")
-        _run("ip", "-n", name, "link", "set", "eth0", "up")
-
-
-def _clean(state: dict) -> List[str]:
-    """Removes everything ``state`` lists; what it removed."""
-    done = []
-    names = [state["master"]["name"]] + [h["name"] for h in state["hosts"]]
-    live = set(_procs.netns_names())
-    killed = _procs.kill_all([p for n in names if n in live for p in _procs.netns_pids(n)])
-    if killed:
-        done.append(f"{killed} processes")
-    for name in names:
-        if name in live:
-            _run("ip", "netns", "del", name, check=False)
-            done.append(f"namespace {name}")
-    links = {d["ifname"] for d in json.loads(_run("ip", "-j", "link", "show"))}
-    for link in [state["bridge"], state["master"]["veth"], *(h["veth"] for h in state["hosts"])]:
-        if link in links:
-            _run("ip", "link", "del", link, check=False)
-            done.append(f"link {link}")
-    for name in state.get("etc_netns", []):
-        path = os.path.join(ETC_NETNS, name)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-            done.append(path)
-    if state.get("made_etc_netns") and os.path.isdir(ETC_NETNS) and not os.listdir(ETC_NETNS):
-        os.rmdir(ETC_NETNS)
-    if state.get("made_run_netns") and os.path.isdir(RUN_NETNS) and not os.listdir(RUN_NETNS):
-        while subprocess.run(["umount", RUN_NETNS], capture_output=True).returncode == 0:
-            pass  # iproute2 bind-mounts it on itself (once, or once per racing ip)
-        os.rmdir(RUN_NETNS)
-    if os.path.isdir(state["dir"]):
-        shutil.rmtree(state["dir"])
-        done.append(state["dir"])
-    return done
 
 
 def up(hosts: int = 4, rate: Optional[str] = None, rates: Optional[Sequence[Optional[str]]] = None,
@@ -359,25 +188,25 @@ def up(hosts: int = 4, rate: Optional[str] = None, rates: Optional[Sequence[Opti
     per_host = list(rates) if rates is not None else [rate] * hosts
     if len(per_host) != hosts:
         raise BoxError(f"rates names {len(per_host)} hosts, the box has {hosts}")
-    state = _plan(name, hosts, subnet, per_host, os.getpid() if owner == -1 else owner)
+    state = _net.plan(name, hosts, subnet, per_host, os.getpid() if owner == -1 else owner)
     with _locked():
-        old = _read_state(name)
+        old = _net.read_state(name)
         if old is not None:
             if _owner_alive(old["owner"]):
                 raise BoxBusy(f"a box is up, held by {_describe_owner(old['owner'])}; "
                               f"`make cluster-down` removes it")
-            _clean(old)
-        _check_free(state)
+            _net.clean(old)
+        _net.check_free(state)
         try:
-            _make(state)
+            _net.make(state)
             box = Box(state)
             for node, r in zip(box.hosts, per_host):
                 if r:
                     box.cap(node.name, r)
             box.services.start(sshd=sshd, spark=spark, gpus=gpus)
-            _write_state(box.state)
+            _net.write_state(box.state)
         except BaseException:
-            _clean(state)
+            _net.clean(state)
             raise
     if state["owner"] is not None and state["owner"]["pid"] == os.getpid():
         atexit.register(_down_if_mine, name, state["owner"])
@@ -385,40 +214,28 @@ def up(hosts: int = 4, rate: Optional[str] = None, rates: Optional[Sequence[Opti
 
 
 def _down_if_mine(name: str, owner: dict) -> None:
-    state = _read_state(name)
+    state = _net.read_state(name)
     if state is not None and state["owner"] == owner:
         down(name)
 
 
 def current(name: str = DEFAULT_NAME) -> Optional[Box]:
     """The box that is up, or None."""
-    state = _read_state(name)
+    state = _net.read_state(name)
     return Box(state) if state is not None else None
 
 
 def down(name: str = DEFAULT_NAME) -> List[str]:
     """Removes the box that is up, or what a killed one left; what it removed."""
     with _locked():
-        state = _read_state(name)
+        state = _net.read_state(name)
         if state is None:
             return []
-        return _clean(state)
+        return _net.clean(state)
 
 
-def leftovers(state: dict) -> List[str]:
-    """What of the box that ``state`` describes is still on this machine."""
-    names = [state["master"]["name"]] + [h["name"] for h in state["hosts"]]
-    found = [f"namespace {n}" for n in names if n in _procs.netns_names()]
-    links = {d["ifname"] for d in json.loads(_run("ip", "-j", "link", "show"))}
-    found += [f"link {n}" for n in [state["bridge"], state["master"]["veth"],
-                                    *(h["veth"] for h in state["hosts"])] if n in links]
-    found += [f"{ETC_NETNS}/{n}" for n in names if os.path.exists(os.path.join(ETC_NETNS, n))]
-    if os.path.exists(state["dir"]):
-        found.append(state["dir"])
-    inodes = set(state.get("inodes", {}).values())
-    found += [f"process {pid} ({_procs.cmdline(pid)[:80]}) in the box's namespace"
-              for pid in _procs.pids_in_netns(inodes)]
-    return found
+leftovers = _net.leftovers
+box_dir = _net.box_dir
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -447,7 +264,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         removed = down()
         print("removed: " + ", ".join(removed) if removed else "no box was up")
     elif args.cmd == "status":
-        state = _read_state(DEFAULT_NAME)
+        state = _net.read_state(DEFAULT_NAME)
         if state is None:
             print("no box is up")
         else:

@@ -186,9 +186,11 @@ def test_spark_run_fails_with_the_survivors_peer_lost_error(spark, box, unplug, 
 
 
 def test_run_elastic_goes_on_without_a_cut_host(spark, box, unplug, tmp_path):
-    """8 elastic workers (2 per host) allreduce and commit each step; a host's cable is
-    pulled: the 6 others form a new epoch without its workers and train 20 more steps."""
-    out, n, victim = str(tmp_path), 2 * len(box.hosts), box.names[2]
+    """An elastic worker per host allreduces and commits each step; the cable of a host
+    running one is pulled: the others form a new epoch without it and train 20 more
+    steps. (The coordinator drops the cut worker when its rendezvous connection dies of
+    TCP keepalive, ~25 s after the cut: most of this test's time.)"""
+    out, n = str(tmp_path), len(box.hosts)
     outcome = {}
 
     def launch():
@@ -201,7 +203,9 @@ def test_run_elastic_goes_on_without_a_cut_host(spark, box, unplug, tmp_path):
 
     job = threading.Thread(target=launch, daemon=True)
     job.start()
-    wait_for("every worker training", lambda: running(out, n))
+    where = wait_for("every worker training", lambda: running(out, n))
+    victim = sorted(set(where.values()))[-1]
+    left = n - list(where.values()).count(victim)
     t_cut = unplug(victim)
     job.join(2 * WAIT_S)
     print(f"run_elastic returned {time.time() - t_cut:.1f} s after the cut")
@@ -209,9 +213,9 @@ def test_run_elastic_goes_on_without_a_cut_host(spark, box, unplug, tmp_path):
     assert not job.is_alive(), "run_elastic did not end with the host cut off"
     assert "error" not in outcome, repr(outcome.get("error"))
     results = outcome["results"]
-    assert sorted(r["rank"] for r in results) == list(range(n - 2)), results
-    assert all(r["size"] == n - 2 and r["host"] != victim for r in results), results
-    assert all(r["resets"][0][1] == n and r["resets"][-1][1] == n - 2 for r in results)
+    assert sorted(r["rank"] for r in results) == list(range(left)), results
+    assert all(r["size"] == left and r["host"] != victim for r in results), results
+    assert all(r["resets"][0][1] == n and r["resets"][-1][1] == left for r in results)
     wait_executors(spark, box, box.names)
 
 
