@@ -1,10 +1,11 @@
 // Communicator: one backend's connection among the ranks of one process set.
 //
-// Every backend folder (tcp/, gloo/, mpi/, later nccl/) provides a
-// communicator.h/.cc implementing this interface and a backend.cc registering
-// it (backend.h). All calls are made from the engine's background thread only,
-// one at a time, in the same order on every member rank. Ranks here are ranks
-// *within the communicator* (0..size-1).
+// Every backend folder (tcp/, shm/, gloo/, mpi/, nccl/, staged/) provides a
+// communicator.h/.cc implementing this interface and a backend.cc registering it
+// (backend.h). All calls are made from the engine's background thread (or an API thread
+// running a cycle, for backends that allow it: Backend::AnyThread), one at a time, in the
+// same order on every member rank. Ranks here are ranks *within the communicator*
+// (0..size-1).
 //
 // Each call blocks until the collective finishes locally; a lost or silent peer
 // surfaces as a non-OK Status (kPeerLost / kTimeout) instead of a hang.

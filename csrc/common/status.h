@@ -98,7 +98,6 @@ class StatusError : public std::runtime_error {
   } while (0)
 #define SHVD_CHECK_EQ(a, b) SHVD_CHECK_OP(a, ==, b)
 #define SHVD_CHECK_LE(a, b) SHVD_CHECK_OP(a, <=, b)
-#define SHVD_CHECK_LT(a, b) SHVD_CHECK_OP(a, <, b)
 #define SHVD_CHECK(cond)                                                                    \
   do {                                                                                      \
     if (!(cond)) {                                                                          \
