@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from spark_hvd import _core
-from spark_hvd._rules import alltoall_splits
+from spark_hvd._rules import alltoall_splits, op_name
 from spark_hvd._runtime import RUNTIME, ProcessSet, explain_failure, global_process_set, rank
 from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
@@ -209,8 +209,7 @@ def synchronize(handle: Handle):
     return handle.value
 
 
-def _name(name: Optional[str], op: str, process_set: ProcessSet = global_process_set) -> str:
-    return name if name else RUNTIME.auto_name(op, process_set.process_set_id)
+_name = op_name  # the op's name (spark_hvd._rules): given, or generated per kind and set
 
 
 def _reduce_op(op, average, default=Average) -> ReduceOp:

@@ -1,4 +1,10 @@
-"""The rules every framework's ops share, checked once here before anything is submitted.
+"""The rules every framework's ops share, checked once here before anything is submitted:
+an op's name, and the type of alltoall's splits.
+
+An op's name: the ``name=`` given, else the next of a counter per (op kind, process set),
+``<kind>.<n>`` (``_runtime.auto_name``): the same on every rank as long as the ranks submit
+the same ops in the same order, and an op on a set some ranks are not in shifts no other
+set's names.
 
 What only the engine can judge (a split's value against the tensor's rows and the process
 set's size, shapes against other ranks') is checked by the engine (``Engine::Validate``), the
@@ -27,9 +33,18 @@ from typing import Any, List, Optional
 
 import numpy as np
 
+from spark_hvd._runtime import RUNTIME
 from spark_hvd.exceptions import InvalidArgumentError
 
 SPLITS_DTYPE = "int32"
+
+
+def op_name(name: Optional[str], kind: str, process_set: Any = None) -> str:
+    """``name`` if given, else the next generated name of ``kind`` on ``process_set``
+    (None: the global set)."""
+    if name:
+        return name
+    return RUNTIME.auto_name(kind, 0 if process_set is None else process_set.process_set_id)
 
 
 def check_splits_tensor(dtype: str, ndim: int, cast: str) -> None:

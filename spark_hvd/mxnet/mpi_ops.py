@@ -17,8 +17,7 @@ import numpy as np
 
 from spark_hvd import _ops
 from spark_hvd._basics import ProcessSet, global_process_set
-from spark_hvd._rules import alltoall_splits, check_splits_tensor
-from spark_hvd._runtime import RUNTIME
+from spark_hvd._rules import alltoall_splits, check_splits_tensor, op_name
 from spark_hvd._types import OpType, ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
 from spark_hvd.mxnet._ndarray import (check, dtype_code, from_result, mxnet_error, pointer,
@@ -42,8 +41,7 @@ def _mxnet_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def _name(name: Optional[str], op: str, process_set: ProcessSet) -> str:
-    return name if name else RUNTIME.auto_name(op, process_set.process_set_id)
+_name = op_name  # spark_hvd._rules: the name given, or one generated per kind and set
 
 
 def _submit(op: int, name: str, tensor: mx.nd.NDArray, out: Optional[mx.nd.NDArray],

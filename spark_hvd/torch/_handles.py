@@ -7,7 +7,7 @@ from typing import Callable, Optional
 import torch
 
 from spark_hvd import _ops
-from spark_hvd._runtime import RUNTIME
+from spark_hvd._rules import op_name
 from spark_hvd.torch._tensors import device_of, dtype_code, shape_of
 
 Handle = _ops.Handle
@@ -16,11 +16,7 @@ poll = _ops.poll  # True when the op behind a handle has completed (synchronize 
 synchronize = _ops.synchronize  # waits for an async op and returns its output
 
 
-def _name(name: Optional[str], op: str, process_set=None) -> str:
-    """The op's name, or a generated one counted per (op, process set)."""
-    if name:
-        return name
-    return RUNTIME.auto_name(op, 0 if process_set is None else process_set.process_set_id)
+_name = op_name  # spark_hvd._rules: the name given, or one generated per kind and set
 
 
 def _submit(op: int, name: str, tensor: torch.Tensor, out: Optional[torch.Tensor], owner,
