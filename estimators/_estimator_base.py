@@ -183,7 +183,7 @@ class DistributedEstimator(ParamsFromTable, Estimator, MLWritable, MLReadable):
             self._check_label_values(p, zeros, meta)
             clock.done("checks")
             from spark_hvd import spark as hvd_spark
-            from spark_hvd.spark.runner import run_planned
+            from spark_hvd.spark import run_planned
             config = self._train_config(p, run_id, seed, meta)
             env = {**self._train_env(), **(p["backend_env"] or {})}
             verbose = 1 if p["verbose"] else 0
@@ -414,7 +414,7 @@ def restarts_exhausted(name: str, exc: RankFailedError, attempts: int, max_resta
 def launch_plan(spark: Any, num_proc: Optional[int], use_gpu: Optional[bool]) -> Any:
     """spark.run's own launch checks, made before any data is written: the LaunchPlan the
     first launch runs on (its ``num_proc`` the number of ranks)."""
-    from spark_hvd.spark.runner import plan_launch
+    from spark_hvd.spark import plan_launch
     return plan_launch(num_proc, use_gpu, spark=spark)
 
 

@@ -283,7 +283,7 @@ def make_predict_fn(open_model: Callable[[], Run], names: List[str],
 
     def predict(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from spark_hvd.data._arrow import array_to_numpy
+        from spark_hvd.data import array_to_numpy
 
         run = open_model()
         for columns in batches:

@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import pyarrow.parquet as pq
 
 from spark_hvd.data import list_parquet_files
-from spark_hvd.data._arrow import numpy_dtype_of, table_to_numpy
+from spark_hvd.data import numpy_dtype_of, table_to_numpy
 from spark_hvd.exceptions import InvalidArgumentError
 
 from ._arrow_writer import codec, write_with_arrow

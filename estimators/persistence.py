@@ -34,7 +34,7 @@ from urllib.parse import urlparse
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from spark_hvd.exceptions import InvalidArgumentError
-from spark_hvd.spark._checks import is_connect
+from spark_hvd.spark import is_connect
 
 from .store import OBJECT_STORE_SCHEMES, Store
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 from typing import Any, Union
 
 from ..exceptions import InvalidArgumentError
+from ._arrow import array_to_numpy, numpy_dtype_of, table_to_numpy
 from ._rows import RowsMissingError
 from ._shard import steps_per_epoch
 from .reader import Batch, ParquetShardReader, list_parquet_files
 
-__all__ = ["Batch", "ParquetShardReader", "RowsMissingError", "list_parquet_files",
-           "make_reader", "steps_per_epoch"]
+# The Arrow -> numpy conversions are also the seam the estimators (the layer above) use.
+__all__ = ["Batch", "ParquetShardReader", "RowsMissingError", "array_to_numpy",
+           "list_parquet_files", "make_reader", "numpy_dtype_of", "steps_per_epoch",
+           "table_to_numpy"]
 
 READERS = ("arrow", "petastorm")
 

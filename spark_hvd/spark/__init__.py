@@ -21,6 +21,10 @@ imported only when one of them is used.
 
 from spark_hvd.spark._elastic import run_elastic
 from spark_hvd.spark.distributor import TorchDistributor
-from spark_hvd.spark.runner import check_launch, run
+from spark_hvd.spark._checks import is_connect
+from spark_hvd.spark.runner import check_launch, plan_launch, run, run_planned
 
-__all__ = ["TorchDistributor", "check_launch", "run", "run_elastic"]
+# plan_launch/run_planned (run's checks kept, then its launch on them) and is_connect are
+# the seams the estimators, the layer above, use.
+__all__ = ["TorchDistributor", "check_launch", "is_connect", "plan_launch", "run", "run_elastic",
+           "run_planned"]

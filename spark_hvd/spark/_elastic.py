@@ -35,7 +35,7 @@ from spark_hvd._job import elastic as proto
 from spark_hvd import _config
 from spark_hvd._job.store import MAX_TIMEOUT_S
 from spark_hvd.exceptions import CollectiveTimeoutError, InvalidArgumentError, SparkHvdError
-from spark_hvd.runner._elastic import Coordinator, check_sizes
+from spark_hvd.runner import Coordinator, check_sizes
 from spark_hvd.runner.rendezvous import RendezvousServer
 from spark_hvd.spark import _checks, _driver, _failures, _protocol as P, _task, runner
 

@@ -12,7 +12,7 @@ from typing import Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tup
 from spark_hvd import _config
 from spark_hvd.exceptions import (CollectiveTimeoutError, RankFailedError, SparkHvdError,
                                   format_ranks)
-from spark_hvd.runner._procs import describe_exit
+from spark_hvd.runner import describe_exit
 
 PROG = "spark_hvd.spark.run"
 ELASTIC_PROG = "spark_hvd.spark.run_elastic"

@@ -37,7 +37,7 @@ from spark_hvd._job import elastic as _elastic, env as _env
 from spark_hvd._job.store import MAX_TIMEOUT_S
 from spark_hvd._job.topology import assign
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
-from spark_hvd.runner._procs import LineRouter, ProcessGroup, Sink
+from spark_hvd.runner import LineRouter, ProcessGroup, Sink
 from spark_hvd.runner.rendezvous import RendezvousClient
 from spark_hvd.spark import _child, _protocol as P
 

@@ -196,7 +196,7 @@ class TorchDistributor:
             env["PYTHONPATH"] = _child_pythonpath(os.environ)
             if self.num_processes > 1 and not os.environ.get("OMP_NUM_THREADS"):
                 env["OMP_NUM_THREADS"] = "1"  # as torchrun with more than one process a node
-            from spark_hvd.runner._run_func import run as run_here
+            from spark_hvd.runner import run as run_here
 
             values = run_here(_rank_main, args=(spec,), np=self.num_processes, env=env,
                               start_timeout=self.start_timeout, verbose=self.verbose >= 2)

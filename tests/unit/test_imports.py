@@ -2,6 +2,8 @@
 
 - The module import graph (tests/import_graph.py: every import, function-level ones
   included) has no cycle, and its edges point down the layers below.
+- No module imports another package's private (``_``) modules: a layer uses the seams the
+  one below exports.
 - Every module imports in a fresh interpreter (one per package), and the driver side
   (launchers, Spark, data, estimators) never loads the native core.
 """
@@ -70,6 +72,45 @@ def test_dependencies_point_down_the_layers():
                 upward.append(f"{module} ({LAYERS[layer_of(module)][0]}) imports {dep} "
                               f"({LAYERS[layer_of(dep)][0]})")
     assert not upward, "\n".join(upward)
+
+
+def _owner(module: str) -> str:
+    """The package that owns a private module: the part before its first ``_name``
+    (``spark_hvd.data._arrow`` -> ``spark_hvd.data``); "" for a public module."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and i > 0:
+            return ".".join(parts[:i])
+    return ""
+
+
+def private_imports(graph):
+    """Imports of a private module (``pkg._x``) from outside the package that owns it:
+    a layer reaching into another's internals instead of the seam it exports."""
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            owner = _owner(dep)
+            if owner and module != owner and not module.startswith(owner + "."):
+                found.append(f"{module} imports {dep}, private to {owner}")
+    return found
+
+
+def test_no_module_imports_another_packages_private_modules():
+    """The estimators take the data layer's Arrow conversions from ``spark_hvd.data`` and
+    the Spark layer's launch plan from ``spark_hvd.spark``, not from their ``_`` modules;
+    ``spark_hvd._core`` and its siblings belong to ``spark_hvd``, whose subpackages use them."""
+    found = private_imports(import_graph.build_graph())
+    assert not found, "\n".join(found)
+
+
+def test_the_private_import_check_sees_one():
+    graph = {"spark_hvd.estimators.materialize": {"spark_hvd.data._arrow"},
+             "spark_hvd.data.reader": {"spark_hvd.data._arrow"},
+             "spark_hvd.torch.mpi_ops": {"spark_hvd._ops"}}
+    assert private_imports(graph) == [
+        "spark_hvd.estimators.materialize imports spark_hvd.data._arrow, private to "
+        "spark_hvd.data"]
 
 
 def test_the_checker_sees_function_level_relative_and_type_only_imports(tmp_path,

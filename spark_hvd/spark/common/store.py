@@ -6,7 +6,17 @@ stores (``s3://``, ``gs://``, ``abfss://``...) through fsspec. Horovod's
 ``AbstractFilesystemStore`` has no counterpart: ``Store`` is the base of every store here.
 """
 
-from spark_hvd.estimators.store import (DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore,
-                                        Store)
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for type checkers and linters; loaded on first use below
+    from spark_hvd.estimators.store import (DBFSLocalStore, FilesystemStore, HDFSStore,
+                                            LocalStore, Store)
 
 __all__ = ["Store", "FilesystemStore", "LocalStore", "HDFSStore", "DBFSLocalStore"]
+
+
+def __getattr__(name):
+    if name in __all__:  # the estimators' classes, imported when first used, as torch.py's
+        from spark_hvd.estimators import store
+        return getattr(store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
