@@ -3,9 +3,9 @@
 // and, unless another CPU backend is chosen (SPARK_HVD_CPU_OPERATIONS), every CPU
 // collective on it.
 //
-// Files: mesh_connect.cc (set-up on net/links.h's PeerLinks: listen, publish, connect at
-// init and on demand), mesh_io.cc (non-blocking socket I/O and the errors it reports),
-// mesh_collectives.cc (allgather, broadcast, alltoall, barrier) and mesh_allreduce.cc
+// Files: connect.cc (set-up on net/links.h's PeerLinks: listen, publish, connect at
+// init and on demand), io.cc (non-blocking socket I/O and the errors it reports),
+// collectives.cc (allgather, broadcast, alltoall, barrier) and allreduce.cc
 // (direct, recursive doubling and ring allreduce); net/socket.h (socket helpers).
 //
 // Why not Gloo's pairs: every Gloo receive is completed by Gloo's event-loop

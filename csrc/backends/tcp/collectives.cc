@@ -9,7 +9,7 @@
 //   allgather: Bruck's algorithm; round k sends the blocks held so far (at most 2^k)
 //     to rank - 2^k and receives as many from rank + 2^k;
 //   broadcast: a binomial tree rooted at the root (a chain for large buffers);
-//   barrier and AllreduceFixed: recursive doubling (mesh_allreduce.cc).
+//   barrier and AllreduceFixed: recursive doubling (allreduce.cc).
 #include <poll.h>
 
 #include <algorithm>
