@@ -16,6 +16,9 @@ import tensorflow as tf
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import mpi_ops
+from spark_hvd.tensorflow._collective import (_grouped_allreduce_raw, _per_size, _reduce_op,
+                                              _scaled_at_run)
+from spark_hvd.tensorflow._reduce_ops import _allreduce_sparse
 from spark_hvd.tensorflow._host import in_order, stable_name
 from spark_hvd.tensorflow.compression import Compression
 
@@ -45,7 +48,7 @@ class GradientReducer:
                  gradient_predivide_factor: float = 1.0, sparse_as_dense: bool = False,
                  process_set: ProcessSet = global_process_set,
                  prefix: str = "gradients") -> None:
-        op = mpi_ops._reduce_op(op, None)
+        op = _reduce_op(op, None)
         if gradient_predivide_factor != 1.0 and op != mpi_ops.Average:
             raise InvalidArgumentError("gradient_predivide_factor is only supported with "
                                        f"op=Average, got op={op.name}")
@@ -63,7 +66,7 @@ class GradientReducer:
         if self.gradient_predivide_factor == 1.0:
             return self.op, 1.0, 1.0
         f = self.gradient_predivide_factor
-        return mpi_ops.Sum, 1.0 / f, mpi_ops._per_size(f, self.process_set)
+        return mpi_ops.Sum, 1.0 / f, _per_size(f, self.process_set)
 
     def __call__(self, grads: Sequence, name: Optional[str] = None,
                  variables: Optional[Sequence] = None, local=frozenset(),
@@ -91,19 +94,19 @@ class GradientReducer:
             dense.append(tf.convert_to_tensor(g))
         base = name or stable_name(self.prefix, dense)
         compressed = [self.compression.compress(g) for g in dense]
-        reduced = mpi_ops._grouped_allreduce_raw([c for c, _ in compressed], op, prescale,
+        reduced = _grouped_allreduce_raw([c for c, _ in compressed], op, prescale,
                                                  postscale, base, self.process_set)
         for i, r, (_, ctx) in zip(dense_idx, reduced, compressed):
             out[i] = self.compression.decompress(r, ctx)
         for i, g in enumerate(out):
             if isinstance(g, tuple) and g[0] == "sparse":
-                out[i] = mpi_ops._allreduce_sparse(g[1], op, prescale, postscale,
+                out[i] = _allreduce_sparse(g[1], op, prescale, postscale,
                                                    f"{base}.sparse{i}", self.process_set)
         return out
 
     def _local(self, g):
-        scale = mpi_ops._per_size(1.0, self.process_set)
+        scale = _per_size(1.0, self.process_set)
         if isinstance(g, tf.IndexedSlices):
-            return tf.IndexedSlices(mpi_ops._scaled_at_run(g.values, scale), g.indices,
+            return tf.IndexedSlices(_scaled_at_run(g.values, scale), g.indices,
                                     g.dense_shape)
-        return mpi_ops._scaled_at_run(g, scale)
+        return _scaled_at_run(g, scale)

@@ -36,6 +36,7 @@ import tensorflow as tf
 from spark_hvd._basics import ProcessSet, global_process_set
 from spark_hvd.exceptions import InvalidArgumentError
 from spark_hvd.tensorflow import mpi_ops
+from spark_hvd.tensorflow._collective import _reduce_op
 from spark_hvd.tensorflow._reducer import GradientReducer, variable_key
 from spark_hvd.tensorflow.gradient_tape import local_variables_of
 from spark_hvd.tensorflow.compression import Compression
@@ -170,7 +171,7 @@ def _settings(compression, sparse_as_dense, gradient_predivide_factor, op,
     if int(backward_passes_per_step) < 1:
         raise InvalidArgumentError(
             f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-    settings = _Settings(compression=compression, op=mpi_ops._reduce_op(op, None),
+    settings = _Settings(compression=compression, op=_reduce_op(op, None),
                          gradient_predivide_factor=float(gradient_predivide_factor),
                          sparse_as_dense=bool(sparse_as_dense), process_set=process_set,
                          backward_passes_per_step=int(backward_passes_per_step),
