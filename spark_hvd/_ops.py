@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from spark_hvd import _core
-from spark_hvd._rules import alltoall_splits, op_name
+from spark_hvd._rules import alltoall_splits, op_name, reduce_op
 from spark_hvd._runtime import RUNTIME, ProcessSet, explain_failure, global_process_set, rank
 from spark_hvd._types import DataType, OpType, ReduceOp, numpy_code
 from spark_hvd.exceptions import InvalidArgumentError, SparkHvdError
@@ -212,14 +212,7 @@ def synchronize(handle: Handle):
 _name = op_name  # the op's name (spark_hvd._rules): given, or generated per kind and set
 
 
-def _reduce_op(op, average, default=Average) -> ReduceOp:
-    if average is None:
-        if op is None:
-            op = default
-        return op if type(op) is ReduceOp else ReduceOp(op)
-    if op is not None:
-        raise InvalidArgumentError("give either op= or the deprecated average=, not both")
-    return Average if average else Sum
+_reduce_op = reduce_op  # spark_hvd._rules: op= or Horovod's deprecated average=
 
 
 def _array(tensor) -> np.ndarray:

@@ -1,5 +1,6 @@
 """The rules every framework's ops share, checked once here before anything is submitted:
-an op's name, and the type of alltoall's splits.
+an op's name, its reduction (``op=`` or Horovod's deprecated ``average=``), and the type of
+alltoall's splits.
 
 An op's name: the ``name=`` given, else the next of a counter per (op kind, process set),
 ``<kind>.<n>`` (``_runtime.auto_name``): the same on every rank as long as the ranks submit
@@ -34,9 +35,23 @@ from typing import Any, List, Optional
 import numpy as np
 
 from spark_hvd._runtime import RUNTIME
+from spark_hvd._types import ReduceOp
 from spark_hvd.exceptions import InvalidArgumentError
 
 SPLITS_DTYPE = "int32"
+
+
+def reduce_op(op: Any, average: Optional[bool], default: ReduceOp = ReduceOp.AVERAGE) -> ReduceOp:
+    """The reduction an op asks for: ``op`` (a ReduceOp or its value; None: ``default``), or,
+    as Horovod still takes it, the deprecated ``average`` (True: Average, False: Sum), not
+    both."""
+    if average is None:
+        if op is None:
+            op = default
+        return op if type(op) is ReduceOp else ReduceOp(op)
+    if op is not None:
+        raise InvalidArgumentError("give either op= or the deprecated average=, not both")
+    return ReduceOp.AVERAGE if average else ReduceOp.SUM
 
 
 def op_name(name: Optional[str], kind: str, process_set: Any = None) -> str:
