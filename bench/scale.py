@@ -29,6 +29,11 @@ in that mode are skipped. Every rank runs in the job's process group, killed wha
 happens (Ctrl-C and SIGTERM included). Before the jobs, a probe without ranks
 (``--store-np``) has N rendezvous clients connect at once, then send GETs for a while.
 
+``--sim-np 1024,4096`` adds rows for rank counts past what this machine runs as processes:
+the ranks' engines on threads of one process (bench/_scale_sim.py, csrc/python/simulate.h;
+an in-memory store in place of the rendezvous service), marked "tcp, simulated (one
+process)"; ``--np '' --store-np 0 --sim-np 1024 --merge`` runs only those.
+
 ``--tree`` measures another checkout's build (its spark_hvd and _core; e.g. a commit
 exported with ``git archive`` and built with ``setup.py build_ext --inplace``), so the numbers
 of a commit can be taken while this checkout's core changes.
@@ -55,6 +60,7 @@ import sys
 from typing import Dict, List, Optional
 
 import _scale_report as report
+import _scale_sim as sim
 import _scale_summary as summary
 from _scale_job import ROOT, WORK, read_json, run_job, store_probe
 
@@ -98,6 +104,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "then sending GETs): default the --np list and 1024; 0: no probe")
     p.add_argument("--store-s", type=float, default=3.0,
                    help="how long the probe's clients send GETs (default %(default)s)")
+    sim.add_arguments(p)
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra SPARK_HVD_* setting for every rank (repeatable)")
     p.add_argument("--merge", action="store_true",
@@ -115,6 +122,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="keep build/scale/<job>/ (rank outputs and reports)")
     args = p.parse_args(argv)
     args.nps = sorted({int(x) for x in args.np.split(",") if x.strip()})
+    args.sim_nps = sim.sim_sizes(args)
     store = args.store_np if args.store_np is not None else f"{args.np},1024"
     args.store_nps = sorted({int(x) for x in store.split(",") if x.strip() and int(x) > 0})
     args.modes = [m.strip() for m in args.backend.split(",") if m.strip()]
@@ -211,7 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if results is None:
             raise SystemExit(f"no results in {RESULTS}: run without --report-only first")
         return finish(results, args)
-    limits = raise_fd_limit(args.nps)
+    limits = raise_fd_limit(args.nps or [2])  # (--np "": simulated rows only)
     results = read_json(RESULTS) if args.merge else None
     results = results or {"runs": {}}
     machine = describe_machine(limits)
@@ -276,6 +284,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 core_mtime = os.path.getmtime(core)
             results["runs"][f"{mode}/{n}"] = entry
             save(results)
+    for n in args.sim_nps:  # bench/_scale_sim.py: N ranks' engines in one process
+        results["runs"][f"sim/{n}"] = sim.entry(
+            n, args, {"machine": machine, "command": command, "build": build, "env": args.env},
+            mem_available())
+        save(results)
     return finish(results, args)
 
 

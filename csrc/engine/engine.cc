@@ -11,6 +11,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "engine/executor.h"
+#include "net/heartbeat.h"
 
 namespace spark_hvd {
 namespace {
@@ -533,6 +534,15 @@ std::vector<std::shared_ptr<OpState>> Engine::Enqueue(std::vector<TensorEntry> e
 }
 
 void Engine::Shutdown() {
+  if (frozen_.joinable()) {  // SimulateStop(false), tests only
+    {
+      std::lock_guard<std::mutex> lock(thaw_mu_);
+      thaw_ = true;
+    }
+    thaw_cv_.notify_all();
+    frozen_.join();
+    thaw_ = false;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutdown_requested_ = true;
@@ -548,6 +558,35 @@ void Engine::Shutdown() {
   }
   timeline_.Stop();
   options_.store.reset();  // may hold a Python object: drop it while the interpreter is alive
+}
+
+void Engine::SimulateStop(bool crash) {
+  if (!crash) {
+    if (frozen_.joinable()) return;
+    std::promise<void> held;
+    std::future<void> frozen = held.get_future();
+    frozen_ = std::thread([this, &held] {
+      std::unique_lock<std::mutex> cycle(cycle_mu_);  // no cycle runs until the thaw
+      if (auto* beats = dynamic_cast<Heartbeats*>(liveness_.get())) beats->SimulateStop(false);
+      held.set_value();
+      std::unique_lock<std::mutex> lock(thaw_mu_);
+      thaw_cv_.wait(lock, [this] { return thaw_; });
+    });
+    frozen.wait();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> cycle(cycle_mu_);  // no cycle runs from here on
+    if (!running_.load() || stopping_.load()) return;
+    if (auto* beats = dynamic_cast<Heartbeats*>(liveness_.get())) beats->SimulateStop(true);
+    stop_ = Status::Internal("rank " + std::to_string(rank_) +
+                             " crashed (Engine::SimulateStop, a test's simulated death)");
+    stopping_ = true;  // the loop ends without a cycle; Leave does nothing now
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+  }  // the loop is in its wait or sees stopping_
+  cv_.notify_all();
 }
 
 bool Engine::StartTimeline(const std::string& path) { return timeline_.Start(path, rank_); }

@@ -94,6 +94,14 @@ class Engine {
   bool StartTimeline(const std::string& path);
   void StopTimeline();
 
+  // Test only (the in-process simulator, python/simulate.h), between two cycles: this
+  // rank stops as its process would if killed (crash: its heartbeats stop and close
+  // without a goodbye, its engine thread ends at once, failing its ops here and closing
+  // the communicators' sockets, telling no peer) or stopped by SIGSTOP (its heartbeats
+  // and its engine go silent, every socket left open, until Shutdown, which thaws it
+  // first).
+  void SimulateStop(bool crash);
+
  private:
   void Loop(std::promise<Status>* ready);
   // Would executing `r` on this rank do work only the engine thread may do (device work
@@ -162,6 +170,12 @@ class Engine {
   Status failure_;  // why the engine stopped, once it has
   std::thread thread_;
   std::unique_ptr<Controller> controller_;
+
+  // SimulateStop(false): a thread of its own holds cycle_mu_ until Shutdown thaws it.
+  std::thread frozen_;
+  std::mutex thaw_mu_;
+  std::condition_variable thaw_cv_;
+  bool thaw_ = false;
 };
 
 }  // namespace spark_hvd

@@ -392,4 +392,21 @@ void Heartbeats::Leave(const std::vector<int32_t>& lost) {
   links_.clear();
 }
 
+void Heartbeats::SimulateStop(bool crash) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (left_) return;
+    left_ = crash;
+  }
+  Signal(stop_fd_);
+  if (thread_.joinable()) thread_.join();
+  if (!crash) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Link& l : links_) CloseLink(l, false);
+  links_.clear();
+  desk_.reset();  // half-open connections
+  if (listener_ >= 0) ::close(listener_);
+  listener_ = -1;
+}
+
 }  // namespace spark_hvd

@@ -64,6 +64,12 @@ class Heartbeats : public PeerLiveness {
   Status Verdict(const std::string& what, const std::vector<int32_t>& closed,
                  double wait_s) override;
   void Leave(const std::vector<int32_t>& lost) override;
+  // Test only (Engine::SimulateStop, for the in-process simulator): the thread stops, as
+  // in a process killed (crash: every socket closes with no record and no goodbye, so
+  // neighbours find this rank gone, step 3; Leave does nothing after) or stopped by a
+  // signal (the sockets stay open and unread: neighbours find it silent; Leave, later,
+  // says goodbye and closes them as usual).
+  void SimulateStop(bool crash);
 
   // How a rank was lost, as 'L' records carry it.
   enum How : uint8_t { kGone = 1, kFrozen = 2, kStoppedOn = 3, kUnreachable = 4 };

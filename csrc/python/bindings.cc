@@ -21,6 +21,7 @@
 #include "engine/message.h"
 #include "python/dlpack.h"
 #include "python/py_store.h"
+#include "python/simulate.h"
 
 namespace py = pybind11;
 using namespace spark_hvd;
@@ -210,6 +211,62 @@ void BindEnums(py::module_& m) {
       .value("AUTHENTICATION", StatusCode::kAuthentication)
       .value("INTERNAL", StatusCode::kInternal)
       .finalize();
+}
+
+py::dict CountsDict(const sim::Counts& c) {
+  return py::dict(py::arg("seconds") = c.seconds, py::arg("cpu_s") = c.cpu_s,
+                  py::arg("cycles") = c.cycles, py::arg("control_messages") = c.control_messages,
+                  py::arg("control_bytes") = c.control_bytes,
+                  py::arg("data_messages") = c.data_messages, py::arg("data_bytes") = c.data_bytes,
+                  py::arg("liveness_messages") = c.liveness_messages, py::arg("opened") = c.opened,
+                  py::arg("accepted") = c.accepted, py::arg("failed") = c.failed,
+                  py::arg("dropped") = c.dropped);
+}
+
+py::dict ResourcesDict(const sim::Resources& r) {
+  return py::dict(py::arg("fds") = r.fds, py::arg("sockets") = r.sockets,
+                  py::arg("threads") = r.threads, py::arg("rss_bytes") = r.rss_bytes);
+}
+
+py::dict RequestsDict(const StoreRequests& q) {
+  py::dict d;
+  for (int op = 0; op < kStoreOps; ++op) d[StoreOpName(static_cast<StoreOp>(op))] = q.by_op[op];
+  return d;
+}
+
+py::object StatusDict(const Status& s) {
+  if (s.ok()) return py::none();
+  return py::dict(py::arg("code") = s.code(), py::arg("message") = s.message(),
+                  py::arg("ranks") = s.ranks());
+}
+
+// _core._simulate's answer (python/simulate.h's Result): per rank, lists indexed by rank.
+py::dict SimulationDict(const sim::Result& x) {
+  py::list init_s, fds, sockets, init_requests, requests, op_s, ops, killed_op, named_after_s;
+  for (const sim::Rank& r : x.ranks) {
+    init_s.append(r.init_s);
+    fds.append(r.fds);
+    sockets.append(r.sockets);
+    init_requests.append(RequestsDict(r.init_requests));
+    requests.append(RequestsDict(r.requests));
+    op_s.append(r.op_s);
+    ops.append(StatusDict(r.ops));
+    killed_op.append(StatusDict(r.killed_op));
+    named_after_s.append(r.named_after_s);
+  }
+  return py::dict(py::arg("size") = x.options.size, py::arg("ops") = x.options.ops,
+                  py::arg("kill") = x.options.kill, py::arg("freeze") = x.options.freeze,
+                  py::arg("error") = x.error, py::arg("init_s") = x.init_s,
+                  py::arg("shutdown_s") = x.shutdown_s, py::arg("before") = ResourcesDict(x.before),
+                  py::arg("after_init") = ResourcesDict(x.after_init),
+                  py::arg("after_shutdown") = ResourcesDict(x.after_shutdown),
+                  py::arg("init") = CountsDict(x.init), py::arg("steady") = CountsDict(x.steady),
+                  py::arg("idle") = CountsDict(x.idle), py::arg("killed") = CountsDict(x.killed),
+                  py::arg("ranks") = py::dict(
+                      py::arg("init_s") = init_s, py::arg("fds") = fds,
+                      py::arg("sockets") = sockets, py::arg("init_requests") = init_requests,
+                      py::arg("requests") = requests, py::arg("op_s") = op_s, py::arg("ops") = ops,
+                      py::arg("killed_op") = killed_op, py::arg("named_after_s") = named_after_s));
 }
 
 }  // namespace
@@ -485,6 +542,29 @@ PYBIND11_MODULE(_core, m) {
       "collectives, liveness: heartbeats), messages and bytes (shm: rounds posted, no bytes); "
       "and connections: opened (connected and acknowledged), accepted, failed (attempts "
       "refused, reset or retried), dropped (accepted but invalid).");
+  m.def(
+      "_simulate",
+      [](int size, int ops, int kill, bool freeze, double timeout_s, int warmup, double idle_s,
+         const std::string& bind_host) {
+        sim::Options o;
+        o.size = size;
+        o.ops = ops;
+        o.kill = kill;
+        o.freeze = freeze;
+        o.timeout_s = timeout_s;
+        o.warmup = warmup;
+        o.idle_s = idle_s;
+        o.bind_host = bind_host;
+        return SimulationDict(Native([&] { return sim::Run(o); }));
+      },
+      py::arg("size"), py::arg("ops") = 50, py::arg("kill") = -1, py::arg("freeze") = false,
+      py::arg("timeout_s") = 60.0, py::arg("warmup") = 3, py::arg("idle_s") = 0.0,
+      py::arg("bind_host") = "127.0.0.1",
+      "Tests and bench/scale.py only: `size` ranks of one job as engines on threads of this "
+      "process (csrc/python/simulate.h): init, cached 4-byte allreduces, rank `kill` "
+      "crashed or, with freeze, stopped (-1: none), shutdown; a dict of what each phase cost. "
+      "Needs "
+      "SPARK_HVD_CPU_OPERATIONS=tcp.");
   m.def("process_set_ranks", [](int id) { return TheEngine().ProcessSetRanks(id); });
   m.def("process_set_ids", [] { return TheEngine().ProcessSetIds(); });
   m.def("start_timeline", [](const std::string& path) {
