@@ -129,7 +129,7 @@ def run_job(n: int, mode: str, args: argparse.Namespace, config: dict, label: st
         sampler = Sampler([p.pid for p in procs])
         deadline = time.monotonic() + args.budget_s
         job.update(wait_reports(outdir, procs, n, deadline, t_mono + args.init_budget_s,
-                                sampler))
+                                sampler, bool(config.get("sync_init"))))
         job["thread_cpu_s"] = {k: round(v, 2) for k, v in thread_cpu(sampler.pids).items()
                                if v >= 0.01}
         if job["outcome"] == "ok" and config.get("liveness"):
@@ -312,11 +312,17 @@ class Sampler:
 
 
 def wait_reports(outdir: str, procs: List[subprocess.Popen], n: int, deadline: float,
-                 init_deadline: float, sampler: Sampler) -> dict:
-    """Waits until every rank wrote its main report, one failed, or a deadline passed."""
+                 init_deadline: float, sampler: Sampler, sync: bool = False) -> dict:
+    """Waits until every rank wrote its main report, one failed, or a deadline passed
+    (with ``sync``, --sync-init, first tells the ranks to call init() once all are ready)."""
+    go = os.path.join(outdir, "go")
     while True:
         names = os.listdir(outdir)
         sampler.maybe(names)
+        if sync and not os.path.exists(go) and sum(
+                1 for x in names if x.startswith("ready") and x.endswith(".json")) == n:
+            with open(go, "w"):
+                pass  # --sync-init: every rank is ready to call init()
         mains = sum(1 for x in names if x.startswith("main") and x.endswith(".json"))
         errors = sum(1 for x in names if x.startswith("error") and x.endswith(".json"))
         if mains == n:

@@ -173,9 +173,21 @@ def lost_peer(victim: int) -> None:
                               "victim": victim, **record})
 
 
+def wait_for_go() -> None:
+    """--sync-init: tells scale.py this rank is ready to call init() (its imports done) and
+    waits until every rank is, so the ranks call init() together, not spread over the
+    tens of seconds N interpreters take to start on a few cores."""
+    save(f"ready{RANK}.json", {"at": time.time()})
+    go = os.path.join(OUT, "go")
+    while not os.path.exists(go):
+        time.sleep(0.05)
+
+
 def main() -> None:
     from spark_hvd import _core, _runtime
 
+    if CONFIG.get("sync_init"):
+        wait_for_go()
     retries = RetryCounter()
     client_log = logging.getLogger("spark_hvd._job.client")
     client_log.addHandler(retries)

@@ -3,6 +3,7 @@ the generated part of docs/scaling.md."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import statistics
@@ -279,7 +280,16 @@ def _rank_list(ranks: List[int]) -> str:
 
 # -- the plot and the docs -----------------------------------------------------------------
 
-def plot(results: dict, path: str) -> None:
+def _short_build(results: dict) -> str:
+    """'commit 5bd4876' from a build label, for the plot's legend."""
+    builds = sorted({e.get("build", "?") for e in results["runs"].values()})
+    m = re.match(r"commit \w+", builds[0]) if builds else None
+    return m.group(0) if m else ", ".join(builds)
+
+
+def plot(results: dict, path: str, baseline: Optional[dict] = None) -> None:
+    """The cost per rank against N; ``baseline`` (another build's results.json, e.g. the
+    one before a redesign) is drawn dashed in the same colours."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -293,52 +303,68 @@ def plot(results: dict, path: str) -> None:
         ("sockets per rank after init",
          lambda m: m["resources"]["sockets"]["mean"] if m.get("resources") else None),
         ("init: last call to all returned (s)", lambda m: m.get("init_s")),
+        ("rendezvous requests per rank at init (mean)",
+         lambda m: m["requests_init"]["mean"] if m.get("requests_init") else None),
+        ("1 MiB allreduce, median (ms)",
+         lambda m: m["data_1048576"]["median_s"] * 1e3 if m.get("data_1048576") else None),
     ]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    rows = _rows(results)
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
+    series = [(results, "-", "o", _short_build(results) if baseline else "")]
+    if baseline:
+        series.append((baseline, "--", "s", _short_build(baseline)))
+    ns = sorted({e["n"] for res, *_ in series for e in res["runs"].values()})
     for ax, (title, get) in zip(axes.flat, panels):
-        for mode in MODE_NAMES:
-            pts = [(e["n"], get(e["jobs"]["main"])) for e in rows
-                   if e["mode"] == mode and e["jobs"].get("main")]
-            pts = [(n, y) for n, y in pts if y is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=MODE_NAMES[mode])
-        if title.startswith("init"):  # jobs killed before every rank was through init
-            late: Dict[int, List[tuple]] = {}
-            for e in rows:
-                main = e["jobs"].get("main")
-                if main and main.get("budget") == "init":
-                    late.setdefault(e["n"], []).append((MODE_NAMES[e["mode"]], main["wall_s"]))
-            for n, jobs in late.items():
-                wall = min(w for _, w in jobs)
-                ax.plot([n], [wall], marker="x", ms=10, ls="", color="C3")
-                ax.annotate(f"{', '.join(m for m, _ in jobs)}: not through\ninit after "
-                            f"{wall:.0f} s", (n, wall), textcoords="offset points",
-                            xytext=(-100, -24), fontsize=7)
-        ns = sorted({e["n"] for e in rows})
+        for res, style, marker, label in series:
+            rows = _rows(res)
+            for i, mode in enumerate(MODE_NAMES):
+                pts = [(e["n"], get(e["jobs"]["main"])) for e in rows
+                       if e["mode"] == mode and e["jobs"].get("main")]
+                pts = [(n, y) for n, y in pts if y is not None]
+                if pts:
+                    ax.plot(*zip(*pts), ls=style, marker=marker, color=f"C{i}", ms=4,
+                            label=f"{MODE_NAMES[mode]}" + (f", {label}" if label else ""))
+            if title.startswith("init"):  # jobs killed before every rank was through init
+                late: Dict[int, List[tuple]] = {}
+                for e in rows:
+                    main = e["jobs"].get("main")
+                    if main and main.get("budget") == "init":
+                        late.setdefault(e["n"], []).append((MODE_NAMES[e["mode"]],
+                                                            main["wall_s"]))
+                for n, jobs in late.items():
+                    wall = min(w for _, w in jobs)
+                    ax.plot([n], [wall], marker="x", ms=10, ls="", color="C3")
+                    ax.annotate(f"{label + ': ' if label else ''}"
+                                f"{', '.join(m for m, _ in jobs)} not through\ninit after "
+                                f"{wall:.0f} s", (n, wall), textcoords="offset points",
+                                xytext=(-120, -24), fontsize=7)
         if ns and title.startswith(("control", "sockets")):
             k = 2 if title.startswith("sockets") else 1
-            ax.plot(ns, [k * (n - 1) for n in ns], ls="--", color="grey",
+            ax.plot(ns, [k * (n - 1) for n in ns], ls=":", color="grey",
                     label=f"{'2(N-1)' if k == 2 else 'N-1'}")
+            ax.plot(ns, [k * math.ceil(math.log2(n)) for n in ns], ls=":", color="black",
+                    label=f"{'2 ' if k == 2 else ''}ceil(log2 N)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("ranks")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("spark_hvd today: cost per rank vs rank count (bench/scale.py)", fontsize=11)
+        ax.legend(fontsize=7)
+    what = (f"{_short_build(results)} (solid) and {_short_build(baseline)} (dashed)"
+            if baseline else _short_build(results))
+    fig.suptitle(f"spark_hvd: cost per rank vs rank count, {what} (bench/scale.py)",
+                 fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=80)
     plt.close(fig)
 
 
-def write_docs(results: dict, text: str) -> None:
+def write_docs(results: dict, text: str, baseline: Optional[dict] = None) -> None:
     with open(DOC) as f:
         doc = f.read()
     if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{DOC} lacks the markers {BEGIN!r} and {END!r}: add them where the "
                          f"measured part goes")
-    plot(results, PLOT)
+    plot(results, PLOT, baseline)
     dates = sorted({e["date"] for e in results["runs"].values()})
     # (early results carried the load at start inside the machine's description)
     machines = sorted({re.sub(r", load [\d.]+ at start", "", e["machine"])

@@ -4,6 +4,7 @@ build/scale/results.json."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from typing import Dict, List, Optional
@@ -25,13 +26,18 @@ def _sum_dicts(dicts) -> Dict[str, int]:
 
 def algorithm(tcp_per_op: float, shm_per_op: float, n: int) -> str:
     """The allreduce algorithm the counts show: tcp's direct exchange sends N-1 messages
-    per rank, its ring 2(N-1) (one per step); shm counts one per round it posts."""
+    per rank, its ring 2(N-1) (one per step), recursive doubling (since 4a639ec, small
+    buffers among more than 4 ranks) ceil(log2 N) on average, one more on ranks past a
+    power of two; shm counts one per round it posts."""
     parts = []
+    log2 = math.ceil(math.log2(n)) if n > 1 else 0
     if tcp_per_op > 0.01:
         if abs(tcp_per_op - (n - 1)) < 0.05:
             parts.append("direct")
         elif abs(tcp_per_op - 2 * (n - 1)) < 0.05:
             parts.append("ring")
+        elif n > 4 and tcp_per_op <= log2 + 1.05:
+            parts.append("recursive doubling")
         else:
             parts.append(f"tcp {tcp_per_op:g}")
     if shm_per_op > 0.01:

@@ -5,6 +5,7 @@ Run (``make bench-scale`` runs the defaults and rewrites docs/scaling.md's measu
     python bench/scale.py [--np 2,8,16,32,64,128,256,512] [--backend shm,tcp]
                           [--ranks-per-host 8] [--budget-s 600] [--init-budget-s 300]
                           [--tree CHECKOUT] [--merge] [--no-write] [--report-only]
+                          [--sync-init] [--baseline RESULTS_JSON]
 
 For each mode and each N, one job of N ranks (bench/_scale_rank.py) is started directly, as
 a launcher would start it (bench/_scale_job.py): a RendezvousServer in this process, the
@@ -104,6 +105,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "then sending GETs): default the --np list and 1024; 0: no probe")
     p.add_argument("--store-s", type=float, default=3.0,
                    help="how long the probe's clients send GETs (default %(default)s)")
+    p.add_argument("--sync-init", action="store_true",
+                   help="ranks call init() together, once every one has started (by default "
+                   "each calls it as soon as its interpreter is up)")
     sim.add_arguments(p)
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="an extra SPARK_HVD_* setting for every rank (repeatable)")
@@ -116,6 +120,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    "default; another one measures another commit's build")
     p.add_argument("--build-label", default=None,
                    help="what --tree holds, for the docs (default: its git commit)")
+    p.add_argument("--baseline", default=None, metavar="RESULTS_JSON",
+                   help="another build's results.json (e.g. a copy of build/scale/results.json "
+                   "from before a change), drawn dashed in the plot")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: print (and write) the tables from build/scale/results.json")
     p.add_argument("--keep-logs", action="store_true",
@@ -202,10 +209,11 @@ def configs(n: int, args: argparse.Namespace) -> List[dict]:
     main = {"label": "main", "steady": True, "steady_s": args.steady_s, "data_s": args.data_s,
             "warmup": 3, "min_reps": args.min_reps, "min_reps_large": 2,
             "max_reps": args.max_reps, "data_elements": data, "idle_s": args.idle_s,
-            "liveness": "kill" if n <= args.kill_max_np else None, "large_note": large_note}
+            "liveness": "kill" if n <= args.kill_max_np else None, "large_note": large_note,
+            "sync_init": args.sync_init}
     jobs = [main]
     if n <= args.stop_max_np:
-        jobs.append({"label": "stop", "liveness": "stop"})
+        jobs.append({"label": "stop", "liveness": "stop", "sync_init": args.sync_init})
     return jobs
 
 
@@ -226,6 +234,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     command = command_line(argv if argv is not None else sys.argv[1:], args.tree)
     build = args.build_label or build_label(args.tree)
     core = core_file(args.tree)
+    settings = args.env + (["--sync-init"] if args.sync_init else [])  # the runs' "extra"
     core_mtime = os.path.getmtime(core) if core else None
     print(f"== bench/scale.py: N {args.nps}, modes {args.modes}, {args.ranks_per_host} ranks "
           f"per simulated host; {machine}, load {os.getloadavg()[0]:.1f}", flush=True)
@@ -241,9 +250,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         save(results)
     for mode in args.modes:
         # The smallest N whose job did not finish (in this run, or a merged earlier one of
-        # the same build): larger ones are not run.
+        # the same build that this run does not redo): larger ones are not run.
         failed = [e["n"] for e in results["runs"].values()
-                  if e["mode"] == mode and e.get("build") == build
+                  if e["mode"] == mode and e.get("build") == build and e["n"] not in args.nps
                   and any(j["outcome"] != "ok" for j in e["jobs"].values())]
         stopped = min(failed) if failed else None
         for n in args.nps:
@@ -258,14 +267,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 results["runs"][f"{mode}/{n}"] = {
                     "n": n, "mode": mode, "skipped": why,
                     "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                    "machine": machine, "command": command, "build": build, "env": args.env,
+                    "machine": machine, "command": command, "build": build, "env": settings,
                     "ranks_per_host": args.ranks_per_host, "jobs": {}}
                 save(results)
                 continue
             entry = {"n": n, "mode": mode, "ranks_per_host": args.ranks_per_host,
                      "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
                      "machine": machine, "load_at_start": os.getloadavg()[0],
-                     "command": command, "build": build, "env": args.env, "jobs": {}}
+                     "command": command, "build": build, "env": settings, "jobs": {}}
             for config in configs(n, args):
                 label = config["label"]
                 print(f"-- {mode} N={n} {label}: starting", flush=True)
@@ -316,7 +325,10 @@ def finish(results: dict, args: argparse.Namespace) -> int:
     text = report.tables(results)
     print(text)
     if not args.no_write:
-        report.write_docs(results, text)
+        baseline = read_json(args.baseline) if args.baseline else None
+        if args.baseline and baseline is None:
+            raise SystemExit(f"--baseline: cannot read {args.baseline}")
+        report.write_docs(results, text, baseline)
         print(f"wrote {report.DOC} and {report.PLOT}")
     return 0
 
