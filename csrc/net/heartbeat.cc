@@ -87,7 +87,7 @@ void Heartbeats::Run() {
         } else if (!l.outbox.empty()) {
           events |= POLLOUT;
         }
-        if (!l.probe) wake = std::min(wake, l.last_heard + Duration(timeout_s_));
+        if (!l.probe) wake = std::min(wake, SilentBy(l));
         pfds.push_back(pollfd{l.fd, events, 0});
         who.push_back(static_cast<int>(i));
       }
@@ -124,7 +124,7 @@ void Heartbeats::Run() {
       if (l.fd < 0) continue;
       if (l.probe && !l.ok && !l.failed && now >= l.deadline) {
         l.failed = true;
-      } else if (!l.probe && SecondsSince(l.last_heard) > timeout_s_) {
+      } else if (!l.probe && now > SilentBy(l)) {
         const int32_t p = l.peer;
         CloseLink(l, false);
         Learn(p, kLost, kFrozen, -1, nullptr);
@@ -165,6 +165,7 @@ void Heartbeats::Read(Link& l) {
     ssize_t r = ::recv(l.fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (r > 0) {
       l.last_heard = Clock::now();
+      l.grace = {};
       l.inbox.append(buf, static_cast<size_t>(r));
       Parse(l);
       continue;

@@ -14,7 +14,10 @@
 //     neighbour is news that its process runs.
 //  3. A neighbour is lost when its connection ends without a goodbye (its process
 //     exited or was killed: its kernel closes its sockets), or when nothing came from
-//     it for the timeout (stopped by a signal, hung, its host unreachable).
+//     it for the timeout (stopped by a signal, hung, its host unreachable). A
+//     neighbour met at set-up that has sent nothing yet is given the start timeout on
+//     top: it may still be waiting for its other neighbour (a rank that started late)
+//     and beats only once its own set-up is done.
 //  4. What a rank learns it passes on: a lost rank as a record 'L' <rank: int32>
 //     <how: uint8> <reporter: int32> (the rank that found it), a rank that left as 'G'
 //     <rank: int32>, to each of its connections but the one it came from, once per
@@ -92,10 +95,12 @@ class Heartbeats : public PeerLiveness {
     size_t ack_got = 0;
     net::Clock::time_point deadline;    // a probe's
     net::Clock::time_point last_heard;  // any byte
-    std::string inbox;                  // bytes of a record not complete yet
-    std::string outbox;                 // records the socket has not taken yet
-    bool ok = false;                    // a probe that answered
-    bool failed = false;                // a probe that did not (refused, reset, silent)
+    // A set-up neighbour nothing has come from yet may stay silent until then (step 3).
+    net::Clock::time_point grace{};
+    std::string inbox;    // bytes of a record not complete yet
+    std::string outbox;   // records the socket has not taken yet
+    bool ok = false;      // a probe that answered
+    bool failed = false;  // a probe that did not (refused, reset, silent)
     bool refused = false;
   };
 
@@ -111,6 +116,7 @@ class Heartbeats : public PeerLiveness {
   void AdvanceProbe(Link& l);
   void SettleProbes();
   void CloseLink(Link& l, bool bye);
+  net::Clock::time_point SilentBy(const Link& l) const;  // step 3: lost if silent past it
   std::string Why(How how, int32_t reporter) const;
   std::string Address(int32_t rank);  // step 5's addresses
 

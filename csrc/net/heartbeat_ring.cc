@@ -163,7 +163,17 @@ void Heartbeats::SetUp(const LivenessOptions& options) {
   s.last_heard = Clock::now();
   links_.push_back(std::move(s));
   succ_ = succ;
-  for (Link& link : links_) net::SetNoDelay(link.fd);
+  // A neighbour may still be in its set-up, which lasts until its own start deadline,
+  // no later than this one's from now: silence until then is not a loss (step 3).
+  const auto grace = After(options.connect_timeout_s + timeout_s_);
+  for (Link& link : links_) {
+    net::SetNoDelay(link.fd);
+    link.grace = grace;
+  }
+}
+
+Clock::time_point Heartbeats::SilentBy(const Link& l) const {
+  return std::max(l.last_heard + Duration(timeout_s_), l.grace);
 }
 
 void Heartbeats::AdvanceProbe(Link& l) {

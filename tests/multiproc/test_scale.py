@@ -154,3 +154,35 @@ def test_every_survivor_names_exactly_the_lost_ranks(tmp_path, n, victims, how, 
             except ProcessLookupError:
                 pass
         job.close()
+
+
+LATE = textwrap.dedent("""
+    import os, time
+    import numpy as np
+    if int(os.environ["SPARK_HVD_RANK"]) == int(os.environ["SPARK_HVD_SIZE"]) - 1:
+        time.sleep(4.0)  # more than twice the heartbeat timeout, well in the start timeout
+    import spark_hvd as hvd
+    hvd.init()
+    out = hvd.allreduce(np.ones(1, np.float32), op=hvd.Sum, name="late")
+    print("SUM", int(out[0]), flush=True)
+    hvd.shutdown()
+""")
+
+
+def test_a_rank_that_starts_late_is_no_loss():
+    """A rank that reaches init after its peers holds the set-up of the ranks before it
+    (their book read waits for its address, their successor's acknowledgement for that),
+    while ranks farther back finish and beat with a neighbour still setting up. That
+    neighbour's silence is the start timeout's to judge, not the heartbeat timeout's: 20
+    ranks (more than the 16 addresses a rank reads at set-up), the last one 4 s late under
+    a heartbeat timeout of 1.5 s, all finish with the right sum (no rank named frozen)."""
+    env = dict(TCP, SPARK_HVD_HEARTBEAT_TIMEOUT_S="1.5")
+    job = DirectJob(20, [PYTHON, "-c", LATE], env=env, start_timeout_s=60.0)
+    try:
+        codes = job.wait(90)
+        logs = job.outputs()
+        assert codes == [0] * 20, (codes, logs)
+        for r in range(20):
+            assert "SUM 20" in job.output(r), (r, job.output(r)[-2000:])
+    finally:
+        job.close()
