@@ -430,7 +430,14 @@ Result Run(const Options& options) {
   run.engines.clear();
   run.clients.clear();
   store.reset();
+  // A joined thread's /proc entry can outlive the join by a moment (the kernel wakes the
+  // joiner before it releases the task): counted once they are gone, or after a second.
+  const auto settle = Clock::now() + std::chrono::seconds(1);
   result.after_shutdown = Measure();
+  while (result.after_shutdown.threads > result.before.threads && Clock::now() < settle) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    result.after_shutdown = Measure();
+  }
   return result;
 }
 

@@ -14,7 +14,7 @@ import textwrap
 from _ranks import ENV, PYTHON
 
 SCRIPT = textwrap.dedent("""
-    import json, os, resource, sys
+    import json, os, resource, sys, time
     from spark_hvd import _core
 
     def count(path):
@@ -32,6 +32,9 @@ SCRIPT = textwrap.dedent("""
     except Exception as e:
         print("SIM" + json.dumps({"raised": type(e).__name__, "message": str(e)}))
         raise SystemExit(0)
+    settle = time.monotonic() + 2  # a joined thread's /proc entry can outlive its join
+    while count("/proc/self/task") > tasks and time.monotonic() < settle:
+        time.sleep(0.01)
     out["leaked"] = {"fds": count("/proc/self/fd") - fds, "threads": count("/proc/self/task")
                      - tasks}
     print("SIM" + json.dumps(out), flush=True)

@@ -1,14 +1,13 @@
 // NcclCommunicator's reductions (communicator.h): allreduce, fused or not, with NCCL's own
 // ops or a premultiplied sum; what NCCL cannot express staged through host memory; and
 // reducescatter in equal blocks.
-#include "common/reduce.h"
-
 #include <algorithm>
 #include <cstring>
 
 #include "backends/host_reduce.h"
 #include "backends/nccl/communicator.h"
 #include "common/half.h"
+#include "common/reduce.h"
 
 namespace spark_hvd {
 namespace nccl {
