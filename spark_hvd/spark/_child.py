@@ -6,9 +6,10 @@ A rank's Spark task (:mod:`spark_hvd.spark._task`) starts it as a script::
 
 It loads ``(fn, args, kwargs)`` from PAYLOAD_FILE (cloudpickle), calls ``fn``,
 and writes a record to RESULT_FILE: ``{"ok": True, "value": <pickled return
-value>}`` or ``{"ok": False, "type", "message", "traceback", "peer_lost", "collective"}``
-(``peer_lost``: a PeerLostError; ``collective``: any failed collective, i.e. a
-HorovodInternalError that is not an InvalidArgumentError such as a tensor mismatch); a
+value>}`` or ``{"ok": False, "type", "message", "traceback", "peer_lost", "lost_ranks",
+"collective"}`` (``peer_lost``: a PeerLostError, ``lost_ranks`` the ranks it names;
+``collective``: any failed collective, i.e. a HorovodInternalError that is not an
+InvalidArgumentError such as a tensor mismatch); a
 failure also prints its traceback to stderr (which the driver shows with the
 rank's other output) and exits with code 1.
 
@@ -82,6 +83,8 @@ def _failure(exc: BaseException, what: str, own_frame: bool = False) -> dict:
     kinds = _taxonomy(exc)
     return {"ok": False, "type": type(exc).__name__, "message": str(exc), "traceback": text,
             "peer_lost": "PeerLostError" in kinds,
+            "lost_ranks": sorted(getattr(exc, "ranks", None) or []) if "PeerLostError" in kinds
+            else [],
             "collective": "HorovodInternalError" in kinds and "InvalidArgumentError" not in kinds,
             "time": time.time()}
 

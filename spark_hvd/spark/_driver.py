@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 TAIL_LINES = 40
 REPORT_WAIT_S = 10.0      # after an abort: how long the other ranks get to report
 LATE_REPORT_S = 60.0      # after the Spark job ended: reports still on their way
+LOST_REPORT_S = 2.0       # after an abort: for ranks the others named lost (a killed
+#                           rank's task reports at once; a host cut off never does)
 SPARK_END_WAIT_S = 30.0   # how long to wait for the Spark job to end once ranks are done
 SUPERSEDED_CHECK_S = 5.0  # elastic: how often a silent stream checks for a task retry
 

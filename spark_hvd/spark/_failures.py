@@ -37,6 +37,11 @@ def kind(report: dict) -> str:
     return "exited"
 
 
+def named_lost(reports: Iterable[dict]) -> set:
+    """The ranks the reports' PeerLostErrors name as lost."""
+    return {r for report in reports for r in (report.get("record") or {}).get("lost_ranks", ())}
+
+
 def failure_time(report: dict) -> float:
     """When the rank failed: its exception, else when its task saw it end."""
     record = report.get("record") or {}

@@ -423,11 +423,19 @@ class _Job:
 
     def _collect(self, reports: Dict[int, dict]) -> None:
         """The other ranks' reports: all of them, or, once the Spark job has ended (no
-        more will come), those already sent; at most kill_grace_s + REPORT_WAIT_S."""
+        more will come), those already sent; at most kill_grace_s + REPORT_WAIT_S, or
+        LOST_REPORT_S once every rank not heard from was named lost by a rank that was."""
         deadline = time.monotonic() + self.spec.kill_grace_s + _driver.REPORT_WAIT_S
+        shortened = False
         while len(reports) < self.size:
             if self._spark_ended and set(self._reported()) <= set(reports):
                 return
+            if not shortened and set(range(self.size)) - set(reports) <= _failures.named_lost(
+                    reports.values()):
+                # Every rank still silent was named lost by the others: its report comes at
+                # once if its task still runs (a killed child), never if its host is cut off.
+                deadline = min(deadline, time.monotonic() + _driver.LOST_REPORT_S)
+                shortened = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

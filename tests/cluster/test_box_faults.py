@@ -26,7 +26,7 @@ import spark_hvd.spark
 from _box_procs import cmdline
 from _box_spark import wait_executors
 from spark_hvd.exceptions import RankFailedError
-from spark_hvd.spark import _driver, runner
+from spark_hvd.spark import _driver
 from test_box_hvdrun import hosts_arg
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -132,7 +132,7 @@ def test_a_cut_host_fails_every_survivor_with_peer_lost_within_10_s(hvdrun_cut):
 def test_spark_run_fails_with_the_survivors_peer_lost_error(spark, box, unplug, tmp_path):
     """spark.run of 8 ranks (2 per host); a host's cable is pulled: the run raises
     RankFailedError whose root failure is a survivor's PeerLostError naming exactly the
-    ranks of that host, within 28 s (the driver waits 13 s for the cut ranks' reports).
+    ranks of that host, within 17 s (the driver waits 2 s for the reports of ranks named lost).
     The cable goes back in and the executor of that host stays usable."""
     out, n, victim = str(tmp_path), 2 * len(box.hosts), box.names[2]
     outcome = {}
@@ -161,9 +161,9 @@ def test_spark_run_fails_with_the_survivors_peer_lost_error(spark, box, unplug, 
     named = [int(r) for r in m.group(2).split(",")]
     assert int(m.group(1)) not in victim_ranks and named == victim_ranks, (victim_ranks, text)
     assert err.cause == "collective", (err.cause, text)
-    # the survivors' detection, then the driver's wait for the cut host's ranks to report
-    # (kill grace + REPORT_WAIT_S: they cannot), with 5 s of room
-    bound = DETECT_S + runner.DEFAULT_KILL_GRACE_S + _driver.REPORT_WAIT_S + 5
+    # the survivors' detection, then the driver's short wait for the reports of the ranks
+    # they named lost (LOST_REPORT_S: the cut ones cannot report), with 5 s of room
+    bound = DETECT_S + _driver.LOST_REPORT_S + 5
     assert outcome["time"] - t_cut <= bound, (outcome["time"] - t_cut, bound)
     wait_executors(spark, box, box.names)
 

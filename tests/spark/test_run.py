@@ -13,11 +13,13 @@ value (the executors cannot import this test module).
 """
 
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import types
 
 import cloudpickle
 import numpy as np
@@ -28,7 +30,7 @@ import spark_hvd.spark
 from spark_hvd._job import env as renv
 from spark_hvd.exceptions import CollectiveTimeoutError, InvalidArgumentError, RankFailedError
 from spark_hvd.runner.rendezvous import RendezvousServer
-from spark_hvd.spark import _checks, _failures, _protocol, _task, runner
+from spark_hvd.spark import _checks, _driver, _failures, _protocol, _task, runner
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -743,3 +745,47 @@ def test_run_takes_horovod_s_arguments_in_horovod_s_order(spark_local, tmp_path,
                    for ln in err.getvalue().splitlines())
     printed = capsys.readouterr()
     assert "line 0" not in printed.out and "warning from" not in printed.err
+
+
+def _collecting(size, events):
+    """A _Job with only what _collect reads: its events, its size, a spec's kill grace."""
+    job = runner._Job.__new__(runner._Job)
+    job.size, job.events, job._spark_ended = size, queue.Queue(), False
+    job.spec = types.SimpleNamespace(kill_grace_s=3.0)
+    for event in events:
+        job.events.put(event)
+    return job
+
+
+def _lost(rank, named):
+    record = {"ok": False, "type": "PeerLostError", "message": f"lost ranks {named}",
+              "peer_lost": True, "lost_ranks": named, "collective": True}
+    return ("report", rank, {"rank": rank, "record": record, "returncode": 1})
+
+
+def test_reports_of_ranks_the_others_named_lost_are_waited_for_briefly(monkeypatch):
+    """After a failure the driver waits kill grace + REPORT_WAIT_S for every rank's report;
+    once the ranks still silent are all ones the others' PeerLostErrors named (a host cut
+    off: their reports never come), only LOST_REPORT_S more. A report already on its way
+    is still read."""
+    monkeypatch.setattr(_driver, "REPORT_WAIT_S", 600.0)
+    monkeypatch.setattr(_driver, "LOST_REPORT_S", 0.3)
+    killed = ("report", 3, {"rank": 3, "returncode": -9})
+    job = _collecting(4, [_lost(0, [2, 3]), _lost(1, [2, 3]), killed])
+    reports = {}
+    done = threading.Thread(target=job._collect, args=(reports,), daemon=True)
+    done.start()
+    done.join(60)
+    assert not done.is_alive(), "waited the full REPORT_WAIT_S for ranks named lost"
+    assert sorted(reports) == [0, 1, 3]  # rank 3's report, already there, is read
+    # A silent rank nobody named: the full wait (cut short here by its report)
+    job = _collecting(3, [_lost(0, [2])])
+    reports = {}
+    done = threading.Thread(target=job._collect, args=(reports,), daemon=True)
+    done.start()
+    done.join(1.0)
+    assert done.is_alive(), "stopped waiting for rank 1, which nobody named lost"
+    job.events.put(("report", 1, {"rank": 1, "returncode": 1}))
+    job.events.put(("report", 2, {"rank": 2, "returncode": -9}))
+    done.join(60)
+    assert not done.is_alive() and sorted(reports) == [0, 1, 2]
