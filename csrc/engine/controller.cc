@@ -114,6 +114,29 @@ void Controller::Active(const ProcessSet& set, std::vector<int32_t>* out) const 
   }
 }
 
+bool Controller::RefuseJoined(const ProcessSet& set, Response* r) const {
+  if (r->active.size() == set.ranks.size()) return false;
+  std::vector<int32_t> joined;
+  for (int32_t m : set.ranks) {
+    if (joined_[static_cast<size_t>(m)]) joined.push_back(m);
+  }
+  const std::string what = "tensor '" + r->tensors[0].name + "' (" + OpTypeName(r->op) + ")";
+  // As Horovod: only allreduce (the joined ranks add zeros) and barrier go on.
+  if (r->op != OpType::kAllreduce && r->op != OpType::kBarrier) {
+    r->error = StatusCode::kInvalidArgument;
+    r->error_message = what + " is not supported while ranks " + RankList(joined) +
+                       " have joined (as in Horovod); only allreduce and barrier are";
+    return true;
+  }
+  if (r->reduce_op == ReduceOp::kAdasum) {
+    r->error = StatusCode::kInvalidArgument;
+    r->error_message =
+        what + ": Adasum is not supported while ranks " + RankList(joined) + " have joined";
+    return true;
+  }
+  return false;
+}
+
 void Controller::Build(const std::map<int32_t, Request>& requests, const ProcessSet* set,
                        Response* out) const {
   const Request& first = requests.begin()->second;
@@ -190,26 +213,7 @@ void Controller::Build(const std::map<int32_t, Request>& requests, const Process
     if (r.error != StatusCode::kOk) return;
   }
 
-  const bool anyone_joined = r.active.size() != set->ranks.size();
-  if (anyone_joined) {
-    std::vector<int32_t> joined;
-    for (int32_t m : set->ranks) {
-      if (joined_[static_cast<size_t>(m)]) joined.push_back(m);
-    }
-    // As Horovod: only allreduce (the joined ranks add zeros) and barrier go on.
-    if (first.op != OpType::kAllreduce && first.op != OpType::kBarrier) {
-      r.error = StatusCode::kInvalidArgument;
-      r.error_message = what() + " is not supported while ranks " + RankList(joined) +
-                        " have joined (as in Horovod); only allreduce and barrier are";
-      return;
-    }
-    if (first.reduce_op == ReduceOp::kAdasum) {
-      r.error = StatusCode::kInvalidArgument;
-      r.error_message =
-          what() + ": Adasum is not supported while ranks " + RankList(joined) + " have joined";
-      return;
-    }
-  }
+  if (RefuseJoined(*set, &r)) return;
 
   const size_t n = set->ranks.size();
   if (first.op == OpType::kAllgather) {
@@ -416,7 +420,14 @@ void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
       cs.first_bit_us = NowMicros();
     }
     if (every) {
-      Build(cs.requests, set, &ready->Add());  // into a kept response: no allocation
+      // Checked when cached: a copy into a kept response (no allocation, no loop over the
+      // members' requests); with ranks joined, the active ones and the ops that go on.
+      Response& r = ready->Add();
+      r = cs.response;
+      if (joined_count_ != 0) {
+        Active(*set, &r.active);
+        RefuseJoined(*set, &r);
+      }
       cs.first_bit_cycle = -1;
       cs.reported = false;
     }
@@ -449,8 +460,8 @@ void Controller::ReadyTable(ResponseList* ready) {
       if (!every) continue;
       Build(te.requests, set, &resp);
       if (resp.error == StatusCode::kOk && Cacheable(first) &&
-          te.requests.size() == set->ranks.size()) {
-        cache_.Put(te.requests);
+          te.requests.size() == set->ranks.size() && resp.active.size() == set->ranks.size()) {
+        cache_.Put(te.requests, rank_, resp);
       }
     }
     if (const Request* grouped = GroupedRequest(te)) {

@@ -96,6 +96,9 @@ class Controller {
   void Build(const std::map<int32_t, Request>& requests, const ProcessSet* set, Response* r) const;
   // The set's ranks that have not joined.
   void Active(const ProcessSet& set, std::vector<int32_t>* out) const;
+  // With members of the set joined: *r fails unless its op goes on without them (as in
+  // Horovod, allreduce and barrier). Whether it failed.
+  bool RefuseJoined(const ProcessSet& set, Response* r) const;
 
   int32_t rank_;
   int32_t size_;

@@ -11,11 +11,11 @@ bool ResponseCache::Matches(int64_t slot, const Request& req) const {
   if (slot < 0 || slot >= capacity()) return false;
   const CacheSlot& s = slots_[static_cast<size_t>(slot)];
   if (!s.valid) return false;
-  auto it = s.requests.find(req.rank);
-  return it != s.requests.end() && it->second.Signature(req);
+  return s.mine.rank == req.rank && s.mine.Signature(req);
 }
 
-int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests) {
+int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests, int32_t rank,
+                           const Response& response) {
   if (requests.empty() || slots_.empty()) return -1;
   const std::string name = TensorKey(requests.begin()->second);
   if (by_name_.count(name)) return -1;
@@ -26,7 +26,11 @@ int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests) {
     if (s.valid) continue;
     s.valid = true;
     s.process_set = requests.begin()->second.process_set;
-    s.requests = requests;
+    s.first = requests.begin()->second;
+    auto mine = requests.find(rank);
+    s.mine = mine != requests.end() ? mine->second : Request();
+    if (mine == requests.end()) s.mine.rank = -1;
+    s.response = response;
     s.first_bit_cycle = -1;
     by_name_[name] = i;
     next_free_hint_ = (i + 1) % capacity();
@@ -38,7 +42,7 @@ int64_t ResponseCache::Put(const std::map<int32_t, Request>& requests) {
 void ResponseCache::Erase(int64_t slot) {
   CacheSlot& s = slots_[static_cast<size_t>(slot)];
   if (!s.valid) return;
-  by_name_.erase(TensorKey(s.requests.begin()->second));
+  by_name_.erase(TensorKey(s.first));
   s = CacheSlot();
 }
 

@@ -15,11 +15,15 @@
 
 namespace spark_hvd {
 
+// A cached tensor: what a hit needs, whatever the set's size (no per-member request kept:
+// a hit copies `response`, checked once when every member's request was there).
 struct CacheSlot {
   bool valid = false;
   int32_t process_set = 0;
-  std::map<int32_t, Request> requests;  // by global rank, every member
-  int64_t first_bit_cycle = -1;         // first cycle any rank set this bit (stall inspection)
+  Request first;      // the lowest member's request: the tensor's name and op (stall reports)
+  Request mine;       // this rank's, which its next submission must match (rank -1: none)
+  Response response;  // with every member active
+  int64_t first_bit_cycle = -1;  // first cycle any rank set this bit (stall inspection)
   int64_t first_bit_us = 0;
   bool reported = false;
 };
@@ -42,8 +46,9 @@ class ResponseCache {
   int64_t Find(const std::string& key) const;
   // Is `req` (from its rank) exactly what that rank submitted when `slot` was cached?
   bool Matches(int64_t slot, const Request& req) const;
-  // Caches a negotiated tensor; returns its slot, or -1 when full.
-  int64_t Put(const std::map<int32_t, Request>& requests);
+  // Caches a negotiated tensor (every member's request, `rank`'s among them when it is a
+  // member, and their checked response); returns its slot, or -1 when full.
+  int64_t Put(const std::map<int32_t, Request>& requests, int32_t rank, const Response& response);
   void Erase(int64_t slot);
   CacheSlot& slot(int64_t i) { return slots_[static_cast<size_t>(i)]; }
   const CacheSlot& slot(int64_t i) const { return slots_[static_cast<size_t>(i)]; }

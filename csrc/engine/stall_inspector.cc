@@ -120,8 +120,7 @@ void StallInspector::Inspect(int64_t cutoff, const CycleRecords& records,
     std::vector<int32_t> got, missing;
     split(cs.process_set, [&](int32_t m) { return records.Bit(m, slot); }, &got, &missing);
     cs.reported = cs.reported || warn;
-    Report(cs.requests.begin()->second, cs.process_set, got, missing, cs.first_bit_us, warn, expire,
-           out);
+    Report(cs.first, cs.process_set, got, missing, cs.first_bit_us, warn, expire, out);
     if (expire) cs.first_bit_cycle = -1;
   }
 }
