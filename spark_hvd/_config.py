@@ -112,9 +112,14 @@ def _parse_entry(stmt: ast.stmt) -> Setting:
 
 
 def _literal(node: ast.expr, where: str) -> Value:
-    """A constant, or a product of integer constants (64 * 1024 * 1024)."""
+    """A constant, a negated number (-1), or a product of integer constants (64 * 1024 *
+    1024)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)):
         return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _literal(node.operand, where)
+        if type(value) in (int, float):
+            return -value
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
         left, right = _literal(node.left, where), _literal(node.right, where)
         if type(left) is int and type(right) is int:

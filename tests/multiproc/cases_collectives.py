@@ -664,6 +664,19 @@ def _(ctx):
     assert ran == want_ops, f"ran {sorted(ran)}, expected {sorted(want_ops)}"
 
 
+def _check_where_ops_ran(path: str, sets: dict, want: set) -> None:
+    """Stops the timeline at `path`, removes `sets`, and asserts that the ops it shows
+    (tensor, activity) are `want`."""
+    hvd.stop_timeline()
+    for ps in sets.values():
+        hvd.remove_process_set(ps)
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    ran = {(e["args"]["tensor"], e["name"]) for e in events
+           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY", "BARRIER"))}
+    assert ran == want, f"ran {sorted(ran)}, expected {sorted(want)}"
+
+
 @CASES.case("hierarchy/where_ops_run")
 def _(ctx):
     """At 2 hosts x 2 ranks with hierarchical allreduce and allgather (test_hosts.py):
@@ -690,14 +703,52 @@ def _(ctx):
             assert_same(got, reduce([values(np.int64, r, (9,)) for r in ps.ranks], "Average",
                                     np.int64), tag)
             want.add((f"h.{tag}", "TCP_ALLREDUCE" if tag == "uneven" else "SHM_ALLREDUCE"))
-    hvd.stop_timeline()
-    for ps in sets.values():
-        hvd.remove_process_set(ps)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    ran = {(e["args"]["tensor"], e["name"]) for e in events
-           if e["ph"] == "X" and not e["name"].startswith(("NEGOTIATE", "MEMCPY"))}
-    assert ran == want, f"ran {sorted(ran)}, expected {sorted(want)}"
+    _check_where_ops_ran(path, sets, want)
+
+
+def _sockets() -> int:
+    return sum(os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+               for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}"))
+
+
+@CASES.case("hierarchy/allgather_by_default")
+def _(ctx):
+    """At 2 hosts x 2 ranks with no hierarchical setting (test_hosts.py): allgather is
+    hierarchical where a set has 2 or more of its ranks on every host, flat (tcp) where one,
+    or different numbers; allreduce stays flat. The host's shm group and the tcp link
+    across hosts are made by the first hierarchical op, not before: sockets open then, and
+    only then."""
+    if "HOROVOD_HIERARCHICAL_ALLGATHER" in os.environ or hvd.cross_size() != 2:
+        raise Skip("needs 2 hosts and the hierarchical settings unset (test_hosts.py)")
+    path = os.path.join(ctx.outdir, f"timeline_hier_default_rank{ctx.rank}.json")
+    sets = {"one_per_host": hvd.add_process_set([0, 2]),
+            "uneven": hvd.add_process_set([0, 1, 2])}
+    hvd.start_timeline(path)
+    got = hvd.allreduce(values(np.float32, ctx.rank, (1031,)), op=hvd.Sum, name="hd.ar")
+    assert_same(got, reduce([values(np.float32, r, (1031,)) for r in range(4)], "Sum",
+                            np.float32), "allreduce")
+    want = {("hd.ar", "TCP_ALLREDUCE"), ("hd.ag", "SHM_ALLGATHER"),
+            ("hd.ag2", "SHM_ALLGATHER")}
+    hvd.barrier()
+    before = _sockets()
+    expect = [values(np.int32, r, (r + 1, 2)) for r in range(4)]
+    assert_same(hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="hd.ag"),
+                np.concatenate(expect), "allgather")
+    first = _sockets()
+    assert_same(hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="hd.ag2"),
+                np.concatenate(expect), "allgather again")
+    again = _sockets()
+    # local rank 0: the shm peer and the tcp mesh across hosts (a listener and the other
+    # host's local rank 0); local rank 1: the shm peer only.
+    opened = 3 if hvd.local_rank() == 0 else 1
+    assert (first - before, again - first) == (opened, 0), (before, first, again)
+    for tag, ps in sets.items():
+        if ps.included():
+            got = hvd.allgather(values(np.int64, ctx.rank, (2,)), name=f"hd.{tag}",
+                                process_set=ps)
+            assert_same(got, np.concatenate([values(np.int64, r, (2,)) for r in ps.ranks]), tag)
+            want.add((f"hd.{tag}", "TCP_ALLGATHER"))
+    _check_where_ops_ran(path, sets, want)
 
 
 @CASES.case("timeline/start_stop_names_tensors")

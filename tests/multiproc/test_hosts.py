@@ -297,3 +297,19 @@ def hierarchical_run(sshd):
 @pytest.mark.parametrize("case", cases_collectives.CASES.names(HIERARCHICAL))
 def test_hierarchical_case(hierarchical_run, case):
     hierarchical_run.check(case)
+
+
+# Neither switch set: allgather hierarchical by default where each host holds 2 or more of
+# a set's ranks, allreduce flat.
+@pytest.fixture(scope="module")
+def default_run(sshd):
+    run = CaseRun("cases_collectives", 4, pattern=r"^hierarchy/allgather_by_default$",
+                  env={"PATH": sshd.env()["PATH"]},
+                  launcher_args=["-H", f"localhost:2,{HOST}:2", "--ssh-port", str(sshd.port),
+                                 "-i", sshd.key])
+    yield run
+    shutil.rmtree(run.outdir, ignore_errors=True)
+
+
+def test_allgather_is_hierarchical_by_default(default_run):
+    default_run.check("hierarchy/allgather_by_default")

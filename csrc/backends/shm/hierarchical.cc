@@ -49,27 +49,53 @@ HierarchicalCommunicator::HierarchicalCommunicator(const BackendOptions& options
   const size_t per_host = host_members_[0].size();
   const bool even = std::all_of(host_members_.begin(), host_members_.end(),
                                 [&](const std::vector<int>& h) { return h.size() == per_host; });
-  allreduce_ = env::HierarchicalAllreduce() != 0 && even;
-  allgather_ = env::HierarchicalAllgather() != 0 && even;
-  if (!even && (env::HierarchicalAllreduce() != 0 || env::HierarchicalAllgather() != 0)) {
+  // Allgather unset (-1): on where measured faster (docs/benchmarks.md, the box: 1.6-4.7x
+  // at 1-256 MiB), a set with several of its ranks on each host; with one per host it
+  // would be the tcp allgather plus copies.
+  const int64_t gather = env::HierarchicalAllgather();
+  allreduce_ = env::HierarchicalAllreduce() > 0 && even;
+  allgather_ = (gather > 0 || (gather < 0 && per_host > 1)) && even;
+  if (!even && (env::HierarchicalAllreduce() > 0 || gather > 0)) {
     SHVD_LOG(kInfo, "shm") << "set " << set_id << " has different numbers of ranks on its "
                            << keys.size() << " hosts: its ops run on tcp, not hierarchically";
   }
-  if (!allreduce_ && !allgather_) return;
-  const std::string set = "set" + std::to_string(set_id);
+  set_name_ = "set" + std::to_string(set_id);
+  SHVD_LOG(kDebug, "shm") << set_name_ << ": rank " << rank_ << " is local rank " << local_rank_
+                          << " of host " << host_ << " (" << keys.size() << " hosts); "
+                          << "hierarchical allreduce " << (allreduce_ ? "on" : "off")
+                          << ", allgather " << (allgather_ ? "on" : "off");
+}
+
+// The host's shm group and the tcp communicator across hosts are made by the first op
+// that runs here, not with the set: a set that never runs one (an allreduce-only job with
+// the allgather on by default) opens no sockets and makes no rendezvous requests for them.
+// Every member runs the set's ops in the same order, so all of them come to this together.
+// Across hosts only the ranks that send there connect: every local rank for allreduce
+// (each carries a slice), only local rank 0 for allgather.
+Status HierarchicalCommunicator::Connected() {
+  if (connected_) return broken_;
+  connected_ = true;
   std::vector<int32_t> local;
-  for (int m : host_members_[host_]) local.push_back(members_[m]);
-  if (local.size() > 1) {
-    local_ = std::make_unique<ShmCommunicator>(options_, local, hosts_,
-                                               set + ".host" + std::to_string(host_));
+  for (int m : host_members_[static_cast<size_t>(host_)]) local.push_back(members_[m]);
+  try {
+    if (local.size() > 1) {
+      local_ = std::make_unique<ShmCommunicator>(options_, local, hosts_,
+                                                 set_name_ + ".host" + std::to_string(host_));
+    }
+  } catch (const StatusError& e) {
+    broken_ =
+        Status(e.status().code(), "within this host: " + e.status().message(), e.status().ranks());
+    return broken_;
   }
+  if (!allreduce_ && local_rank_ != 0) return Status::OK();
   // Across hosts: tcp among the ranks with this local rank, numbered by host.
   std::vector<int32_t> cross;
   for (const auto& h : host_members_) cross.push_back(members_[h[local_rank_]]);
   BackendOptions o = options_;
   o.rank = host_;
   o.size = static_cast<int32_t>(cross.size());
-  o.store_prefix = options_.store_prefix + "/shm/" + set + ".cross" + std::to_string(local_rank_);
+  o.store_prefix =
+      options_.store_prefix + "/shm/" + set_name_ + ".cross" + std::to_string(local_rank_);
   if (options_.lost_ranks) {
     o.lost_ranks = [lost = options_.lost_ranks, cross] {
       std::vector<int32_t> out;
@@ -86,10 +112,9 @@ HierarchicalCommunicator::HierarchicalCommunicator(const BackendOptions& options
   } catch (const StatusError& e) {  // it names its own ranks: the job wants its own
     std::vector<int32_t> ranks;
     for (int32_t r : e.status().ranks()) ranks.push_back(cross[static_cast<size_t>(r)]);
-    throw StatusError(Status(e.status().code(), "across hosts: " + e.status().message(), ranks));
+    broken_ = Status(e.status().code(), "across hosts: " + e.status().message(), ranks);
   }
-  SHVD_LOG(kDebug, "shm") << set << ": rank " << rank_ << " is local rank " << local_rank_
-                          << " of host " << host_ << " (" << keys.size() << " hosts)";
+  return broken_;
 }
 
 HierarchicalCommunicator::~HierarchicalCommunicator() = default;
@@ -120,6 +145,8 @@ Status HierarchicalCommunicator::Across(Status s) const {
 
 Status HierarchicalCommunicator::Allreduce(const ReduceArgs& args) {
   if (!allreduce_) return Declined("allreduce");
+  Status ready = Connected();
+  if (!ready.ok()) return ready;
   return HostAllreduce(args, [&](const std::vector<Segment>& segments, double scale) {
     const size_t elem = DataTypeSize(args.dtype);
     SegmentLayout buf(segments, elem);
@@ -148,6 +175,8 @@ Status HierarchicalCommunicator::Allreduce(const ReduceArgs& args) {
 Status HierarchicalCommunicator::Allgatherv(const void* in, void* out,
                                             const std::vector<int64_t>& bytes_per_rank) {
   if (!allgather_) return Declined("allgather");
+  Status ready = Connected();
+  if (!ready.ok()) return ready;
   // The blocks by host (each host's members in order), gathered in scratch_.
   std::vector<int64_t> host_bytes, local_bytes;
   for (const auto& h : host_members_) {

@@ -11,9 +11,11 @@
 //     The L pieces cross at once, each host's links carried by all its ranks.
 //  3. Within each host again: every local rank copies the others' pieces
 //     (ShmCommunicator::AllgatherPieces).
-// Hierarchical allgather (SPARK_HVD_HIERARCHICAL_ALLGATHER): the blocks of each host are
-// gathered within it (shm), local rank 0 of each host exchanges its host's blocks with
-// the others across hosts (tcp), then broadcasts everything within its host (shm).
+// Hierarchical allgather (SPARK_HVD_HIERARCHICAL_ALLGATHER; unset, on for a set with at
+// least 2 of its ranks on every host): the blocks of each host are gathered within it
+// (shm), local rank 0 of each host exchanges its host's blocks with the others across
+// hosts (tcp), then broadcasts everything within its host (shm). The host's shm group and
+// the tcp communicator across hosts are made by the set's first op that runs here.
 // Results are those of the flat tcp collectives; for floats only the order of the
 // additions differs. Every other op, and these when off or when the hosts hold different
 // numbers of ranks, is declined (Runs): it goes to the set's tcp communicator.
@@ -56,6 +58,7 @@ class HierarchicalCommunicator : public Communicator {
 
  private:
   Status Declined(const char* op) const;
+  Status Connected();             // makes local_ and cross_ on first use (what failed: sticky)
   Status Across(Status s) const;  // a failure of the cross-host step, said so
 
   BackendOptions options_;
@@ -67,8 +70,12 @@ class HierarchicalCommunicator : public Communicator {
   std::vector<std::vector<int>> host_members_;  // member ranks by host, hosts by first member
   int host_ = 0;                                // this rank's host, its index there
   int local_rank_ = 0;
+  std::string set_name_;
+  bool connected_ = false;
+  Status broken_;
   std::unique_ptr<ShmCommunicator> local_;  // this host's members (null: one)
   std::unique_ptr<Communicator> cross_;     // tcp among the local ranks local_rank_ of every host
+                                            // (allgather alone: only local rank 0's)
   std::vector<uint8_t> scratch_;            // allgather: the hosts' blocks, kept across calls
 };
 
