@@ -49,6 +49,13 @@ STEP_AFTER_SYNCHRONIZE_WARNING = (
     "training (and with op=Sum sums the sums); wrap step() in optimizer.skip_synchronize() "
     "when you call optimizer.synchronize() yourself.")
 
+AMP_BEFORE_SYNCHRONIZE_ERROR = (
+    "GradScaler.step(optimizer) was called while the gradients' allreduces are in flight: "
+    "its unscaling and inf check would race with them, and ranks could disagree on skipping "
+    "the step. With a DistributedOptimizer, call optimizer.synchronize() after "
+    "scaler.scale(loss).backward(), then scaler.unscale_(optimizer) (and any clipping), then "
+    "scaler.step(optimizer) inside `with optimizer.skip_synchronize():`, then scaler.update().")
+
 
 class GradientsPendingError(SparkHvdError, RuntimeError):
     """An optimizer call that would race with in-flight gradient allreduces."""
@@ -86,6 +93,21 @@ class _DistributedOptimizer:
     _synchronized = _horovod_attribute("_hvd_synchronized", "synchronize() ran since step()")
     _should_synchronize = _horovod_attribute("_hvd_should_sync",
                                              "False within skip_synchronize()")
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """The wrapped optimizer's flag (fused Adam sets it). ``GradScaler.step`` reads it
+        before it reads the gradients: with allreduces still writing into them (no
+        ``synchronize()`` since ``backward()``), its inf check and unscaling would race
+        with them, and each rank could skip or take the step on its own, so that is
+        refused here with the order that works (Horovod's)."""
+        if self._hvd_handles or self._hvd_group_handles:
+            raise GradientsPendingError(AMP_BEFORE_SYNCHRONIZE_ERROR)
+        return self.__dict__.get("_step_supports_amp_scaling", False)
+
+    @_step_supports_amp_scaling.setter
+    def _step_supports_amp_scaling(self, value: bool) -> None:
+        self.__dict__["_step_supports_amp_scaling"] = value
 
     @property
     def backward_passes_per_step(self) -> int:

@@ -1,5 +1,6 @@
 """One spark-hvdrun launch per rank count runs every rank module's functions
-(rank_ops, rank_optimizer, rank_sync_bn); the test files read their results."""
+(rank_ops, rank_optimizer, rank_compile_amp, rank_sync_bn, rank_lightning); the test
+files read their results."""
 
 import pytest
 

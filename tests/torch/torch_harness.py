@@ -22,7 +22,8 @@ import _ranks
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENTRY = os.path.join(HERE, "rank_entry.py")
 LAUNCH_TIMEOUT_S = 240
-RANK_MODULES = ["rank_ops.py", "rank_optimizer.py", "rank_sync_bn.py", "rank_lightning.py"]
+RANK_MODULES = ["rank_ops.py", "rank_optimizer.py", "rank_compile_amp.py", "rank_sync_bn.py",
+                "rank_lightning.py"]
 
 
 def specs(*module_files: str) -> List[str]:
