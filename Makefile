@@ -28,7 +28,7 @@ STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
 CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: setup apt apt-test apt-install venv compat test test-fast test-compat demo bench bench-scale clean wheel docs lint format
+.PHONY: setup apt apt-test apt-install venv compat old-sparks test test-fast test-compat demo bench bench-scale clean wheel docs lint format
 
 setup: apt $(STAMP_BUILD)
 
@@ -87,6 +87,43 @@ $(STAMP_CHECKOUT): $(STAMP_COMPAT) requirements/spark_hvd_checkout.py
 
 compat: $(STAMP_BUILD) $(STAMP_CHECKOUT)
 
+# The older Sparks' environments (requirements/spark35.txt, spark40.txt): pyspark 3.5 and 4.0
+# with the numpy, pandas and pyarrow each supports, for tests/spark_versions. Light: a venv
+# without pip holds only what its requirements file lists (installed before anything else is
+# on its path, so pip sees an empty venv), then a .pth file adds .venv's site-packages after
+# its own: as a path line (spark.run's ranks leave such directories off their PYTHONPATH,
+# where they would come before the venv's own numpy) and through site.addsitedir, so .venv's
+# .pth files apply too: spark_hvd is .venv's editable install with its built _core (no second
+# C++ build), and torch, TensorFlow, py4j, cloudpickle... are .venv's. `pip check` then
+# checks every requirement across the two.
+OLD_SPARKS := spark35 spark40
+MAIN_SITE = $(shell $(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+.venv-%/.old-spark-stamp: requirements/%.txt | $(STAMP_BUILD)
+	rm -rf .venv-$*
+	$(PY) -m venv --without-pip .venv-$*
+	$(VPY) -m pip --python .venv-$*/bin/python install -q --no-deps -r requirements/$*.txt
+	site="$$(.venv-$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
+	printf "%s\nimport site; site.addsitedir('%s')\n" "$(MAIN_SITE)" "$(MAIN_SITE)" \
+	  > "$$site/spark_hvd_main_venv.pth"
+	$(VPY) -m pip --python .venv-$*/bin/python check
+	touch $@
+
+old-sparks: $(foreach v,$(OLD_SPARKS),.venv-$(v)/.old-spark-stamp)
+
+# What `make test` runs on each of OLD_SPARKS (groups spark35 and spark40), in one pytest
+# process and one local[2] session: tests/spark_versions (the TorchDistributor drop-in, an
+# estimator fit and transform whose predictions must equal pyspark 4.3's, a Pipeline saved
+# and loaded, the data checks' errors) and, from tests/spark, spark.run with an allreduce and
+# with a failing rank, check_launch, and run_elastic. Left to 4.3 (tests/spark_versions'
+# docstring says why): local-cluster runs, faults, restarts, Keras and Lightning fits,
+# object stores, MLflow, notebooks and Spark Connect.
+SPARK_VERSIONS_TESTS := tests/spark_versions \
+  tests/spark/test_run.py::test_local_mode_runs_every_slot_by_default \
+  tests/spark/test_run.py::test_local_mode_a_rank_that_never_calls_init_is_lost_for_the_others \
+  tests/spark/test_run.py::test_check_launch_is_run_s_checks_without_a_launch \
+  tests/spark/test_run_elastic.py::test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order
+
 # tests/compat_env runs in the compat environment only (its conftest ignores it elsewhere).
 test-compat: compat apt-test
 	$(CPY) -m pytest tests/compat_env -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -140,7 +177,8 @@ format: $(STAMP_DEPS)
 # in turn, never at once), the wheel, the compat environment. `docs` and `compat_env` name
 # the docs build and tests/compat_env.
 TEST_LANE_1 := "tests/unit tests/fakes tests/compat tests/multiproc tests/torch tests/tensorflow tests/elastic"
-TEST_LANE_2 := lint docs "tests/spark" "tests/estimators" "tests/cluster" "tests/wheel" compat_env
+TEST_LANE_2 := lint docs "tests/spark" "tests/estimators" $(OLD_SPARKS) "tests/cluster" "tests/wheel" \
+  compat_env
 TEST_GROUPS := $(TEST_LANE_1) $(TEST_LANE_2)
 LANES ?= 1
 
@@ -165,12 +203,15 @@ LANE_2_LOG := build/test-lane-2.log
 
 # spark_hvd's TensorFlow kernels are compiled on first use and cached (per TensorFlow version
 # and source); built here first, so that no rank job of the suite waits for the compiler.
-test: setup apt-test compat $(STAMP_AZURITE) $(STAMP_NVIDIA)
+test: setup apt-test compat old-sparks $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	@if $(VPY) -c "import tensorflow" 2>/dev/null; then \
 	  echo "== TensorFlow kernels"; $(VPY) -m spark_hvd.tensorflow.build_kernels || exit 1; fi
 	@group() { case "$$1" in \
 	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
 	    lint) echo "== make lint"; $(MAKE) --no-print-directory lint;; \
+	    spark35|spark40) echo "== pytest tests/spark_versions and 4 of tests/spark (in .venv-$$1)"; \
+	      .venv-$$1/bin/python -m pytest $(SPARK_VERSIONS_TESTS) -q -p no:cacheprovider \
+	        --durations=$(DURATIONS) $(PYTEST_ARGS);; \
 	    compat_env) echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \
 	      $(CPY) -m pytest tests/compat_env -q -p no:cacheprovider --durations=$(DURATIONS) \
 	        $(PYTEST_ARGS);; \

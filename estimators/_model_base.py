@@ -6,22 +6,23 @@
   output is a single number and a (dense) ``Vector`` otherwise.  The per-row output shapes
   are known from the dry run at fit time (``output_shapes``), or from running the model on
   zero rows here on the driver: no Spark job is needed to find the schema.
-* The model runs in a scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1) on the
-  feature columns only (Vectors turned into arrays by ``vector_to_array`` in the JVM): the
-  other columns never leave the JVM, and Arrow hands the feature arrays to numpy without a
-  per-row Python loop.  (Handing the Vector column itself to the UDF, as Spark's struct of
-  type, size, indices and values, and making the array in numpy was measured 6x slower in
-  bench/transform.py, pyspark 4.3.)  Not ``mapInPandas``: it must ship every column to
-  Python and back, and cannot pass a Vector column through at all (pyspark 4.3: the UDT
-  serializer gets dicts back and fails); ``mapInArrow`` passes Vectors but, shipping every
-  column both ways, was measured 3x slower than ``predict_batch_udf`` here, where the Arrow
-  UDF is faster (see bench/transform.py).  Several outputs come back as one struct, split
-  into columns.
+* The model runs in a UDF on the feature columns only (Vectors turned into arrays by
+  ``vector_to_array`` in the JVM): the other columns never leave the JVM, and Arrow hands the
+  feature arrays to numpy without a per-row Python loop.  Which UDF is what the session
+  offers (``_predict_udf.py``): a scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1),
+  else a scalar-iterator pandas UDF over the same Arrow batches (pyspark 3.5 and 4.0); the
+  same batches, the same model calls, the same values.  (Handing the Vector column itself
+  to the UDF, as Spark's struct of type, size, indices and values, and making the array in
+  numpy was measured 6x slower in bench/transform.py, pyspark 4.3.)  Not ``mapInPandas``:
+  it must ship every column to Python and back, and cannot pass a Vector column through at
+  all (pyspark 4.3: the UDT serializer gets dicts back and fails); ``mapInArrow`` passes
+  Vectors but, shipping every column both ways, was measured 3x slower than
+  ``predict_batch_udf`` here, where the Arrow UDF is faster (see bench/transform.py).
 * Each Arrow batch (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) becomes the
   framework's input once (Arrow -> numpy -> tensor without a copy on the CPU), is cut into
   ``inference_batch_size`` rows per model call, and each call's outputs are written into
-  one float64 array of the batch (the Vector values Spark takes), converted on the way:
-  no per-call conversion, no concatenation.
+  one float64 array of the batch, converted on the way: no per-call conversion, no
+  concatenation.
 * The model travels as bytes with the function (pyspark broadcasts a function over 1 MiB by
   itself) and is loaded once per Python worker and device: :data:`MODEL_CACHE`, keyed by the
   sha256 of the bytes (Spark reuses Python workers, so later tasks and later transforms of
@@ -47,15 +48,12 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from spark_hvd.exceptions import InvalidArgumentError
 
+from . import _predict_udf
+from ._predict_udf import Run
 from .params import ParamsFromTable
 from .persistence import TableParamsReader, TableParamsWriter
 
-_OUT_TMP = "__spark_hvd_outputs"
 _CACHE_SIZE = 4
-
-# ``run(arrays, batch_rows)``: one Arrow batch's feature arrays in, the model called on
-# ``batch_rows`` rows at a time, each output as one ``(rows, width)`` float64 array.
-Run = Callable[[List[np.ndarray], int], List[np.ndarray]]
 
 
 def chunks(rows: int, batch_rows: int) -> Iterator[Tuple[int, int]]:
@@ -120,10 +118,12 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
 
     # -- transform -------------------------------------------------------------------------
     def _transform(self, dataset: Any) -> Any:
-        import pyarrow as pa
+        return self._transform_with(dataset)
+
+    def _transform_with(self, dataset: Any, udf_kind: Optional[str] = None) -> Any:
+        """``transform`` through the UDF of ``udf_kind`` (``arrow`` or ``pandas``, see
+        ``_predict_udf.py``); by default the one this pyspark offers."""
         from pyspark.ml.functions import vector_to_array
-        from pyspark.sql import functions as F
-        from pyspark.sql import types as T
 
         name = type(self).__name__
         model = self.getModel()
@@ -156,21 +156,14 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
         float32 = self._float32(model)
         inputs = [vector_to_array(_col(c), "float32" if float32 else "float64")
                   if _is_vector(fields[c]) else _col(c) for c in features]
-        out_types = [_output_type(s) for s in output_shapes]
+        # vector_to_array never gives nulls (a null Vector fails it in the JVM).
+        schema = {f.name: f for f in dataset.schema.fields}
+        checked = [None if _is_vector(fields[c]) else schema[c] for c in features]
         blob = self._model_bytes(model)
-        predict = make_predict_fn(self._predictor(blob, hashlib.sha256(blob).hexdigest()),
-                                  features, output_shapes, self.getInferenceBatchSize(),
-                                  single=len(out_cols) == 1, where=f" ({name}.transform)")
-        # The type hints tell pyspark this is a scalar-iterator Arrow UDF.
-        arg = pa.Array if len(inputs) == 1 else Tuple[(pa.Array,) * len(inputs)]
-        predict.__annotations__ = {"batches": Iterator[arg], "return": Iterator[pa.Array]}
-        if len(out_cols) == 1:
-            return dataset.withColumn(out_cols[0], F.arrow_udf(predict, out_types[0])(*inputs))
-        struct = T.StructType([T.StructField(f"o{k}", t, True) for k, t in enumerate(out_types)])
-        udf = F.arrow_udf(predict, struct)
-        return (dataset.withColumn(_OUT_TMP, udf(*inputs))
-                .select("*", *[F.col(f"{_OUT_TMP}.o{k}").alias(c) for k, c in enumerate(out_cols)])
-                .drop(_OUT_TMP))
+        return _predict_udf.add_predictions(
+            dataset, inputs, checked, self._predictor(blob, hashlib.sha256(blob).hexdigest()),
+            features, output_shapes, out_cols, self.getInferenceBatchSize(),
+            where=f" ({name}.transform)", kind=udf_kind)
 
     def _infer_output_shapes(self, dataset: Any, model: Any) -> List[List[int]]:
         """Output shapes from a dry run on zero rows (no Spark job): needs feature shapes."""
@@ -209,12 +202,6 @@ def _vector_size(field: Any) -> Optional[int]:
     attr = (field.metadata or {}).get("ml_attr", {})
     n = attr.get("num_attrs")
     return int(n) if isinstance(n, int) else None
-
-
-def _output_type(shape: Sequence[int]) -> Any:
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import types as T
-    return T.DoubleType() if int(np.prod(shape)) == 1 and len(shape) <= 1 else VectorUDT()
 
 
 class ModelCache:
@@ -270,44 +257,3 @@ def task_cpus() -> int:
         return int(ctx.cpus()) if ctx is not None else 0
     except Exception:
         return 0
-
-
-def make_predict_fn(open_model: Callable[[], Run], names: List[str],
-                    output_shapes: List[List[int]], batch_rows: int, single: bool,
-                    where: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The Arrow UDF body: Arrow batches of the feature columns in, the outputs out.
-
-    ``open_model()`` runs once per task, on the executor, and returns the function that
-    predicts one Arrow batch, at most ``batch_rows`` rows per model call.
-    """
-
-    def predict(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-        from spark_hvd.data import array_to_numpy
-
-        run = open_model()
-        for columns in batches:
-            if not isinstance(columns, (tuple, list)):
-                columns = (columns,)
-            arrays = [array_to_numpy(name, col, where) for col, name in zip(columns, names)]
-            outs = run(arrays, batch_rows) if len(columns[0]) else [
-                np.zeros((0, max(1, int(np.prod(s))))) for s in output_shapes]
-            out = [_to_arrow(values, shape, pa) for values, shape in zip(outs, output_shapes)]
-            yield out[0] if single else pa.StructArray.from_arrays(
-                out, names=[f"o{k}" for k in range(len(out))])
-
-    return predict
-
-
-def _to_arrow(values: np.ndarray, shape: Sequence[int], pa: Any) -> Any:
-    """``(rows, width)`` float64 -> a double column (width 1, scalar shape) or dense Vectors
-    (Spark's VectorUDT layout: type=1, size/indices null, values)."""
-    n, width = values.shape[0], values.shape[1] if values.ndim > 1 else 1
-    if int(np.prod(shape)) == 1 and len(shape) <= 1:
-        return pa.array(values.reshape(n))
-    offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
-    return pa.StructArray.from_arrays(
-        [pa.array(np.ones(n, dtype=np.int8)), pa.nulls(n, pa.int32()),
-         pa.nulls(n, pa.list_(pa.int32())), pa.ListArray.from_arrays(offsets, flat)],
-        names=["type", "size", "indices", "values"])

@@ -79,6 +79,13 @@ def spark_can_open(spark: Any, path: str) -> bool:
         return False
 
 
+def metadata_context(spark: Any) -> Any:
+    """What pyspark's DefaultParamsWriter/Reader take for ``spark``: its SparkContext (the
+    only thing pyspark 3.5 takes; later versions also take a session), or under Spark
+    Connect, which has no SparkContext, the session."""
+    return spark if is_connect(spark) else spark.sparkContext
+
+
 def connect_overwrite(path: str) -> None:
     """Deletes ``path`` on the Spark Connect server, as ``write().overwrite()`` does (pyspark's
     MLWriter deletes through the JVM, which a Connect client does not have)."""
@@ -132,7 +139,8 @@ def _save_direct(instance: Any, spark: Any, path: str, overwrite: bool,
     import pyarrow.parquet as pq
     store, target = direct_target(path, overwrite)
     write_metadata(store, target,
-                   DefaultParamsWriter._get_metadata_to_save(instance, spark, extra, plain))
+                   DefaultParamsWriter._get_metadata_to_save(instance, metadata_context(spark),
+                                                             extra, plain))
     if blob is not None:
         parts = _chunks(blob)
         table = pa.table({"part": pa.array([p for p, _ in parts], pa.int32()),
@@ -192,7 +200,7 @@ class TableParamsWriter(MLWriter):
 
     def saveImpl(self, path: str) -> None:
         plain, objects, extra = self._parts()
-        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+        DefaultParamsWriter.saveMetadata(self.instance, path, metadata_context(self.sparkSession),
                                          extraMetadata=extra, paramMap=plain)
         if objects:
             write_blob(self.sparkSession, os.path.join(path, OBJECTS_DIR), self._blob(objects))
@@ -209,7 +217,7 @@ class TableParamsReader(MLReader):
         import cloudpickle
         store = direct_store(self.sparkSession, path)
         if store is None:
-            metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+            metadata = DefaultParamsReader.loadMetadata(path, metadata_context(self.sparkSession))
         else:
             metadata, blob = _load_direct(store)
         ours = metadata.get(_META_KEY)

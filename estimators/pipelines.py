@@ -24,7 +24,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter
 from spark_hvd.exceptions import InvalidArgumentError
 
 from .persistence import (TableParamsReader, TableParamsWriter, direct_store, direct_target,
-                          read_metadata, write_metadata)
+                          metadata_context, read_metadata, write_metadata)
 from .store import Store
 
 __all__ = ["save_pipeline", "load_pipeline"]
@@ -95,7 +95,8 @@ def _write(instance: Any, spark: Any, store: Store, target: str) -> None:
     stages = _stages(instance)
     params = {"stageUids": [s.uid for s in stages], "language": "Python"}
     write_metadata(store, target,
-                   DefaultParamsWriter._get_metadata_to_save(instance, spark, paramMap=params))
+                   DefaultParamsWriter._get_metadata_to_save(instance, metadata_context(spark),
+                                                             paramMap=params))
     for index, stage in enumerate(stages):
         sub = _stage_path(target, stage.uid, index, len(stages))
         if _is_pipeline(stage):
@@ -105,7 +106,8 @@ def _write(instance: Any, spark: Any, store: Store, target: str) -> None:
         if isinstance(writer, TableParamsWriter):
             writer.save(store.to_spark_path(sub))
         else:  # a Python stage's DefaultParamsWriter: its params are its metadata
-            write_metadata(store, sub, DefaultParamsWriter._get_metadata_to_save(stage, spark))
+            write_metadata(store, sub, DefaultParamsWriter._get_metadata_to_save(
+                stage, metadata_context(spark)))
 
 
 def load_pipeline(path: str) -> Any:

@@ -18,6 +18,7 @@ what the job's own threads add.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import pickle
@@ -88,6 +89,18 @@ class Output:
                 out.flush()
 
 
+def _inheritable_thread(target, spark, name: str) -> threading.Thread:
+    """A daemon thread that keeps the caller's job properties (pyspark's InheritableThread,
+    told the session where it takes one: pyspark >= 4.0 needs it under Spark Connect)."""
+    try:
+        from pyspark.util import InheritableThread
+    except ImportError:
+        return threading.Thread(target=target, daemon=True, name=name)
+    if "session" in inspect.signature(InheritableThread.__init__).parameters:
+        return InheritableThread(target, session=spark, daemon=True, name=name)
+    return InheritableThread(target, daemon=True, name=name)
+
+
 class SparkStage:
     """The launch's Spark job: ``size`` tasks (a barrier stage, or plain tasks), run in
     a thread of its own under a job group (classic) or an operation tag (Spark
@@ -103,14 +116,7 @@ class SparkStage:
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> None:
-        try:
-            from pyspark.util import InheritableThread  # keeps the caller's job properties
-
-            self._thread = InheritableThread(self._run, session=self.spark, daemon=True,
-                                             name="spark_hvd-spark-stage")
-        except ImportError:
-            self._thread = threading.Thread(target=self._run, daemon=True,
-                                            name="spark_hvd-spark-stage")
+        self._thread = _inheritable_thread(self._run, self.spark, "spark_hvd-spark-stage")
         self._thread.start()
 
     def _run(self) -> None:

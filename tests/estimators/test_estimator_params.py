@@ -15,6 +15,7 @@ from spark_hvd.estimators import (KerasEstimator, KerasModel, LocalStore, TorchE
                                   TorchModel)
 from spark_hvd.estimators import _estimator_base as eb
 from spark_hvd.estimators import _model_base as mb
+from spark_hvd.estimators import _predict_udf as pu
 from spark_hvd.estimators import _trainer_torch as trainer
 from spark_hvd.estimators import torch_estimator as te
 from spark_hvd.estimators import torch_model as tm
@@ -383,17 +384,17 @@ def test_model_output_columns_and_types():
     m = TorchModel(model=make_net(), feature_cols=["f"], label_cols=["y"])
     assert m.getOutputCols() == ["y__output"]
     assert m.setOutputCols(["p"]).getOutputCols() == ["p"]
-    assert isinstance(mb._output_type([]), DoubleType)
-    assert isinstance(mb._output_type([1]), DoubleType)
-    assert isinstance(mb._output_type([10]), VectorUDT)
+    assert isinstance(pu.output_type([]), DoubleType)
+    assert isinstance(pu.output_type([1]), DoubleType)
+    assert isinstance(pu.output_type([10]), VectorUDT)
 
 
 def test_model_arrow_outputs():
     import pyarrow as pa
-    vec = mb._to_arrow(np.arange(6, dtype=np.float64).reshape(3, 2), [2], pa)
+    vec = pu.to_arrow(np.arange(6, dtype=np.float64).reshape(3, 2), [2], pa)
     assert vec.type.names == ["type", "size", "indices", "values"]
     assert vec.field("values").to_pylist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
-    scalar = mb._to_arrow(np.arange(3, dtype=np.float64).reshape(3, 1), [1], pa)
+    scalar = pu.to_arrow(np.arange(3, dtype=np.float64).reshape(3, 1), [1], pa)
     assert scalar.to_pylist() == [0.0, 1.0, 2.0]
 
 

@@ -1,0 +1,315 @@
+"""The UDF that runs a model in ``transform``: one per Spark version, the same batches and values.
+
+Both take the feature columns only (Vectors as arrays), one Arrow batch
+(``spark.sql.execution.arrow.maxRecordsPerBatch`` rows) at a time, turn it into numpy arrays
+with :func:`spark_hvd.data.array_to_numpy` (the same checks and errors) and call the
+framework's ``run(arrays, batch_rows)``, which cuts it into ``inference_batch_size`` rows per
+model call and returns each output as one ``(rows, width)`` float64 array.  They differ in how
+those arrays reach and leave Python, which is what each Spark offers:
+
+* ``arrow`` (pyspark >= 4.1, ``functions.arrow_udf``): a scalar-iterator Arrow UDF.  pyarrow
+  arrays in and out; the outputs go back as Spark's own types (double, or Vector as its
+  struct), several outputs as one struct split into columns.
+* ``pandas`` (pyspark 3.5 and 4.0, which have no ``arrow_udf``): a scalar-iterator pandas
+  UDF, the same Arrow stream seen through pandas.  In: pyspark hands each array column over
+  as a Series of per-row numpy arrays, which pyarrow makes as views of one buffer; when they
+  are (rows of one length, laid end to end: checked on the first and last row and on every
+  length) they become one Arrow list array again without a copy, else the rows are
+  re-assembled by pyarrow (a copy).  Out: a pandas UDF cannot return a Vector or an array
+  without a Python conversion of every element (pyspark's converters), so each output comes
+  back as double columns of one struct (``o<k>`` for a number, ``o<k>_<j>`` per element of
+  a Vector), and the JVM makes the Vector (``array_to_vector(array(...))``); an output
+  wider than :data:`MAX_STRUCT_WIDTH` goes back as ``array<double>`` instead (pyspark's
+  per-element conversion: slower, the same values).  pandas turns nulls of numbers into NaN
+  (or an integer column into floats), so the JVM checks for nulls first where the schema
+  allows them (``raise_error``): a null is an error on both paths, never a silent NaN.
+
+Which one runs is decided by what the session's ``pyspark.sql.functions`` offers
+(:func:`udf_kind`), not by a version number.  bench/transform.py measures both against a
+constant UDF of the same kind (the executor JVM's share, which bounds them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+_OUT_TMP = "__spark_hvd_outputs"
+#: Widest output returned as double columns by the ``pandas`` UDF; wider ones come back as
+#: ``array<double>`` (pyspark converts those element by element).
+MAX_STRUCT_WIDTH = 256
+KINDS = ("arrow", "pandas")
+
+# ``run(arrays, batch_rows)``: one Arrow batch's feature arrays in, the model called on
+# ``batch_rows`` rows at a time, each output as one ``(rows, width)`` float64 array.
+Run = Callable[[List[np.ndarray], int], List[np.ndarray]]
+
+
+def udf_kind() -> str:
+    """``arrow`` where ``pyspark.sql.functions`` has ``arrow_udf`` (pyspark >= 4.1),
+    ``pandas`` otherwise."""
+    from pyspark.sql import functions as F
+    return "arrow" if hasattr(F, "arrow_udf") else "pandas"
+
+
+def is_scalar(shape: Sequence[int]) -> bool:
+    """Whether an output of this per-row shape is one number per row (a double column)."""
+    return int(np.prod(shape)) == 1 and len(shape) <= 1
+
+
+def output_type(shape: Sequence[int]) -> Any:
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+    return T.DoubleType() if is_scalar(shape) else VectorUDT()
+
+
+def add_predictions(dataset: Any, inputs: List[Any], fields: List[Any],
+                    open_model: Callable[[], Run], names: List[str],
+                    output_shapes: List[List[int]], out_cols: List[str], batch_rows: int,
+                    where: str, kind: Optional[str] = None) -> Any:
+    """``dataset`` with one column per model output, computed by the UDF of ``kind``
+    (:func:`udf_kind` by default) on the feature columns ``inputs`` (named ``names``);
+    ``fields`` are their StructFields in ``dataset`` where nulls must be checked for (None:
+    the column can hold none)."""
+    kind = kind or udf_kind()
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+    if kind == "arrow":
+        return _with_arrow_udf(dataset, inputs, open_model, names, output_shapes, out_cols,
+                               batch_rows, where)
+    return _with_pandas_udf(dataset, inputs, fields, open_model, names, output_shapes,
+                            out_cols, batch_rows, where)
+
+
+def _outputs(run: Run, arrays: List[np.ndarray], output_shapes: List[List[int]],
+             batch_rows: int) -> List[np.ndarray]:
+    if len(arrays[0]):
+        return run(arrays, batch_rows)
+    return [np.zeros((0, max(1, int(np.prod(s))))) for s in output_shapes]
+
+
+# -- arrow_udf (pyspark >= 4.1) ------------------------------------------------------------
+
+def _with_arrow_udf(dataset, inputs, open_model, names, output_shapes, out_cols, batch_rows,
+                    where):
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    out_types = [output_type(s) for s in output_shapes]
+    predict = make_predict_fn(open_model, names, output_shapes, batch_rows,
+                              single=len(out_cols) == 1, where=where)
+    # The type hints tell pyspark this is a scalar-iterator Arrow UDF.
+    arg = pa.Array if len(inputs) == 1 else Tuple[(pa.Array,) * len(inputs)]
+    predict.__annotations__ = {"batches": Iterator[arg], "return": Iterator[pa.Array]}
+    if len(out_cols) == 1:
+        return dataset.withColumn(out_cols[0], F.arrow_udf(predict, out_types[0])(*inputs))
+    struct = T.StructType([T.StructField(f"o{k}", t, True) for k, t in enumerate(out_types)])
+    udf = F.arrow_udf(predict, struct)
+    return (dataset.withColumn(_OUT_TMP, udf(*inputs))
+            .select("*", *[F.col(f"{_OUT_TMP}.o{k}").alias(c) for k, c in enumerate(out_cols)])
+            .drop(_OUT_TMP))
+
+
+def make_predict_fn(open_model: Callable[[], Run], names: List[str],
+                    output_shapes: List[List[int]], batch_rows: int, single: bool,
+                    where: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The Arrow UDF body: Arrow batches of the feature columns in, the outputs out.
+
+    ``open_model()`` runs once per task, on the executor, and returns the function that
+    predicts one Arrow batch, at most ``batch_rows`` rows per model call.
+    """
+
+    def predict(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from spark_hvd.data import array_to_numpy
+
+        run = open_model()
+        for columns in batches:
+            if not isinstance(columns, (tuple, list)):
+                columns = (columns,)
+            arrays = [array_to_numpy(name, col, where) for col, name in zip(columns, names)]
+            outs = _outputs(run, arrays, output_shapes, batch_rows)
+            out = [to_arrow(values, shape, pa) for values, shape in zip(outs, output_shapes)]
+            yield out[0] if single else pa.StructArray.from_arrays(
+                out, names=[f"o{k}" for k in range(len(out))])
+
+    return predict
+
+
+def to_arrow(values: np.ndarray, shape: Sequence[int], pa: Any) -> Any:
+    """``(rows, width)`` float64 -> a double column (width 1, scalar shape) or dense Vectors
+    (Spark's VectorUDT layout: type=1, size/indices null, values)."""
+    n, width = values.shape[0], values.shape[1] if values.ndim > 1 else 1
+    if is_scalar(shape):
+        return pa.array(values.reshape(n))
+    offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    return pa.StructArray.from_arrays(
+        [pa.array(np.ones(n, dtype=np.int8)), pa.nulls(n, pa.int32()),
+         pa.nulls(n, pa.list_(pa.int32())), pa.ListArray.from_arrays(offsets, flat)],
+        names=["type", "size", "indices", "values"])
+
+
+# -- pandas_udf (pyspark < 4.1) -----------------------------------------------------------
+
+class PandasLayout:
+    """Where each output goes in the pandas UDF's struct, and how the JVM rebuilds it."""
+
+    def __init__(self, output_shapes: List[List[int]]) -> None:
+        self.widths = [max(1, int(np.prod(s))) for s in output_shapes]
+        self.scalar = [is_scalar(s) for s in output_shapes]
+        self.wide = [not s and w > MAX_STRUCT_WIDTH for s, w in zip(self.scalar, self.widths)]
+
+    def fields(self, k: int) -> List[str]:
+        if self.scalar[k] or self.wide[k]:
+            return [f"o{k}"]
+        return [f"o{k}_{j}" for j in range(self.widths[k])]
+
+    def return_type(self) -> Any:
+        from pyspark.sql import types as T
+        fields = []
+        for k in range(len(self.widths)):
+            t = T.ArrayType(T.DoubleType()) if self.wide[k] else T.DoubleType()
+            fields += [T.StructField(name, t, True) for name in self.fields(k)]
+        return T.StructType(fields)
+
+    def frame(self, outs: List[np.ndarray]) -> Any:
+        """The outputs of one batch as the struct's pandas DataFrame (no copy of a
+        contiguous output)."""
+        import pandas as pd
+        columns = {}
+        for k, values in enumerate(outs):
+            n = values.shape[0]
+            values = values.reshape(n, self.widths[k])
+            if self.wide[k]:
+                columns[f"o{k}"] = pd.Series(list(values), dtype=object)
+            else:
+                for j, name in enumerate(self.fields(k)):
+                    columns[name] = values[:, j]
+        return pd.DataFrame(columns, copy=False)
+
+    def column(self, k: int, struct: str) -> Any:
+        """The JVM expression of output ``k`` from the UDF's struct column ``struct``."""
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
+        fields = [F.col(f"{struct}.{name}") for name in self.fields(k)]
+        if self.scalar[k]:
+            return fields[0]
+        return array_to_vector(fields[0] if self.wide[k] else F.array(*fields))
+
+
+def _with_pandas_udf(dataset, inputs, fields, open_model, names, output_shapes, out_cols,
+                     batch_rows, where):
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    layout = PandasLayout(output_shapes)
+    predict = make_pandas_predict_fn(open_model, names, output_shapes, batch_rows, layout,
+                                     where)
+    arg = pd.Series if len(inputs) == 1 else Tuple[(pd.Series,) * len(inputs)]
+    predict.__annotations__ = {"batches": Iterator[arg], "return": Iterator[pd.DataFrame]}
+    udf = F.pandas_udf(predict, layout.return_type())
+    guarded = [c if field is None else null_guard(field, c, name, where)
+               for c, field, name in zip(inputs, fields, names)]
+    return (dataset.withColumn(_OUT_TMP, udf(*guarded))
+            .select("*", *[layout.column(k, _OUT_TMP).alias(c) for k, c in enumerate(out_cols)])
+            .drop(_OUT_TMP))
+
+
+def null_guard(field: Any, c: Any, name: str, where: str) -> Any:
+    """``c``, or a Spark error on a row where it (or, for arrays, an element) is null, when
+    its type allows nulls: pandas would hand the model NaN (or floats for integers)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    checks = []
+    if field.nullable:
+        checks.append(c.isNull())
+    dt, depth = field.dataType, 0
+    while isinstance(dt, T.ArrayType):
+        if dt.containsNull:
+            flat = c
+            for _ in range(depth):
+                flat = F.flatten(flat)
+            checks.append(F.coalesce(F.exists(flat, lambda x: x.isNull()), F.lit(False)))
+        dt, depth = dt.elementType, depth + 1
+    if not checks:
+        return c
+    test = checks[0]
+    for more in checks[1:]:
+        test = test | more
+    return F.when(test, F.raise_error(F.lit(
+        f"column '{name}' has null value(s){where}; a model cannot be run on nulls. Drop or "
+        f"fill them first, e.g. df.na.drop(subset=['{name}']) or df.na.fill(...)"))
+    ).otherwise(c)
+
+
+def make_pandas_predict_fn(open_model: Callable[[], Run], names: List[str],
+                           output_shapes: List[List[int]], batch_rows: int,
+                           layout: PandasLayout, where: str
+                           ) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The pandas UDF body: the same as :func:`make_predict_fn`'s, through pandas."""
+
+    def predict(batches: Iterator[Any]) -> Iterator[Any]:
+        from spark_hvd.data import array_to_numpy
+
+        run = open_model()
+        for columns in batches:
+            if not isinstance(columns, (tuple, list)):
+                columns = (columns,)
+            arrays = [array_to_numpy(name, series_to_arrow(s), where)
+                      for s, name in zip(columns, names)]
+            yield layout.frame(_outputs(run, arrays, output_shapes, batch_rows))
+
+    return predict
+
+
+def series_to_arrow(series: Any) -> Any:
+    """A column as pyspark's pandas UDF hands it over, as an Arrow array again: numbers
+    zero-copy; an array column's per-row numpy arrays as one list array, without a copy
+    when they are views laid end to end in one buffer (see the module docstring), else
+    re-assembled by pyarrow (ragged rows, nested arrays, nulls kept as such)."""
+    import pyarrow as pa
+    values = series.to_numpy()
+    if values.dtype != object:
+        return pa.array(values)
+    whole = _rows_as_one(values)
+    if whole is not None:
+        n, width = whole.shape
+        offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(whole.reshape(-1)))
+    return pa.array(values, from_pandas=False)
+
+
+def _rows_as_one(rows: np.ndarray) -> Optional[np.ndarray]:
+    """The ``(rows, width)`` array whose rows ``rows`` (an object array of 1-D numeric numpy
+    arrays) are views of, or None when they are not rows of one length laid end to end in
+    one buffer.  The lengths are all read; the addresses of the first and last row, with
+    those lengths and Arrow's non-decreasing offsets, place every row in between."""
+    n = len(rows)
+    first, last = rows[0] if n else None, rows[-1] if n else None
+    if not (isinstance(first, np.ndarray) and isinstance(last, np.ndarray)):
+        return None
+    base = first.base
+    if (base is None or last.base is not base or not isinstance(base, np.ndarray)
+            or first.ndim != 1 or first.dtype.kind not in "fiub" or first.dtype != base.dtype
+            or last.dtype != first.dtype or not base.flags.c_contiguous):
+        return None
+    width, size = len(first), first.itemsize
+    if width == 0 or first.strides != (size,):
+        return None
+    try:
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+    except TypeError:  # a None (null) row
+        return None
+    if lengths.min() != width or lengths.max() != width:
+        return None
+    start = first.ctypes.data - base.ctypes.data
+    if last.ctypes.data - first.ctypes.data != (n - 1) * width * size or start % size:
+        return None
+    flat = base.reshape(-1)
+    begin = start // size
+    if begin + n * width > flat.size:
+        return None
+    return flat[begin:begin + n * width].reshape(n, width)

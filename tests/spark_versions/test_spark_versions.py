@@ -1,0 +1,95 @@
+"""The Spark layer on pyspark 3.5 and 4.0 (`make test` runs this directory in .venv-spark35
+and .venv-spark40 with four tests of tests/spark, Makefile SPARK_VERSIONS_TESTS; it passes
+on 4.3 too), in one ``local[2]`` session.
+
+What runs on those versions is what calls pyspark APIs that changed between 3.5 and 4.3,
+once each: from tests/spark, ``spark.run`` (barrier RDD, job groups, the inheritable
+thread) with an allreduce and with a rank that fails (the report, the job cancelled),
+``check_launch`` (the conf and slot checks) and ``run_elastic`` (plain tasks); here, the
+TorchDistributor drop-in on DDP in barrier tasks; the estimators' data checks
+(``raise_error`` inside the write job, turned back into our error); a TorchEstimator fit
+and ``transform`` (``pandas_udf`` before pyspark 4.1) whose predictions must equal pyspark
+4.3's (tests/_reference_fit.py); and a Pipeline of the model saved and loaded (Spark ML's
+metadata).
+
+Left to 4.3 (tests/spark, tests/estimators), because they exercise no pyspark API that
+these versions lack or changed, or cost a session of their own: local-cluster runs (GPU
+mapping, output streaming, kills and timeouts: the same code once a task runs), resuming
+and restarts, Keras and Lightning fits (their ranks run no pyspark; their Spark side is
+TorchEstimator's), object stores, MLflow and TensorBoard, the notebooks, and Spark Connect
+(pyspark 3.5's Connect server is not in its pip package; 4.0's Connect costs a server of its
+own: the Connect paths are the same as 4.3's, which tests/spark and tests/estimators run).
+"""
+
+import os
+import sys
+
+import cloudpickle
+import numpy as np
+import pytest
+
+import _reference_fit
+from spark_hvd.exceptions import InvalidArgumentError
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "spark"))
+import ddp_program  # noqa: E402  (tests/spark's unchanged DDP program)
+
+cloudpickle.register_pickle_by_value(ddp_program)
+
+pytestmark = pytest.mark.spark
+
+
+def test_torch_distributor_trains_ddp_in_barrier_tasks(spark):
+    pytest.importorskip("torch")
+    from spark_hvd.spark import TorchDistributor
+    steps = 3
+    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        ddp_program.train, steps)
+    assert result["rank"] == 0 and result["world"] == 2 and result["sum"] == 1.0
+    expected = ddp_program.reference(steps, 2)
+    assert [pytest.approx(w, rel=1e-5, abs=1e-7) for w in expected] == result["weights"]
+
+
+@pytest.fixture(scope="module")
+def reference_fit(spark, tmp_path_factory):
+    """The reference TorchEstimator fit: (DataFrame, fitted model)."""
+    pytest.importorskip("torch")
+    from spark_hvd.estimators import LocalStore
+    store = LocalStore(str(tmp_path_factory.mktemp("reference") / "store"))
+    df = _reference_fit.frame(spark)
+    return df, _reference_fit.estimator(store).fit(df)
+
+
+def test_fit_and_transform_predict_as_on_pyspark_4_3(reference_fit):
+    df, model = reference_fit
+    got = _reference_fit.predictions(model, df)
+    np.testing.assert_allclose(got, _reference_fit.stored(), rtol=0,
+                               atol=_reference_fit.REFERENCE_ATOL)
+
+
+def test_a_pipeline_of_the_model_saves_loads_and_predicts_the_same(reference_fit, tmp_path):
+    from pyspark.ml import Pipeline, PipelineModel
+    df, model = reference_fit
+    fitted = Pipeline(stages=[model]).fit(df)
+    fitted.write().overwrite().save(str(tmp_path / "pipeline"))
+    loaded = PipelineModel.load(str(tmp_path / "pipeline"))
+    cols = ("id", "label__output")
+    want = fitted.transform(df).select(*cols).orderBy("id").collect()
+    got = loaded.transform(df).select(*cols).orderBy("id").collect()
+    assert [r["label__output"].toArray().tolist() for r in got] == \
+        [r["label__output"].toArray().tolist() for r in want]
+
+
+def test_a_null_feature_fails_fit_with_our_error_before_training(spark, tmp_path):
+    """The row checks of the data write: Spark's raise_error inside the job, and the message
+    taken back out of Spark's error (its format differs between versions)."""
+    pytest.importorskip("torch")
+    from pyspark.sql import functions as F
+
+    from spark_hvd.estimators import LocalStore
+    df = _reference_fit.frame(spark)
+    df = df.withColumn("label", F.when(F.col("id") == 7, None).otherwise(F.col("label")))
+    with pytest.raises(InvalidArgumentError, match="column 'label' has null values"):
+        _reference_fit.estimator(LocalStore(str(tmp_path / "store"))).fit(df)
