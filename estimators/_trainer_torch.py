@@ -11,9 +11,14 @@ One rank, in order:
    optimizer state and the resume point (epoch, history, best value) are broadcast from
    rank 0, so every rank starts from the same state whether resuming or not.
 4. Wrap the optimizer in ``hvd.DistributedOptimizer``; build the train/validation readers
-   on this rank's shard (equal steps on every rank, see spark_hvd.data).
+   on this rank's shard (equal steps on every rank, see spark_hvd.data). With
+   ``torch_compile`` the training forward passes go through ``torch.compile(model)`` (the
+   same parameters, so the optimizer's hooks and the checkpoints are the model's own).
 5. Each epoch: train ``steps`` batches (``backward_passes_per_step`` backward passes per
-   optimizer step, the loss divided by that count so accumulated gradients are a mean; with
+   optimizer step, the loss divided by that count so accumulated gradients are a mean;
+   with ``mixed_precision`` forward passes and losses under ``torch.autocast``, and for
+   'fp16' a GradScaler in Horovod's order: synchronize, unscale_, step under
+   skip_synchronize, update; with
    ``terminate_on_nan`` a NaN or infinite loss stops the rank at its step, and non-finite
    weights at the epoch's end, before its checkpoint),
    validate, allreduce the sums of loss/metrics and row counts (so the epoch's numbers are
@@ -26,6 +31,7 @@ One rank, in order:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import time
@@ -206,6 +212,39 @@ def _limit_threads(hvd: Any) -> None:
     torch.set_num_threads(cpu_share(hvd.local_size()))
 
 
+class _Precision:
+    """``mixed_precision`` on one rank: the autocast of forward passes and losses, and for
+    'fp16' the GradScaler's loss scale, applied in Horovod's order (the scaler unscales and
+    checks the averaged gradients, so every rank skips or takes the same steps)."""
+
+    DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+    def __init__(self, mode: Optional[str], device: Any) -> None:
+        import torch
+        self.dtype = getattr(torch, self.DTYPES[mode]) if mode else None
+        self.device_type = device.type
+        self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
+
+    def autocast(self) -> Any:
+        import torch
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: Any) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def step(self, optimizer: Any) -> None:
+        if self.scaler is None:
+            optimizer.step()
+            return
+        optimizer.synchronize()
+        self.scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            self.scaler.step(optimizer)
+        self.scaler.update()
+
+
 class _Callbacks:
     def __init__(self, callbacks: Optional[Sequence[Any]]) -> None:
         self.items = list(callbacks or [])
@@ -299,8 +338,11 @@ def train(config: TrainConfig) -> Dict[str, Any]:
     if scheduler is not None and resume.get("scheduler"):
         scheduler.load_state_dict(resume["scheduler"])
 
+    compile_args = objs.get("torch_compile")
+    forward = model if compile_args is None else torch.compile(model, **compile_args)
+    precision = _Precision(objs.get("mixed_precision"), device)
     runner = _EpochRunner(config, model, optimizer, loss_spec, metrics, callbacks,
-                          transformation_fn, device, rank, size, hvd)
+                          transformation_fn, device, rank, size, hvd, forward, precision)
     record = RunRecord(resume)
     start = record.epoch
     announce_start(config, rank, start, started, runner.train_steps)
@@ -354,8 +396,9 @@ class _EpochRunner:
     def __init__(self, config: TrainConfig, model: Any, optimizer: Any, loss_spec: LossSpec,
                  metrics: List[Tuple[str, Callable]], callbacks: _Callbacks,
                  transformation_fn: Optional[Callable], device: Any, rank: int, size: int,
-                 hvd: Any) -> None:
+                 hvd: Any, forward: Any, precision: _Precision) -> None:
         self.c, self.model, self.optimizer, self.loss_spec = config, model, optimizer, loss_spec
+        self.forward, self.precision = forward, precision  # forward: model, or compiled
         self.metrics, self.callbacks, self.transformation_fn = metrics, callbacks, \
             transformation_fn
         self.device, self.rank, self.size, self.hvd = device, rank, size, hvd
@@ -429,15 +472,16 @@ class _EpochRunner:
                 inputs, labels, weight = self._tensors(batch)
                 rows = int(inputs[0].shape[0]) if inputs else 0
                 if rows:
-                    outputs = as_outputs(model(*inputs))
-                    labels = self._align(outputs, labels)
-                    loss = self._loss(outputs, labels, weight, epoch, step, "training")
+                    with self.precision.autocast():
+                        outputs = as_outputs(self.forward(*inputs))
+                        labels = self._align(outputs, labels)
+                        loss = self._loss(outputs, labels, weight, epoch, step, "training")
                     self.watch.step(loss, epoch, step)
-                    (loss / passes if passes > 1 else loss).backward()
+                    self.precision.backward(loss / passes if passes > 1 else loss)
                     self._measure(outputs, labels, loss, rows, sums)
                     rows_seen += rows
                 if (step + 1) % passes == 0:
-                    optimizer.step()
+                    self.precision.step(optimizer)
                 if self.callbacks.wants_batches:
                     self.callbacks.call("on_batch_end", step,
                                         {"rank": self.rank, "loss": float(loss.item())
@@ -461,11 +505,12 @@ class _EpochRunner:
                         rows = int(inputs[0].shape[0]) if inputs else 0
                         if not rows:
                             continue
-                        outputs = as_outputs(model(*inputs))
-                        labels = self._align(outputs, labels)
-                        self._measure(outputs, labels,
-                                      self._loss(outputs, labels, weight, epoch, step,
-                                                 "validation"), rows, val_sums)
+                        with self.precision.autocast():
+                            outputs = as_outputs(model(*inputs))
+                            labels = self._align(outputs, labels)
+                            val_loss = self._loss(outputs, labels, weight, epoch, step,
+                                                  "validation")
+                        self._measure(outputs, labels, val_loss, rows, val_sums)
                         val_rows += rows
             finally:
                 batches.close()

@@ -35,8 +35,10 @@ from .torch_estimator import compatible_checkpoint, forward_on_zeros, log_torch_
 from .torch_model import TorchModel
 
 # The rows of TorchEstimator's table a LightningModule makes moot (it computes its own
-# loss and metrics and configures its own optimizers and schedulers).
-_MOOT = ("optimizer", "loss", "loss_constructors", "loss_weights", "metrics", "lr_scheduler_fn")
+# loss and metrics and configures its own optimizers and schedulers; mixed precision is the
+# Trainer's `precision`, through trainer_args, and compiling is up to the module).
+_MOOT = ("optimizer", "loss", "loss_constructors", "loss_weights", "metrics", "lr_scheduler_fn",
+         "torch_compile", "mixed_precision")
 
 LIGHTNING_ESTIMATOR_PARAMS = derive_table(
     ESTIMATOR_PARAMS,

@@ -237,6 +237,19 @@ def _choice(*choices: str) -> Callable[[str, Any], str]:
     return convert
 
 
+def _compile_args(name: str, value: Any) -> Optional[Dict[str, Any]]:
+    """None (eager), or the keyword arguments of ``torch.compile`` (True: none)."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return {}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    raise InvalidArgumentError(
+        f"{name} must be True, False or a dict of torch.compile keyword arguments "
+        f"(e.g. {{'mode': 'max-autotune'}}), got {value!r}")
+
+
 def _dict(name: str, value: Any) -> Optional[Dict[str, Any]]:
     if value is None or isinstance(value, dict):
         return value
@@ -323,6 +336,15 @@ ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = (
        "batches whose gradients are accumulated (averaged) before each optimizer step"),
     _P("lr_scheduler_fn", None, _callable, PICKLE,
        "callable optimizer -> torch LR scheduler, stepped once per epoch"),
+    _P("torch_compile", None, _compile_args, PICKLE,
+       "True, or a dict of torch.compile keyword arguments (e.g. {'mode': 'max-autotune'}): "
+       "each process trains through torch.compile(model, **args); validation, checkpoints "
+       "and transform use the model itself (the same weights)"),
+    _P("mixed_precision", None, _choice("bf16", "fp16"), JSON,
+       "'bf16' or 'fp16': forward passes and losses (training and validation) run under "
+       "torch.autocast with that dtype on each process's device, the parameters keep "
+       "theirs; 'fp16' also scales the loss with a torch.amp.GradScaler, which unscales the "
+       "averaged gradients and skips a step with inf/NaN ones on every process"),
     _P("use_gpu", None, _opt_bool, JSON,
        "train on GPUs: True, False, or None to use them where the executors have them"),
     _P("verbose", 1, _NONNEG, JSON,
@@ -445,7 +467,7 @@ KERAS_ESTIMATOR_PARAMS: Tuple[ParamSpec, ...] = derive_table(
         _P("inference_batch_size", 1024, _POS, JSON,
            "rows per model call in KerasModel.transform"),
     ),
-    drop=("loss_constructors", "lr_scheduler_fn"),
+    drop=("loss_constructors", "lr_scheduler_fn", "torch_compile", "mixed_precision"),
     add=(_CUSTOM_OBJECTS,))
 
 KERAS_MODEL_PARAMS: Tuple[ParamSpec, ...] = derive_table(

@@ -65,7 +65,8 @@ class TorchEstimator(DistributedEstimator):
         import cloudpickle
         objects = {k: p[k] for k in ("model", "optimizer", "loss", "loss_constructors",
                                      "metrics", "callbacks", "transformation_fn",
-                                     "gradient_compression", "lr_scheduler_fn")}
+                                     "gradient_compression", "lr_scheduler_fn",
+                                     "torch_compile", "mixed_precision")}
         if any(t.device.type != "cpu" for t in p["model"].parameters()):
             objects["model"], objects["optimizer"] = copy.deepcopy((p["model"], p["optimizer"]))
             objects["model"].cpu()

@@ -3,6 +3,7 @@ spark-hvdrun, without Spark: Parquet written by pyarrow, a hand-made DataMeta.""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from est_helpers import accuracy, make_net
-from spark_hvd.estimators import LocalStore
+from spark_hvd.estimators import LocalStore, TorchEstimator
 from spark_hvd.estimators import _trainer_torch as trainer
 from spark_hvd.estimators.materialize import ColumnMeta, DataMeta
+from spark_hvd.exceptions import InvalidArgumentError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -107,18 +109,24 @@ def _train_two_ranks(module, tmp_path, run_id, store, meta, objects, timeout, en
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def _sgd_objects(net, calls, **more):
+    """The user's objects of a TorchEstimator run of ``net``: SGD, cross-entropy, accuracy
+    and a callback stopping after 2 epochs (recording in ``calls``); ``more`` adds to them."""
+    return dict(dict(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+                     loss=torch.nn.CrossEntropyLoss(), loss_constructors=None,
+                     metrics={"acc": accuracy}, callbacks=[StopAfter(2, str(calls))],
+                     transformation_fn=None, gradient_compression=None,
+                     lr_scheduler_fn=None), **more)
+
+
 def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_path):
     x, y, w, store, meta = _digits_data(tmp_path)
     calls = tmp_path / "calls"
     calls.mkdir()
-    net = make_net()
-    objects = dict(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
-                   loss=torch.nn.CrossEntropyLoss(), loss_constructors=None,
-                   metrics={"acc": accuracy}, callbacks=[StopAfter(2, str(calls))],
-                   transformation_fn=SeesDataFrames(str(calls)),
-                   gradient_compression=__import__("spark_hvd.torch", fromlist=["x"])
-                   .Compression.fp16,
-                   lr_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5))
+    objects = _sgd_objects(
+        make_net(), calls, transformation_fn=SeesDataFrames(str(calls)),
+        gradient_compression=__import__("spark_hvd.torch", fromlist=["x"]).Compression.fp16,
+        lr_scheduler_fn=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, 0.5))
     # inmemory_cache_all: the second epoch comes from memory, with the same batches
     proc = _train_two_ranks("spark_hvd.estimators._trainer_torch", tmp_path, "ranks", store,
                             meta, objects, timeout=240, extra={"inmemory_cache_all": True})
@@ -166,6 +174,75 @@ def test_two_ranks_weights_accumulation_scheduler_callbacks_and_checkpoints(tmp_
         float((per_row * weights).sum() / weights.sum()), rel=0.05)
     assert state["history"]["val_acc"][-1] > 0.3  # learned something (chance: 0.1)
 
+
+
+class Float16Outputs(torch.nn.Module):
+    """``make_net()`` whose forward fails unless it runs under autocast(float16)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = make_net()
+
+    def forward(self, x):
+        out = self.net(x)
+        if out.dtype != torch.float16:
+            raise AssertionError(f"the forward pass ran in {out.dtype}, not under autocast")
+        return out
+
+
+class CompiledGraphs:
+    """Writes how many graphs torch.compile made in this rank's process."""
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+
+    def on_train_end(self, logs):
+        from torch._dynamo.utils import counters
+        with open(os.path.join(self.out_dir, f"graphs{logs['rank']}"), "w") as f:
+            f.write(str(counters["stats"]["unique_graphs"]))
+
+
+def test_two_ranks_compiled_model_under_fp16_autocast_with_a_loss_scale(tmp_path):
+    """TorchEstimator's torch_compile and mixed_precision='fp16' on the rank side: each rank
+    trains through torch.compile (aot_eager: inductor's C++ build would add ~15 s per rank
+    here; the optimizer sees the same hooks either way, tests/torch/rank_compile_amp.py)
+    under autocast(float16) with a GradScaler, 2 backward passes per step."""
+    x, y, w, store, meta = _digits_data(tmp_path)
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    # The objects as TorchEstimator hands them to its ranks, with the two params.
+    objects = _sgd_objects(Float16Outputs(), calls)
+    objects["callbacks"].append(CompiledGraphs(str(calls)))
+    est = TorchEstimator(**{k: v for k, v in objects.items() if v is not None},
+                         torch_compile={"backend": "aot_eager"}, mixed_precision="fp16")
+    objects = cloudpickle.loads(est._objects(est._values()))
+    assert (objects["torch_compile"], objects["mixed_precision"]) == \
+        ({"backend": "aot_eager"}, "fp16")
+    assert TorchEstimator(torch_compile=True).getTorchCompile() == {}
+    for bad, needle in ((dict(torch_compile="yes"), "dict of torch.compile keyword"),
+                        (dict(mixed_precision="fp8"), "['bf16', 'fp16'], got 'fp8'")):
+        with pytest.raises(InvalidArgumentError, match=re.escape(needle)):
+            TorchEstimator(**bad)
+    proc = _train_two_ranks("spark_hvd.estimators._trainer_torch", tmp_path, "amp", store,
+                            meta, objects, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "a callback stopped training after epoch 2" in out
+    for rank in (0, 1):
+        assert int((calls / f"graphs{rank}").read_text()) >= 1, "no compiled graph"
+    state = trainer.read_checkpoint(store, "amp")
+    assert all(v.dtype == torch.float32 for v in state["model"].values())
+    assert list(state["model"]) == ["net.0.weight", "net.0.bias", "net.2.weight",
+                                    "net.2.bias"]  # the model's own names, not _orig_mod.*
+    history = state["history"]
+    assert history["loss"][1] < history["loss"][0], history
+    # The checkpoint's weights, evaluated here in float32, score what validation said.
+    model = make_net()
+    model.load_state_dict({k[len("net."):]: v for k, v in state["model"].items()})
+    with torch.no_grad():
+        pred = model(torch.tensor(x[1500:], dtype=torch.float32)).argmax(1).numpy()
+    assert float((pred == y[1500:]).mean()) == pytest.approx(history["val_acc"][-1], abs=0.02)
+    assert history["val_acc"][-1] > 0.5, history
 
 
 def _keras_recorder(out_dir, stop_after):
