@@ -4,8 +4,8 @@
 // the ranks, whatever the job's size, and what one rank learns travels around the ring.
 // The protocol:
 //  1. Set-up (StartHeartbeats, collective over the job): listen, publish
-//     "host port token" under "<prefix>/live/<rank>", read the addresses of the next
-//     kBook ranks in one request (Store::MultiGet, failing at once on a lost rank),
+//     "host port token" under "<prefix>/live/<rank>" and read the addresses of the next
+//     kBook ranks in one request (Store::SetAndMultiGet, failing at once on a lost rank),
 //     connect to the successor (rank + 1 mod n) and accept the predecessor's
 //     connection (the mesh's hello and token: net/hello.h), within the start timeout.
 //     Two connections per rank (one pair of them with 2 ranks).

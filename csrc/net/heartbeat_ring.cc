@@ -50,7 +50,6 @@ void Heartbeats::SetUp(const LivenessOptions& options) {
   listener_ = net::Listen(options.bind_host, kBacklog, &port);
   token_ = net::RandomHex(net::kTokenBytes);
   desk_ = std::make_unique<net::HelloDesk>(rank_, size_, token_, kHelloTimeoutS, true);
-  store_->Set(std::to_string(rank_), options.bind_host + " " + std::to_string(port) + " " + token_);
   std::vector<std::string> keys;
   std::vector<int32_t> which;
   for (int32_t k = 1; k <= kBook && k < size_; ++k) {
@@ -59,7 +58,9 @@ void Heartbeats::SetUp(const LivenessOptions& options) {
   }
   std::vector<std::string> values;
   try {
-    values = store_->MultiGet(keys, options.connect_timeout_s, true);
+    values = store_->SetAndMultiGet(std::to_string(rank_),
+                                    options.bind_host + " " + std::to_string(port) + " " + token_,
+                                    keys, options.connect_timeout_s, true);
   } catch (const StatusError& e) {
     if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
       throw StatusError(LostDuringInit(

@@ -1,9 +1,10 @@
 // PeerLinks (links.h): the connections of a rank, made at init for the peers its
 // algorithms talk to (a tcp mesh: TcpMesh::Connect) and later, on demand, for any other. Every rank
 // r of n runs the same steps:
-//  1. Listen on bind_host (any port, backlog kBacklog) and publish "host port token"
-//     under tcp/<r> in the store. The token is random per listener; only holders of the
-//     store's secret can read it. The listener stays open for the mesh's life.
+//  1. Listen on bind_host (any port, backlog kBacklog); its "host port token" is
+//     published under tcp/<r> in the store by step 3's request. The token is random per
+//     listener; only holders of the store's secret can read it. The listener stays open
+//     for the mesh's life.
 //  2. Decide which peers to connect now: at init the peers of the mesh's algorithms,
 //     rank +- 2^k (mod n) for every power of two below n (AlgorithmPeers: at most
 //     2 ceil(log2 n) of them; every peer when n <= 4); later, in a collective that
@@ -11,7 +12,8 @@
 //     pair reach the same collective, so both come to connect it; of each pair the
 //     higher rank connects and the lower one accepts.
 //  3. Read the addresses of the lower peers to connect that it has not read yet, in one
-//     request (Store::MultiGet), which waits for them and fails at once when the
+//     request (Store::MultiGet; the first time Store::SetAndMultiGet, which publishes
+//     this rank's address in the same request), which waits for them and fails at once when the
 //     rendezvous service has lost a rank of the job (its process exited or its host
 //     vanished): a rank that never came does not hold the others until the deadline.
 //     Nothing else is waited on before step 4, so no rank waits on another's accept
@@ -88,8 +90,7 @@ void PeerLinks::Listen(const std::string& bind_host) {
   closer_ = std::make_unique<net::FdCloser>(listener_);
   token_ = net::RandomHex(net::kTokenBytes);
   desk_ = std::make_unique<net::HelloDesk>(rank_, size_, token_, kHelloTimeoutS);
-  store_->Set(key_prefix_ + std::to_string(rank_),
-              bind_host + " " + std::to_string(port) + " " + token_);
+  unpublished_ = bind_host + " " + std::to_string(port) + " " + token_;  // with step 3's read
 }
 
 void PeerLinks::Connect(const std::vector<int>& peers, std::vector<int>* fds) {
@@ -109,7 +110,7 @@ void PeerLinks::Connect(const std::vector<int>& peers, std::vector<int>* fds) {
     l.wanted = true;
     if (l.token.empty()) unread.push_back(key_prefix_ + std::to_string(p));
   }
-  if (!unread.empty()) ReadAddresses(unread);
+  if (!unread.empty() || !unpublished_.empty()) ReadAddresses(unread);
   while (!Done()) Step();
   for (auto it = lower_.begin(); it != lower_.end();) {
     if (!it->second.acked) {
@@ -137,8 +138,17 @@ bool PeerLinks::Done() const {
 
 void PeerLinks::ReadAddresses(const std::vector<std::string>& keys) {
   std::vector<std::string> values;
+  std::string mine;
+  mine.swap(unpublished_);
   try {
-    values = store_->MultiGet(keys, timeout_s_, /*fail_on_lost=*/true);
+    if (mine.empty()) {
+      values = store_->MultiGet(keys, timeout_s_, /*fail_on_lost=*/true);
+    } else if (keys.empty()) {
+      store_->Set(key_prefix_ + std::to_string(rank_), mine);
+    } else {
+      values = store_->SetAndMultiGet(key_prefix_ + std::to_string(rank_), mine, keys, timeout_s_,
+                                      /*fail_on_lost=*/true);
+    }
   } catch (const StatusError& e) {
     if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
       Throw(LostDuringInit("rank " + std::to_string(rank_) + " stopped connecting to its peers",

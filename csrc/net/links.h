@@ -89,6 +89,7 @@ class PeerLinks {
   int descriptors_per_rank_;
   std::string key_prefix_;
   std::string token_;
+  std::string unpublished_;  // this rank's address until the first Connect publishes it
   std::unique_ptr<net::HelloDesk> desk_;
   net::Clock::time_point deadline_{};
   net::Clock::time_point next_lost_check_{};

@@ -1,7 +1,9 @@
 // PyStore: the rendezvous Store implemented by a Python object (the job's
 // rendezvous client, spark_hvd/runner/rendezvous.py) with methods
 //   set(key: str, value: bytes), get(key: str, timeout_s: float) -> bytes,
-//   wait(keys: list[str], timeout_s: float), and optionally lost_ranks() -> list[int]
+//   wait(keys: list[str], timeout_s: float), and optionally lost_ranks() -> list[int],
+//   get_many(keys, timeout_s, watch_lost=...) and set_and_get_many(key, value, keys,
+//   timeout_s, watch_lost=...)
 // Called from the engine's background thread: takes the GIL for each call.
 #pragma once
 
@@ -48,6 +50,25 @@ class PyStore : public Store {
     std::vector<std::string> out;
     Call([&] {
       out = client_.attr("get_many")(keys, timeout_s, pybind11::arg("watch_lost") = fail_on_lost)
+                .cast<std::vector<std::string>>();
+    });
+    return out;
+  }
+  // One request (the client's set_and_get_many: SETMGET) where the client has it.
+  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
+                                          const std::vector<std::string>& keys, double timeout_s,
+                                          bool fail_on_lost) override {
+    bool bulk = false;
+    {
+      pybind11::gil_scoped_acquire gil;
+      bulk = pybind11::hasattr(client_, "set_and_get_many");
+    }
+    if (!bulk) return Store::SetAndMultiGet(key, value, keys, timeout_s, fail_on_lost);
+    std::vector<std::string> out;
+    Call([&] {
+      out = client_
+                .attr("set_and_get_many")(key, pybind11::bytes(value), keys, timeout_s,
+                                          pybind11::arg("watch_lost") = fail_on_lost)
                 .cast<std::vector<std::string>>();
     });
     return out;

@@ -19,6 +19,8 @@ const char* StoreOpName(StoreOp op) {
       return "MGET";
     case StoreOp::kLostRanks:
       return "LOST";
+    case StoreOp::kSetMultiGet:
+      return "SETMGET";
   }
   return "?";
 }
@@ -46,6 +48,10 @@ StoreRequests MemoryStore::Requests() const {
 void MemoryStore::Set(const std::string& key, const std::string& value) {
   Count(StoreOp::kSet);
   std::lock_guard<std::mutex> lock(data_->mu);
+  Put(key, value);
+}
+
+void MemoryStore::Put(const std::string& key, const std::string& value) {
   const bool is_new = data_->values.count(key) == 0;
   data_->values[key] = value;
   if (!is_new) return;
@@ -118,7 +124,23 @@ std::vector<std::string> MemoryStore::MultiGet(const std::vector<std::string>& k
                                                double timeout_s, bool fail_on_lost) {
   Count(StoreOp::kMultiGet);
   std::unique_lock<std::mutex> lock(data_->mu);
-  Await(lock, keys, timeout_s, fail_on_lost);
+  return Values(lock, keys, timeout_s, fail_on_lost);
+}
+
+std::vector<std::string> MemoryStore::SetAndMultiGet(const std::string& key,
+                                                     const std::string& value,
+                                                     const std::vector<std::string>& keys,
+                                                     double timeout_s, bool fail_on_lost) {
+  Count(StoreOp::kSetMultiGet);
+  std::unique_lock<std::mutex> lock(data_->mu);
+  Put(key, value);
+  return Values(lock, keys, timeout_s, fail_on_lost);
+}
+
+std::vector<std::string> MemoryStore::Values(std::unique_lock<std::mutex>& lock,
+                                             const std::vector<std::string>& keys, double timeout_s,
+                                             bool watch) {
+  Await(lock, keys, timeout_s, watch);
   std::vector<std::string> out;
   out.reserve(keys.size());
   for (const auto& k : keys) out.push_back(data_->values[k]);

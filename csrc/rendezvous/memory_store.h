@@ -28,9 +28,16 @@
 namespace spark_hvd {
 
 // Requests one client sent, by operation (the rendezvous client's Op names).
-enum class StoreOp : int { kSet = 0, kGet = 1, kWait = 2, kMultiGet = 3, kLostRanks = 4 };
-constexpr int kStoreOps = 5;
-const char* StoreOpName(StoreOp op);  // "SET", "GET", "WAIT", "MGET", "LOST"
+enum class StoreOp : int {
+  kSet = 0,
+  kGet = 1,
+  kWait = 2,
+  kMultiGet = 3,
+  kLostRanks = 4,
+  kSetMultiGet = 5
+};
+constexpr int kStoreOps = 6;
+const char* StoreOpName(StoreOp op);  // "SET", "GET", "WAIT", "MGET", "LOST", "SETMGET"
 
 struct StoreRequests {
   std::array<int64_t, kStoreOps> by_op{};
@@ -49,6 +56,9 @@ class MemoryStore : public Store {
   void Wait(const std::vector<std::string>& keys, double timeout_s) override;
   std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
                                     bool fail_on_lost) override;
+  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
+                                          const std::vector<std::string>& keys, double timeout_s,
+                                          bool fail_on_lost) override;
   std::vector<int> LostRanks() override;
 
   // What the service does when a registered rank's connection drops without a goodbye:
@@ -74,6 +84,10 @@ class MemoryStore : public Store {
   explicit MemoryStore(std::shared_ptr<Data> data);
 
   void Count(StoreOp op) { requests_[static_cast<size_t>(op)].fetch_add(1); }
+  void Put(const std::string& key, const std::string& value);  // data_->mu held
+  std::vector<std::string> Values(std::unique_lock<std::mutex>& lock,
+                                  const std::vector<std::string>& keys, double timeout_s,
+                                  bool watch);
   // Returns, data->mu held in `lock`, once every key is set; throws kTimeout (naming the
   // missing keys) or, with watch, kPeerLost naming the lost ranks.
   void Await(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,

@@ -5,7 +5,7 @@
 // Blocking behaviour:
 //   Set   returns once the value is stored; never blocks on other ranks.
 //   Get   blocks until the key exists, up to timeout_s; then throws StatusError(kTimeout).
-//   Wait  blocks until all keys exist, same timeout rule.
+//   Wait  blocks until all keys exist, same timeout rule (MultiGet and SetAndMultiGet too).
 //   LostRanks  one request, never waits.
 // Failures of the store itself throw StatusError(kStoreError).
 #pragma once
@@ -30,6 +30,12 @@ class Store {
   // store without a bulk read) gets the keys one by one, asking LostRanks in between.
   virtual std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
                                             bool fail_on_lost);
+  // Set(key, value), then MultiGet(keys, ...): one request to the rendezvous service
+  // (SETMGET), so a rank publishes its address and reads its peers' in one round trip.
+  // The default: the two calls.
+  virtual std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
+                                                  const std::vector<std::string>& keys,
+                                                  double timeout_s, bool fail_on_lost);
   // Ranks of the job the rendezvous service has seen vanish (a registered rank's
   // connection dropped without a goodbye: its process exited or its host became
   // unreachable). Empty where the store does not watch ranks.
@@ -67,6 +73,14 @@ class PrefixStore : public Store {
     full.reserve(keys.size());
     for (const auto& k : keys) full.push_back(Key(k));
     return inner_->MultiGet(full, timeout_s, fail_on_lost);
+  }
+  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
+                                          const std::vector<std::string>& keys, double timeout_s,
+                                          bool fail_on_lost) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(Key(k));
+    return inner_->SetAndMultiGet(Key(key), value, full, timeout_s, fail_on_lost);
   }
   std::vector<int> LostRanks() override { return inner_->LostRanks(); }  // job-wide
 

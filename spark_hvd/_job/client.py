@@ -297,6 +297,28 @@ class RendezvousClient:
                              f"{len(values)} values to an MGET of {len(encoded)} keys")
         return values
 
+    def set_and_get_many(self, key: str, value: bytes, keys: Sequence[str],
+                         timeout_s: float = DEFAULT_TIMEOUT_S,
+                         watch_lost: bool = False) -> List[bytes]:
+        """:meth:`set` of ``key`` then :meth:`get_many` of ``keys``, in one request
+        (SETMGET): what a rank does at init to publish its address and read its peers'.
+        Raises as both do."""
+        value = check_value(value)
+        encoded = [k.encode("utf-8") for k in check_keys(keys)]
+        if len(value) + sum(len(k) + 4 for k in encoded) > _wire.MAX_VALUE_BYTES:
+            raise InvalidArgumentError(f"a value of {len(value)} bytes and {len(encoded)} keys "
+                                       f"take more than one request carries "
+                                       f"({_wire.MAX_VALUE_BYTES} bytes)")
+        if not isinstance(watch_lost, bool):
+            raise InvalidArgumentError(f"watch_lost must be a bool, got {watch_lost!r}")
+        watch = b"/" + self._group.encode("utf-8") if watch_lost else b""
+        values = self._call(Op.SETMGET, [_ms(timeout_s), watch, check_key(key).encode("utf-8"),
+                                         value] + encoded, wait_s=timeout_s)
+        if len(values) != len(encoded):
+            raise StoreError(f"the rendezvous server at {self.addr}:{self.port} answered "
+                             f"{len(values)} values to a SETMGET of {len(encoded)} keys")
+        return values
+
     def wait(self, keys: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         """Block until every key is set (CollectiveTimeoutError after ``timeout_s``)."""
         self._call(Op.WAIT, [_ms(timeout_s)] + [k.encode("utf-8") for k in check_keys(keys)],

@@ -31,6 +31,10 @@ Protocol, version 1 (all integers big-endian):
    ``watch`` is empty, or ``/`` and a registration group (``/`` alone: the
    default group); then, while keys are missing, a rank of that group that is
    or becomes lost fails it at once with PeerLostError naming the rank.
+8. ``SETMGET`` (args ``timeout_ms | watch | key | value | key * n``) is a ``SET`` of
+   ``key`` followed by an ``MGET`` of the n keys, in one request: a rank publishes its
+   address and reads its peers' with one round trip (at init: ``REGISTER``, then one
+   ``SETMGET`` per kind of connection).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ class Op(enum.IntEnum):
     GOODBYE = 10
     LOST = 11
     MGET = 12
+    SETMGET = 13
 
 
 class ProtocolError(Exception):

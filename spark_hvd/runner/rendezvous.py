@@ -343,18 +343,7 @@ class RendezvousServer:
             if len(args) != n:
                 raise InvalidArgumentError(f"op {op} takes {n} arguments, got {len(args)}")
 
-        def text(b: bytes) -> str:
-            try:
-                return b.decode("utf-8")
-            except UnicodeDecodeError:
-                raise InvalidArgumentError("a key is not valid UTF-8") from None
-
-        def number(b: bytes) -> int:
-            try:
-                return int(b)
-            except ValueError:
-                raise InvalidArgumentError(f"not an integer: {b[:32]!r}") from None
-
+        text, number = _text, _number
         store = self.store
         if op == Op.AUTH:  # again: already authenticated
             need(0)
@@ -399,19 +388,30 @@ class RendezvousServer:
         if op == Op.MGET:  # timeout_ms, watch ("" or "/" + group), key...
             if len(args) < 2:
                 raise InvalidArgumentError("MGET needs a timeout and a watch argument")
-            watch = text(args[1])
-            if watch and (watch[0] != "/" or "/" in watch[1:]):
-                raise InvalidArgumentError(f"MGET's watch is empty or '/<group>', got {watch!r}")
-            values = store.get_many([text(a) for a in args[2:]], number(args[0]) / 1000.0,
-                                    f"{LOST_KEY_PREFIX}{_group_path(watch[1:])}" if watch
-                                    else None)
-            size = sum(len(v) + 4 for v in values)
-            if size > _wire.MAX_VALUE_BYTES:
-                raise InvalidArgumentError(
-                    f"the values of {len(values)} keys take {size} bytes, more than one reply "
-                    f"carries ({_wire.MAX_VALUE_BYTES}); read them in several MGETs")
-            return values
+            return self._get_many(args[0], args[1], args[2:], "MGET")
+        if op == Op.SETMGET:  # timeout_ms, watch, key, value, key...
+            if len(args) < 4:
+                raise InvalidArgumentError("SETMGET needs a timeout, a watch argument, a key "
+                                           "and its value")
+            store.set(text(args[2]), args[3])
+            return self._get_many(args[0], args[1], args[4:], "SETMGET")
         raise InvalidArgumentError(f"unknown rendezvous op {op}")
+
+    def _get_many(self, timeout_ms: bytes, watch_arg: bytes, keys: List[bytes],
+                  op: str) -> List[bytes]:
+        """MGET's answer (and SETMGET's, after its SET): the keys' values once all are set."""
+        watch = _text(watch_arg)
+        if watch and (watch[0] != "/" or "/" in watch[1:]):
+            raise InvalidArgumentError(f"{op}'s watch is empty or '/<group>', got {watch!r}")
+        values = self.store.get_many([_text(a) for a in keys], _number(timeout_ms) / 1000.0,
+                                     f"{LOST_KEY_PREFIX}{_group_path(watch[1:])}" if watch
+                                     else None)
+        size = sum(len(v) + 4 for v in values)
+        if size > _wire.MAX_VALUE_BYTES:
+            raise InvalidArgumentError(
+                f"the values of {len(values)} keys take {size} bytes, more than one reply "
+                f"carries ({_wire.MAX_VALUE_BYTES}); read them in several MGETs")
+        return values
 
     def _register(self, state: _ConnState, rank: int, host: str, group: str) -> List[bytes]:
         if rank < 0:
@@ -427,6 +427,20 @@ class RendezvousServer:
         self.store.delete(f"{LOST_KEY_PREFIX}{_group_path(group)}{rank}")
         self.store.set(f"{HOST_KEY_PREFIX}{_group_path(group)}{rank}", host.encode("utf-8"))
         return []
+
+
+def _text(b: bytes) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgumentError("a key is not valid UTF-8") from None
+
+
+def _number(b: bytes) -> int:
+    try:
+        return int(b)
+    except ValueError:
+        raise InvalidArgumentError(f"not an integer: {b[:32]!r}") from None
 
 
 def _group_path(group: str) -> str:

@@ -226,7 +226,6 @@ def kill_in_init(stage: str) -> None:
     registered with the rendezvous service, before its mesh connects; "after_publish"
     right after publishing its mesh address. The others report what init raised."""
     import spark_hvd._core as core
-    from spark_hvd._job.client import RendezvousClient
 
     me = int(os.environ["SPARK_HVD_RANK"])
     save(f"pid{me}", pid=os.getpid())
@@ -238,36 +237,52 @@ def kill_in_init(stage: str) -> None:
     if me == KILL_IN_INIT_VICTIM[stage] and stage == "before_connect":
         core.init = lambda *args, **kwargs: die()
     elif me == KILL_IN_INIT_VICTIM[stage]:
-        set_key = RendezvousClient.set
-
-        def set_then_die(self, key, value):
-            set_key(self, key, value)
+        def set_then_die(publish, set_only, key):
             if "/tcp/" in key:
+                set_only()  # published; the peers' addresses never read
                 die()
-        RendezvousClient.set = set_then_die
+            return publish()
+        _on_publish(set_then_die)
     save(f"result{me}", **attempt(hvd.init))
 
 
 KILL_IN_INIT_VICTIM = {"before_connect": 2, "after_publish": 1}
 
 
+def _on_publish(hook) -> None:
+    """Calls hook(publish, set_only, key) wherever the rendezvous client publishes a key:
+    a SET, or the SET part of a SETMGET (the core publishes an address with the read of
+    its peers' in one request). publish() sends the request itself, set_only() only the
+    key's SET."""
+    from spark_hvd._job.client import RendezvousClient
+
+    set_key, set_and_get = RendezvousClient.set, RendezvousClient.set_and_get_many
+
+    def hooked_set(self, key, value):
+        publish = lambda: set_key(self, key, value)  # noqa: E731
+        return hook(publish, publish, key)
+
+    def hooked_set_and_get(self, key, value, *args, **kwargs):
+        return hook(lambda: set_and_get(self, key, value, *args, **kwargs),
+                    lambda: set_key(self, key, value), key)
+    RendezvousClient.set = hooked_set
+    RendezvousClient.set_and_get_many = hooked_set_and_get
+
+
 def hold_shm_setup() -> None:
     """The last rank stops inside init right before publishing its shm address (the
     lower ranks' listeners are open, waiting for it) until the test has tried its
     connections (file attack_done); then every rank checks an allreduce."""
-    from spark_hvd._job.client import RendezvousClient
 
     me, n = int(os.environ["SPARK_HVD_RANK"]), int(os.environ["SPARK_HVD_SIZE"])
     save(f"pid{me}", pid=os.getpid())
     if me == n - 1:
-        set_key = RendezvousClient.set
-
-        def held_set(self, key, value):
+        def held_set(publish, set_only, key):
             if "/shm/set0/addr/" in key:
                 save("holding", at=time.time())
                 wait_file("attack_done", 60)
-            set_key(self, key, value)
-        RendezvousClient.set = held_set
+            return publish()
+        _on_publish(held_set)
     hvd.init()
     save(f"result{me}", **attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum, name="after"))
     wait_file("checked", 60)  # the test looks at this process's sockets meanwhile

@@ -577,6 +577,36 @@ class TestLostRanks:
         for c in (other_group, victim, reader):
             c.close()
 
+    def test_set_and_get_many_publishes_then_reads_in_one_request(self, server, client):
+        """SETMGET: the key is set before the read waits (a peer reading it is not held
+        by this rank's wait), the read fails as get_many's does, and a SETMGET short of
+        its key and value is refused, naming what it needs."""
+        victim, reader = connect(server), connect(server)
+        victim.register_rank(3)
+        reader.register_rank(0)
+        errors = []
+
+        def read():
+            try:
+                reader.set_and_get_many("addr/0", b"a0", ["addr/3"], 60.0, watch_lost=True)
+            except PeerLostError as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        assert client.get("addr/0", WAIT_S) == b"a0"  # published while its read waits
+        victim._registration.sock.close()  # no goodbye
+        thread.join(WAIT_S)
+        assert len(errors) == 1 and errors[0].ranks == [3], errors
+        assert reader.requests["SETMGET"] == 1 and "SET" not in reader.requests
+        with pytest.raises(CollectiveTimeoutError, match="addr/9"):
+            reader.set_and_get_many("addr/0", b"again", ["addr/9"], 0.2)
+        assert client.get("addr/0", WAIT_S) == b"again"
+        with pytest.raises(InvalidArgumentError, match="SETMGET needs a timeout, a watch"):
+            reader._call(_wire.Op.SETMGET, [b"100", b"", b"addr/0"])
+        for c in (victim, reader):
+            c.close()
+
     def test_stopping_the_server_loses_nobody(self):
         s = RendezvousServer(host="127.0.0.1")
         s.start()
@@ -594,18 +624,23 @@ class TestGrowth:
     """What N ranks cost the service grows as N: requests, wake-ups, connections."""
 
     @pytest.mark.parametrize("n", [2, 64])
-    def test_a_ring_rendezvous_costs_each_rank_three_requests(self, server, n):
+    @pytest.mark.parametrize("publish", ["SET+MGET", "SETMGET"])
+    def test_a_ring_rendezvous_costs_each_rank_three_requests(self, server, n, publish):
         """Each of n ranks registers, publishes its address and reads its ring neighbours'
-        in one MGET: 3 requests per rank, at most one wake-up per rank on the server."""
+        in one MGET: 3 requests per rank, at most one wake-up per rank on the server; or
+        publishes and reads in one SETMGET, as the core does: 2 requests."""
         clients = [connect(server) for _ in range(n)]
         got = [None] * n
 
         def rank(i):
             c = clients[i]
             c.register_rank(i)
-            c.set(f"addr/{i}", f"host{i}".encode())
-            got[i] = c.get_many([f"addr/{(i - 1) % n}", f"addr/{(i + 1) % n}"], WAIT_S,
-                                watch_lost=True)
+            mine, peers = f"host{i}".encode(), [f"addr/{(i - 1) % n}", f"addr/{(i + 1) % n}"]
+            if publish == "SETMGET":
+                got[i] = c.set_and_get_many(f"addr/{i}", mine, peers, WAIT_S, watch_lost=True)
+            else:
+                c.set(f"addr/{i}", mine)
+                got[i] = c.get_many(peers, WAIT_S, watch_lost=True)
 
         threads = [threading.Thread(target=rank, args=(i,)) for i in range(n)]
         for t in threads:
@@ -615,7 +650,8 @@ class TestGrowth:
         assert got == [[f"host{(i - 1) % n}".encode(), f"host{(i + 1) % n}".encode()]
                        for i in range(n)]
         for c in clients:
-            assert c.requests == {"REGISTER": 1, "SET": 1, "MGET": 1}
+            assert c.requests == ({"REGISTER": 1, "SETMGET": 1} if publish == "SETMGET"
+                                  else {"REGISTER": 1, "SET": 1, "MGET": 1})
             assert not c.retries
             c.close()
         assert server.store.wakeups <= n

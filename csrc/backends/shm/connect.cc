@@ -5,7 +5,8 @@
 //     can reach it, and its memory goes when the last process that maps it does.
 //  2. Listen on a Unix socket in the abstract namespace (no file; it goes with the
 //     process) named "spark_hvd-shm-<32 random hex>", and publish "<name> <token>"
-//     (another 32 random hex) under addr/<r>. Only holders of the job's secret read the
+//     (another 32 random hex) under addr/<r>, in the request that reads step 3's
+//     addresses (Store::SetAndMultiGet). Only holders of the job's secret read the
 //     store. Anyone on the host may see the name (/proc/net/unix) and connect: the token
 //     is what admits a connection.
 //  3. Connect to every lower member p and send the tcp mesh's hello {magic, r, p's token}
@@ -114,12 +115,11 @@ class Setup {
 
   // Every member's host key, by member: each publishes its own and reads the others'.
   std::vector<std::string> ExchangeHosts(const std::string& key) {
-    store_.Set("host/" + std::to_string(rank_), key);
     std::vector<int> others;
     for (int p = 0; p < size_; ++p) {
       if (p != rank_) others.push_back(p);
     }
-    std::vector<std::string> read = ReadKeys("host/", others, "the host");
+    std::vector<std::string> read = ReadKeys("host/", others, "the host", key);
     std::vector<std::string> keys(static_cast<size_t>(size_));
     keys[static_cast<size_t>(rank_)] = key;
     for (size_t i = 0; i < others.size(); ++i) keys[static_cast<size_t>(others[i])] = read[i];
@@ -131,8 +131,7 @@ class Setup {
     net::FdCloser segment(CreateSegment(slot_bytes_, rank_, &maps[static_cast<size_t>(rank_)]));
     const std::string name = "spark_hvd-shm-" + RandomHex(), token = RandomHex();
     net::FdCloser listener(Listen(name));
-    store_.Set("addr/" + std::to_string(rank_), name + " " + token);
-    Connect(listener.get(), token);
+    Connect(listener.get(), name, token);
     for (int p = 0; p < size_; ++p) {
       if (p != rank_) SendSegment(p, segment.get());
     }
@@ -158,7 +157,7 @@ class Setup {
   }
 
   // Step 3.
-  void Connect(int listener, const std::string& token) {
+  void Connect(int listener, const std::string& name, const std::string& token) {
     struct Lower {
       std::string name, token;
       int got = 0;
@@ -167,7 +166,8 @@ class Setup {
     std::vector<Lower> lower(static_cast<size_t>(rank_));
     std::vector<int> below;
     for (int p = 0; p < rank_; ++p) below.push_back(p);
-    const std::vector<std::string> addresses = ReadKeys("addr/", below, "the address");
+    const std::vector<std::string> addresses =
+        ReadKeys("addr/", below, "the address", name + " " + token);
     for (int p = 0; p < rank_; ++p) {
       std::istringstream in(addresses[static_cast<size_t>(p)]);
       in >> lower[p].name >> lower[p].token;
@@ -248,14 +248,20 @@ class Setup {
   }
 
   // Members' values of `key_prefix`<p>, in one request (failing at once on a lost rank).
+  // This rank's own value of `key_prefix` is published by the same request.
   std::vector<std::string> ReadKeys(const char* key_prefix, const std::vector<int>& ps,
-                                    const char* what) {
-    if (ps.empty()) return {};
+                                    const char* what, const std::string& mine) {
+    const std::string my_key = key_prefix + std::to_string(rank_);
+    if (ps.empty()) {
+      store_.Set(my_key, mine);
+      return {};
+    }
     std::vector<std::string> keys;
     for (int p : ps) keys.push_back(key_prefix + std::to_string(p));
     const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
     try {
-      return store_.MultiGet(keys, std::max(0.0, left), static_cast<bool>(o_.lost_ranks));
+      return store_.SetAndMultiGet(my_key, mine, keys, std::max(0.0, left),
+                                   static_cast<bool>(o_.lost_ranks));
     } catch (const StatusError& e) {
       if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
         Throw(LostDuringInit("shm: rank " + std::to_string(o_.rank) + " stopped its set-up",
