@@ -1,31 +1,40 @@
-"""Rows/s of TorchModel.transform against a row-at-a-time Python UDF and predict_batch_udf.
+"""Rows/s of TorchModel.transform against a constant UDF (the executor JVM's bound), a
+row-at-a-time Python UDF and predict_batch_udf, on whichever pyspark runs it.
 
-All three run the same torch MLP (64 -> 256 -> 10, float32, one torch thread per task as
+All run the same torch MLP (64 -> 256 -> 10, float32, one torch thread per task as
 each executor has one core) on the same cached DataFrame of ``--rows`` rows with a 64-wide
 Vector ``features`` column, in one ``local-cluster[2,1,1024]`` session, and write every
 output with the ``noop`` sink (so nothing is pruned and nothing is collected):
 
-* ``TorchModel.transform``: a scalar-iterator Arrow UDF (``arrow_udf``) on
-  ``vector_to_array(features, "float32")``, the Arrow batch to one tensor without a copy,
-  ``inference_batch_size`` rows per model call, one torch thread (``spark.task.cpus``),
-  the model unpickled once per Python worker, output a (float64) Vector column;
+* ``TorchModel.transform``: the UDF this pyspark offers (estimators/_predict_udf.py): a
+  scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1), else a scalar-iterator pandas
+  UDF, on ``vector_to_array(features, "float32")``, the Arrow batch to one tensor without a
+  copy, ``inference_batch_size`` rows per model call, one torch thread
+  (``spark.task.cpus``), the model unpickled once per Python worker, output a (float64)
+  Vector column; on pyspark >= 4.1 also its pandas UDF path (``transform, pandas UDF``);
+* a constant UDF of the same kind (``arrow_udf``, else ``pandas_udf``, scalar iterator) on the
+  same ``vector_to_array`` column, returning 0.0 per row: what the JVM costs (the cached
+  scan, ``vector_to_array``, Arrow's writes and reads) with no model and no conversion,
+  which bounds every contender; ``transform`` should reach 0.9x of it;
 * a row-at-a-time ``@udf`` calling the model on one row (the model cached per worker);
 * ``pyspark.ml.functions.predict_batch_udf`` on ``vector_to_array(features, "float32")``
   with the same batch size, ``torch.set_num_threads(1)`` and the model unpickled once per
   Python worker in ``make_predict_fn``, output ``array<float>`` (the documented way to do
   batch inference in Spark; its pandas conversions are its own cost).
 
-Where the time goes (2026-12-04, CPU seconds per 200,000-row pass, summed over both
-executors): the executor JVMs ~1.5 s for either (the cached scan, ``vector_to_array``
+Where the time goes (2026-12-04, pyspark 4.3, CPU seconds per 200,000-row pass, summed over
+both executors): the executor JVMs ~1.5 s for either (the cached scan, ``vector_to_array``
 and Arrow's element-by-element writes), the Python workers 0.8 s for TorchModel (of which
 the MLP ~0.3 s) against 1.8 s for predict_batch_udf; an Arrow UDF returning a constant takes
 1.2 s + 0.5 s.  So the ratio is bounded by the JVM's share, the same for both.
 
 One warm-up pass each (Python workers, model caches), then ``--reps`` interleaved passes;
 the best and the median of each are reported, with the load average (a shared machine).
-Target: TorchModel >= 1.5x predict_batch_udf.
+Targets: TorchModel >= 1.5x predict_batch_udf, >= 0.9x the constant UDF.  Run it with
+another environment's Python for another pyspark (``make old-sparks``):
 
     .venv/bin/python bench/transform.py [--rows 200000] [--batch-size 1024]
+    .venv-spark35/bin/python bench/transform.py
 """
 
 import argparse
@@ -86,6 +95,29 @@ def batch_udf(net_bytes: bytes, batch_size: int):
                              batch_size=batch_size, input_tensor_shapes=[[WIDTH]])
 
 
+def constant_udf(kind: str):
+    """A scalar-iterator UDF of ``kind`` (``arrow`` or ``pandas``) giving 0.0 per row."""
+    from typing import Iterator
+
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+    if kind == "arrow":
+        import pyarrow as pa
+
+        def zeros_arrow(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+            import numpy as np
+            for batch in batches:
+                yield pa.array(np.zeros(len(batch)))
+        return F.arrow_udf(zeros_arrow, T.DoubleType())
+    import pandas as pd
+
+    def zeros_pandas(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        import numpy as np
+        for batch in batches:
+            yield pd.Series(np.zeros(len(batch)))
+    return F.pandas_udf(zeros_pandas, T.DoubleType())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -98,9 +130,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     import cloudpickle
+    import pyspark
     from pyspark.ml.functions import vector_to_array
 
     from spark_hvd.estimators import TorchModel
+    from spark_hvd.estimators._predict_udf import udf_kind
 
     spark = session(args.master, "transform")
     df = data(spark, args.rows, args.partitions)
@@ -114,14 +148,22 @@ def main(argv=None) -> int:
     def noop(frame):
         frame.write.format("noop").mode("overwrite").save()
 
+    kind = udf_kind()
+    constant = constant_udf(kind)
     contenders = {
         "TorchModel.transform": (args.rows, lambda: noop(model.transform(df))),
+        f"constant {kind} UDF": (args.rows, lambda: noop(df.withColumn(
+            "pred", constant(vector_to_array("features", "float32"))))),
         "predict_batch_udf": (args.rows, lambda: noop(df.withColumn(
             "pred", predict_batch(vector_to_array("features", "float32"))))),
         "row-at-a-time udf": (args.row_udf_rows,
                               lambda: noop(small.withColumn("pred", predict_row("features")))),
     }
-    print(f"{args.rows} rows x {WIDTH} features, MLP {WIDTH}-{HIDDEN}-{CLASSES}, "
+    if kind == "arrow":
+        contenders["transform, pandas UDF"] = (
+            args.rows, lambda: noop(model._transform_with(df, "pandas")))
+    print(f"pyspark {pyspark.__version__} (transform: {kind} UDF); "
+          f"{args.rows} rows x {WIDTH} features, MLP {WIDTH}-{HIDDEN}-{CLASSES}, "
           f"{args.partitions} partitions on {args.master}, batch {args.batch_size}; "
           f"{args.reps} reps; load {os.getloadavg()[0]:.1f}")
     for _, fn in contenders.values():
@@ -142,6 +184,10 @@ def main(argv=None) -> int:
     ratio = median["TorchModel.transform"] / base_median
     print(f"TorchModel / predict_batch_udf = {ratio:.2f} median (target >= 1.5): "
           f"{'met' if ratio >= 1.5 else 'NOT met'}; load {os.getloadavg()[0]:.1f}")
+    for name in [n for n in rates if n.startswith(("TorchModel", "transform,"))]:
+        bound = median[name] / median[f"constant {kind} UDF"]
+        print(f"{name} / constant {kind} UDF = {bound:.2f} median (target >= 0.9): "
+              f"{'met' if bound >= 0.9 else 'NOT met'}")
     spark.stop()
     return 0
 

@@ -10,10 +10,12 @@ import pytest
 import torch
 from pyspark.ml.linalg import VectorUDT
 
+import _reference_fit
 from est_helpers import (assert_mlflow_history, assert_tensorboard_history, bad_input,
                          kill_once, listing, make_net, mlflow_runs, nan_rows)
 from est_helpers import torch_estimator as _estimator
 from spark_hvd.estimators import LocalStore, TorchModel
+from spark_hvd.estimators._predict_udf import udf_kind
 from spark_hvd.exceptions import InvalidArgumentError, RankFailedError
 
 pytestmark = pytest.mark.spark
@@ -92,6 +94,59 @@ def test_transform_cuts_arrow_batches_into_inference_batches(undisturbed, digits
     assert n_got == n > 7 and got.keys() == want.keys()
     np.testing.assert_allclose(np.array([got[k] for k in want]), np.array(list(want.values())),
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(udf_kind() != "arrow", reason="pyspark < 4.1 has no arrow_udf to compare")
+def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undisturbed, digits):
+    """transform's path for pyspark < 4.1 (a pandas UDF, forced here) gives the columns of
+    its arrow_udf path value for value: the digits model (a Vector in, a Vector out), and a
+    model of two outputs (a Vector and a number) on a Vector and a double column at
+    inference_batch_size 7; a null in the double column is an error on both paths."""
+    from pyspark.sql import functions as F
+    _, model, _ = undisturbed
+
+    class TwoOutputs(torch.nn.Module):  # defined here: cloudpickled by value
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, s):
+            out = self.inner(x)
+            return out, out[:, 0] * s
+
+    # Cached: the same rows in the same Arrow batches on both paths (a row's float32 result
+    # may differ in the last bit with the batch it is computed in).
+    df = digits[1].withColumn("s", F.col("label").cast("double") / 10).cache()
+    df.count()
+    two = TorchModel(model=TwoOutputs(model.getModel()), feature_cols=["features", "s"],
+                     feature_shapes=[[64], []], output_cols=["logits", "score"],
+                     inference_batch_size=7)
+
+    def columns(m, kind, names):  # by features: the rows' order is not fixed
+        rows = m._transform_with(df, kind).collect()
+        assert [type(r[names[0]]).__name__ for r in rows[:1]] == ["DenseVector"]
+        return {tuple(r["features"]): [np.asarray(r[n].toArray() if hasattr(r[n], "toArray")
+                                                  else r[n]) for n in names] for r in rows}
+
+    for m, names in ((model, ["label__output"]), (two, ["logits", "score"])):
+        arrow, pandas = columns(m, "arrow", names), columns(m, "pandas", names)
+        assert arrow.keys() == pandas.keys() and len(arrow) > 400
+        for key, values in arrow.items():
+            for a, p in zip(values, pandas[key]):
+                np.testing.assert_array_equal(a, p)
+    nulls = df.withColumn("s", F.when(F.col("label") == 3, None).otherwise(F.col("s")))
+    for kind in ("arrow", "pandas"):
+        with pytest.raises(Exception, match=r"column 's' has (\d+ )?null value"):
+            two._transform_with(nulls, kind).collect()
+    df.unpersist()
+
+
+def test_the_reference_fit_predicts_as_stored(estimator_spark, tmp_path):
+    """tests/_reference_fit.py's fit and transform give the stored predictions on this
+    pyspark too (the spark35 and spark40 groups compare theirs with them)."""
+    got = _reference_fit.fit_and_predict(estimator_spark, LocalStore(str(tmp_path / "store")))
+    np.testing.assert_allclose(got, _reference_fit.stored(), rtol=0,
+                               atol=_reference_fit.REFERENCE_ATOL)
 
 
 @contextlib.contextmanager

@@ -5,6 +5,7 @@
   (``ddp_program.py``) as a function and as a script at 2 ranks, both reaching the weights
   one process reaches on both ranks' batches, and pyspark's TorchDistributor's on the same
   program (it runs here in local mode; on local-cluster it takes about a minute more);
+  the same training under FSDP (``fully_shard``) reaching the same weights;
   a failing script; the driver's GPUs shared by every process (as torchrun), through a
   session that has driver GPU resources.
 - ``local_mode=False`` on ``local-cluster[2,1,1024]`` (one barrier task per process): the
@@ -103,6 +104,14 @@ def test_local_mode_runs_a_ddp_function_and_script_on_the_driver_as_pyspark(spar
     # last to finish wins; ours is rank 0's, as pyspark documents.)
     assert theirs["world"] == 2 and theirs["local_rank"] == theirs["rank"]
     assert theirs["weights"] == result["weights"]
+
+    # The same training under FSDP (fully_shard): each process holds half of every
+    # parameter (a DTensor shard) and ends with DDP's weights.
+    fsdp = distributor.run(ddp_program.train_fsdp, STEPS)
+    assert (fsdp["rank"], fsdp["world"], fsdp["param"]) == (0, 2, "DTensor")
+    assert fsdp["local_shape"] == [1, 4], fsdp  # Linear(4, 2)'s weight split by rows
+    assert [pytest.approx(w, rel=1e-5, abs=1e-7) for w in ddp_program.reference(STEPS, 2)] \
+        == fsdp["weights"]
 
     failing = tmp_path / "fail.py"
     failing.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'fails', "
