@@ -1,5 +1,6 @@
-"""TorchEstimator and KerasEstimator under a Spark Connect session: fit, transform, save and
-load (alone and in a Pipeline, with overwrite), a bad-input error, MLflow logging.
+"""TorchEstimator, KerasEstimator and LightningEstimator under a Spark Connect session: fit
+and transform; save and load (alone and in a Pipeline, with overwrite), a bad-input error
+and MLflow logging of the first two.
 
 The driver is a process of its own (``SparkSession.builder.remote("local[2]")`` starts a local
 Connect server; a process cannot hold it beside the classic session of the other tests).  It
@@ -97,6 +98,19 @@ DRIVER = textwrap.dedent("""
     out["keras_history"] = kmodel.getHistory()
     check("keras", kmodel, kmodel.getModel().predict(feats.astype("float32"), verbose=0),
           KerasModel)
+
+    # Lightning: fit; transform against the module's forward. (Its model is a TorchModel,
+    # saved and loaded above; its MLflow logging is TorchEstimator's.)
+    from lightning_net import DigitsNet
+    from spark_hvd.estimators import LightningEstimator
+    lest = LightningEstimator(
+        num_proc=2, store=store, model=DigitsNet(), feature_cols=["features"],
+        label_cols=["label"], batch_size=32, epochs=2, validation=0.1, random_seed=1,
+        run_id="connect_lightning", mlflow_log=False)
+    lmodel = lest.fit(df)
+    out["lightning_history"] = lmodel.getHistory()
+    out["lightning_transform_diff"] = float(np.abs(outputs(lmodel, probe)
+                                                   - forward(lmodel.getModel())).max())
     spark.stop()
     print("RESULT " + json.dumps(out))
 """)
@@ -126,12 +140,14 @@ def test_estimators_under_spark_connect(tmp_path):
 
     assert out["session"] == "pyspark.sql.connect.session"
     assert "feature column 'featrues' (did you mean 'features'?)" in out["bad_input"]
-    for key in ("torch", "keras"):
+    for key, loss, accuracy, epochs in (("torch", "loss", "val_accuracy", 3),
+                                        ("keras", "loss", "val_accuracy", 3),
+                                        ("lightning", "train_loss", "val_acc", 2)):
         history = out[f"{key}_history"]
-        assert len(history["loss"]) == 3 and history["loss"][-1] < history["loss"][0], history
-        assert history["val_accuracy"][-1] > 0.7, history
+        assert len(history[loss]) == epochs and history[loss][-1] < history[loss][0], history
+        assert history[accuracy][-1] > 0.7, history
         assert out[f"{key}_transform_diff"] < 1e-4, out
-        assert out[f"{key}_load_diff"] == 0.0, out
+    assert out["torch_load_diff"] == out["keras_load_diff"] == 0.0, out
     assert out["pipeline_stage"] == "TorchEstimator"
     assert out["pipeline_load_diff"] == 0.0 and out["pipeline_transform_diff"] < 1e-4, out
     # Each fit logged to MLflow from the Connect client (the driver of this process).
