@@ -82,13 +82,30 @@ def spark_can_open(spark: Any, path: str) -> bool:
 def metadata_context(spark: Any) -> Any:
     """What pyspark's DefaultParamsWriter/Reader take for ``spark``: its SparkContext (the
     only thing pyspark 3.5 takes; later versions also take a session), or under Spark
-    Connect, which has no SparkContext, the session."""
-    return spark if is_connect(spark) else spark.sparkContext
+    Connect, which has no SparkContext, the session (pyspark >= 4.0)."""
+    if not is_connect(spark):
+        return spark.sparkContext
+    _require_connect_ml()
+    return spark
+
+
+def _require_connect_ml() -> None:
+    """An error naming the version needed where pyspark has no Spark ML on Connect (its
+    Connect server's ML helper, from pyspark 4.0)."""
+    import pyspark
+    import pyspark.ml.util as ml_util
+    if not hasattr(ml_util, "ML_CONNECT_HELPER_ID"):
+        raise InvalidArgumentError(
+            f"saving or loading a spark_hvd model or estimator under Spark Connect needs "
+            f"pyspark >= 4.0 (Spark ML on Connect); this is pyspark {pyspark.__version__}. "
+            f"Save it from a classic SparkSession, or save the framework model itself "
+            f"(model.getModel())")
 
 
 def connect_overwrite(path: str) -> None:
     """Deletes ``path`` on the Spark Connect server, as ``write().overwrite()`` does (pyspark's
     MLWriter deletes through the JVM, which a Connect client does not have)."""
+    _require_connect_ml()
     from pyspark.ml.util import ML_CONNECT_HELPER_ID
     from pyspark.ml.wrapper import JavaWrapper
     JavaWrapper(java_obj=ML_CONNECT_HELPER_ID)._call_java("handleOverwrite", path, True)

@@ -22,6 +22,7 @@ own: the Connect paths are the same as 4.3's, which tests/spark and tests/estima
 """
 
 import os
+import re
 import sys
 
 import cloudpickle
@@ -93,3 +94,18 @@ def test_a_null_feature_fails_fit_with_our_error_before_training(spark, tmp_path
     df = df.withColumn("label", F.when(F.col("id") == 7, None).otherwise(F.col("label")))
     with pytest.raises(InvalidArgumentError, match="column 'label' has null values"):
         _reference_fit.estimator(LocalStore(str(tmp_path / "store"))).fit(df)
+
+
+def test_saving_under_spark_connect_names_the_pyspark_it_needs():
+    """Spark ML on Connect (what saving a model through a Connect session takes) came with
+    pyspark 4.0: before, the error says so instead of failing inside pyspark."""
+    import pyspark
+    import pyspark.ml.util as ml_util
+
+    from spark_hvd.estimators import persistence
+    if hasattr(ml_util, "ML_CONNECT_HELPER_ID"):
+        persistence._require_connect_ml()
+        return
+    with pytest.raises(InvalidArgumentError, match=r"needs pyspark >= 4\.0 .*this is pyspark "
+                                                   + re.escape(pyspark.__version__)):
+        persistence._require_connect_ml()
