@@ -122,8 +122,9 @@ def _join_elastic(client, worker: Optional[int], timeout_s: float) -> "elastic.E
         RUNTIME.worker_client, RUNTIME.elastic_worker = worker_client, worker
         atexit.register(worker_client.close)  # a goodbye: this worker left, it did not crash
     RUNTIME.elastic_requests += 1
+    lost, RUNTIME.lost_workers = RUNTIME.lost_workers, []
     epoch = elastic.join(client, RUNTIME.elastic_worker, RUNTIME.elastic_requests,
-                         job_env.hostname(), timeout_s + _config.start_timeout_s())
+                         job_env.hostname(), timeout_s + _config.start_timeout_s(), lost=lost)
     RUNTIME.epoch = epoch
     return epoch
 

@@ -32,11 +32,13 @@ class _Runtime:
         self.atexit_registered = False
         self.name_counters: dict = {}  # (op, process set id) -> itertools.count
         # An elastic job's worker: its own registration (kept across resets), its id,
-        # how many places it asked for, and the epoch it is in.
+        # how many places it asked for, the epoch it is in, and the workers its last
+        # failure named lost (its next request tells the coordinator).
         self.worker_client: Optional[RendezvousClient] = None
         self.elastic_worker: Optional[int] = None
         self.elastic_requests = 0
         self.epoch = None
+        self.lost_workers: list = []
 
     # -- names -------------------------------------------------------------
     def auto_name(self, op: str, process_set_id: Optional[int] = 0) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from spark_hvd._job import elastic as _proto
 from spark_hvd._job.elastic import ElasticJobError, WorkerRemoved
-from spark_hvd.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from spark_hvd.exceptions import HorovodInternalError, HostsUpdatedInterrupt, PeerLostError
 
 __all__ = ["State", "ObjectState", "run", "run_fn", "ElasticJobError", "WorkerRemoved"]
 
@@ -152,6 +152,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                 except HorovodInternalError as e:
                     if not _in_elastic_job():  # no one re-forms it: the job fails
                         raise
+                    _note_lost(e)
                     logger.warning("elastic: collective failed (%s); restoring the last "
                                    "commit and re-forming the job", e)
                     state.restore()
@@ -167,6 +168,14 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
     return wrapper
 
 
+def _note_lost(error: HorovodInternalError) -> None:
+    """Keeps the workers a PeerLostError named lost for the next request for a place."""
+    from spark_hvd._runtime import RUNTIME
+
+    if isinstance(error, PeerLostError):
+        RUNTIME.lost_workers = _proto.lost_workers(RUNTIME.epoch, error.ranks or [])
+
+
 def _reset_until_formed(reset: Callable[[], None], state: State) -> None:
     """Runs ``reset`` until the new epoch's ranks have connected: a rank lost while they
     connect fails the attempt (HorovodInternalError), and the survivors form another."""
@@ -175,6 +184,7 @@ def _reset_until_formed(reset: Callable[[], None], state: State) -> None:
             reset()
             return
         except HorovodInternalError as e:
+            _note_lost(e)
             logger.warning("elastic: re-forming the job failed (%s); trying again", e)
             state.restore()
 

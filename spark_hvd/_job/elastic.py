@@ -7,7 +7,9 @@ launcher or the Spark driver) forms each epoch; a worker joins one at its first
 store, under ``__elastic__/``:
 
 ``join/<worker>``
-    set by a worker asking for a place: ``{"n": <its n-th request>, "host": ...}``.
+    set by a worker asking for a place: ``{"n": <its n-th request>, "host": ...,
+    "lost": [...]}``, ``lost`` the workers its last failure named lost (PeerLostError's
+    ranks in its epoch), which the coordinator leaves out when they do not ask in time.
 ``assigned/<worker>/<n>``
     the coordinator's answer to request n: the epoch number, or ``removed`` (the
     worker has no place and should exit), or ``error`` (the job cannot go on; the
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from spark_hvd._job.client import RendezvousClient
 from spark_hvd._job.topology import Topology, assign
@@ -89,14 +91,15 @@ class Epoch:
 
 
 def join(client: RendezvousClient, worker: int, request: int, host: str,
-         timeout_s: float) -> Epoch:
+         timeout_s: float, lost: Sequence[int] = ()) -> Epoch:
     """Asks the coordinator for a place and waits for the epoch it gives this worker.
 
-    ``request`` numbers this worker's requests (1, 2, ...). Raises WorkerRemoved or
-    ElasticJobError on those answers, ElasticJobError too when none comes in
-    ``timeout_s``.
+    ``request`` numbers this worker's requests (1, 2, ...); ``lost``: the workers this
+    worker's last failure named lost. Raises WorkerRemoved or ElasticJobError on those
+    answers, ElasticJobError too when none comes in ``timeout_s``.
     """
-    client.set(f"{JOIN}{worker}", json.dumps({"n": request, "host": host}).encode())
+    client.set(f"{JOIN}{worker}", json.dumps({"n": request, "host": host,
+                                              "lost": sorted(lost)}).encode())
     try:
         answer = client.get(f"{ASSIGNED}{worker}/{request}", timeout_s).decode()
     except CollectiveTimeoutError:  # not a HorovodInternalError: elastic.run must not retry
@@ -110,6 +113,13 @@ def join(client: RendezvousClient, worker: int, request: int, host: str,
         raise ElasticJobError(client.get(ERROR, 10.0).decode("utf-8", "replace"))
     number = int(answer)
     return Epoch.from_bytes(number, client.get(f"{EPOCH}{number}", timeout_s))
+
+
+def lost_workers(epoch: Optional[Epoch], ranks: Sequence[int]) -> List[int]:
+    """The workers of ``epoch``'s ``ranks`` (a PeerLostError's), those it has."""
+    if epoch is None:
+        return []
+    return sorted({epoch.workers[r] for r in ranks if 0 <= r < len(epoch.workers)})
 
 
 def pending_updates(client: RendezvousClient, since: int) -> Optional[bool]:

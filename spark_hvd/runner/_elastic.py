@@ -11,7 +11,12 @@ When an epoch forms:
 - first: once ``num_proc`` workers ask (or, after ``start_timeout_s``, at least
   ``min_num_proc``);
 - then: once every live member of the running epoch asks again (they do after a failed
-  collective, or after a membership change interrupted them). Workers that ask while
+  collective, or after a membership change interrupted them). A member that the others'
+  requests name lost (their PeerLostError's ranks) and that has not asked within
+  ``NAMED_LOST_GRACE_S`` of being named is left out, as if its registration had dropped:
+  a host cut off keeps its connection to the service open until TCP keepalive gives up
+  (~25 s), while its peers name it within the heartbeat timeout. If it asks later it is
+  answered ``removed``. Workers that ask while
   the members still train are announced to them as an ``added`` update; workers the
   launcher removes as a ``removed`` one.
 
@@ -39,6 +44,8 @@ from spark_hvd.runner.rendezvous import RendezvousServer
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.05
+# How long a member named lost by the others' requests has to ask for itself.
+NAMED_LOST_GRACE_S = 3.0
 
 
 def check_sizes(num_proc: Optional[int], min_num_proc: Optional[int],
@@ -103,6 +110,9 @@ class Coordinator:
         self._members: List[int] = []
         self._member_hosts: Dict[int, str] = {}
         self._seen_lost: Set[int] = set()
+        self._named: Set[int] = set()            # named lost by the unanswered requests
+        self._named_since: Dict[int, float] = {}
+        self._dropped: Set[int] = set()          # left out on being named lost
         self.epoch = 0
         self.resets = 0
         self.error: Optional[str] = None
@@ -139,6 +149,12 @@ class Coordinator:
     def alive(self) -> List[int]:
         return self._server.registered_ranks(proto.WORKER_GROUP)
 
+    def gone(self) -> Set[int]:
+        """Workers the job has lost: their registration dropped, or the others named them
+        lost and they did not ask in time (they may still run, cut off)."""
+        with self._lock:
+            return set(self._seen_lost) | set(self._dropped)
+
     # -- the loop ------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -155,7 +171,7 @@ class Coordinator:
 
     def _requests(self) -> Dict[int, Tuple[int, str]]:
         """Unanswered requests: worker -> (request number, host)."""
-        out = {}
+        out, named = {}, set()
         for key in self._store.keys(proto.JOIN):
             worker = int(key[len(proto.JOIN):])
             try:
@@ -164,6 +180,8 @@ class Coordinator:
                 continue
             if doc["n"] > self._answered.get(worker, 0):
                 out[worker] = (int(doc["n"]), str(doc["host"]))
+                named.update(int(w) for w in doc.get("lost", ()))
+        self._named = named
         return out
 
     def _answer(self, worker: int, request: int, value: str) -> None:
@@ -191,13 +209,14 @@ class Coordinator:
             self._log(f"worker {worker}{f' on {where}' if where else ''} lost"
                       + (f" (rank {self._members.index(worker)} of epoch {self.epoch})"
                          if worker in self._members else ""))
-        self._seen_lost = lost
+        with self._lock:
+            self._seen_lost = lost
         requests = {w: r for w, r in self._requests().items() if w in alive}
         if self.error is not None:
             return self._fail(self.error, requests)
         with self._lock:
             removing = set(self._to_remove)
-        for worker in sorted(removing & set(requests)):
+        for worker in sorted((removing | self._dropped) & set(requests)):
             self._answer(worker, requests.pop(worker)[0], proto.REMOVED)
             self._removed.add(worker)
             with self._lock:
@@ -213,6 +232,8 @@ class Coordinator:
                 self._clock() - self._started_at >= self.start_timeout_s
                 and len(requests) >= self.min_num_proc)
         else:
+            self._drop_named(requests, live_members)
+            live_members = [w for w in live_members if w not in self._dropped]
             ready = bool(requests) and all(w in requests for w in live_members)
             if not ready:
                 self._announce_changes(requests, removing, members)
@@ -236,6 +257,21 @@ class Coordinator:
         for worker in extra:
             self._answer(worker, requests[worker][0], proto.REMOVED)
             self._removed.add(worker)
+
+    def _drop_named(self, requests: Dict[int, Tuple[int, str]], live_members: List[int]) -> None:
+        """Leaves out the live members the requests name lost that have not asked within
+        NAMED_LOST_GRACE_S of being named."""
+        now = self._clock()
+        named = {w for w in self._named if w in live_members and w not in requests}
+        self._named_since = {w: self._named_since.get(w, now) for w in named}
+        for worker in sorted(named):
+            if now - self._named_since[worker] >= NAMED_LOST_GRACE_S:
+                with self._lock:
+                    self._dropped.add(worker)
+                where = self._member_hosts.get(worker)
+                self._log(f"worker {worker}{f' on {where}' if where else ''} lost (rank "
+                          f"{self._members.index(worker)} of epoch {self.epoch}): the others "
+                          f"named it lost and it did not ask for {NAMED_LOST_GRACE_S:g} s")
 
     def _finishing(self, finished: List[int], requests: Dict[int, Tuple[int, str]],
                    members: List[int]) -> None:

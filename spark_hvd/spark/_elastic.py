@@ -245,7 +245,11 @@ class _ElasticJob:
             self.coordinator.stop()
         self._finish()
         if done.results is not None:
-            self.stage.join(self.spec.kill_grace_s + _driver.REPORT_WAIT_S)
+            # The workers' tasks end as they report; a worker the job lost (a host cut
+            # off) may never report, and its task ends only when Spark gives it up.
+            self._collect_reports()
+            self.stage.join(_driver.LOST_REPORT_S if self._unreported() else
+                            self.spec.kill_grace_s + _driver.REPORT_WAIT_S)
             self.stage.cancel()  # tasks still pending (no slot, no executor yet)
             return done.results
         if done.error is None:
@@ -343,8 +347,13 @@ class _ElasticJob:
 
     def _all_reported(self) -> bool:
         """Whether every task that started a worker has reported."""
-        return all(json.loads(self.store.get(key, 0))["worker"] in self.reports
+        return not self._unreported()
+
+    def _unreported(self) -> List[int]:
+        """The workers whose task started and has not reported."""
+        started = (json.loads(self.store.get(key, 0))["worker"]
                    for key in self.store.keys(P.STREAM_PREFIX))
+        return [w for w in started if w not in self.reports]
 
     def _ended(self) -> _Done:
         if self.final is not None:
@@ -380,9 +389,17 @@ class _ElasticJob:
     def _collect_reports(self) -> None:
         """The stopped workers' reports (for the error's details): until every worker
         that started has reported, or the Spark job has ended and every report has been
-        read, at most kill_grace_s + REPORT_WAIT_S."""
+        read, at most kill_grace_s + REPORT_WAIT_S; once only workers the job lost are
+        missing (cut off, they may never report), at most LOST_REPORT_S more."""
         deadline = time.monotonic() + self.spec.kill_grace_s + _driver.REPORT_WAIT_S
-        while not self._all_reported():
+        shortened = False
+        while True:
+            missing = self._unreported()
+            if not missing:
+                return
+            if not shortened and set(missing) <= self.coordinator.gone():
+                deadline = min(deadline, time.monotonic() + _driver.LOST_REPORT_S)
+                shortened = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return

@@ -27,13 +27,15 @@ class Worker:
         self._thread = None
         self._result = None
 
-    def ask(self) -> "Worker":
-        """Asks for a place in a thread; :meth:`answer` waits for what came back."""
+    def ask(self, lost=()) -> "Worker":
+        """Asks for a place in a thread (naming `lost` workers lost); :meth:`answer` waits
+        for what came back."""
         self.requests += 1
 
         def run(n=self.requests):
             try:
-                self._result = proto.join(self.client, self.id, n, f"host{self.id}", WAIT_S)
+                self._result = proto.join(self.client, self.id, n, f"host{self.id}", WAIT_S,
+                                          lost=lost)
             except Exception as e:  # noqa: BLE001 - the answer under test
                 self._result = e
 
@@ -153,6 +155,33 @@ def test_survivors_keep_their_rank_order_and_newcomers_follow(job):
     epoch = formed(w0, w2, w3)
     assert (epoch.number, epoch.workers) == (2, [0, 2, 3])
     assert c.resets == 1 and log[-1] == "epoch 2: 3 ranks (workers 0, 2, 3), reset 1"
+
+
+def test_a_member_the_others_name_lost_is_left_out_if_it_does_not_ask(job):
+    """A host cut off keeps its worker's registration open (until TCP keepalive gives up);
+    the survivors' requests name it lost: once it has not asked for NAMED_LOST_GRACE_S
+    after being named, the epoch forms without it, and a later request of its own is
+    answered removed. A member named lost that does ask is kept."""
+    from spark_hvd.runner import _elastic
+
+    clock = Clock()
+    c, log, workers = job(num_proc=4, min_num_proc=2, clock=clock)
+    w0, w1, w2, w3 = workers(0, 1, 2, 3)
+    formed(w0.ask(), w1.ask(), w2.ask(), w3.ask())
+    w0.ask(lost=[2, 3]), w1.ask(lost=[2, 3])
+    seen(c, w0, w1)
+    w3.ask(lost=[0])  # named, but it asks: it stays
+    seen(c, w3)
+    clock.now += _elastic.NAMED_LOST_GRACE_S - 0.5
+    seen(c, w0, w1, w3)
+    assert c.epoch == 1  # not yet: w2 may still ask
+    clock.now += 1.0
+    epoch = formed(w0, w1, w3)
+    assert (epoch.number, epoch.workers) == (2, [0, 1, 3])
+    assert any("worker 2 on host2 lost (rank 2 of epoch 1): the others named it lost" in line
+               for line in log), log
+    assert 2 in c.gone() and 2 in c.alive()  # still registered: cut off, not crashed
+    assert isinstance(w2.ask().answer(), proto.WorkerRemoved)
 
 
 def test_a_newcomer_is_announced_to_the_running_epoch(job):
