@@ -54,11 +54,15 @@ RANK = textwrap.dedent("""
     out, _ = hvd.alltoall(np.arange(n, dtype=np.float32) + 100 * me, name="scale.a2a")
     assert out.tolist() == [100.0 * j + me for j in range(n)], out
     after = _core.traffic()["connections"]
-    print("SCALE" + json.dumps({
+    record = {
         "rank": me, "size": n, "connections_at_init": mesh_sockets, "requests_at_init": requests,
         "control_per_cycle": (k1 - k0) / (c1 - c0), "data_per_op": (d1 - d0) / steps,
         "connections_by_alltoall": after["opened"] + after["accepted"] - mesh_sockets,
-        "sockets_before_alltoall": before, "sockets_after_alltoall": sockets()}), flush=True)
+        "sockets_before_alltoall": before, "sockets_after_alltoall": sockets()}
+    # Every rank counted before any leaves: a rank's exit stops the others' engines
+    # (their connections close) and sends its ring neighbours' heartbeats round it.
+    hvd.barrier()
+    print("SCALE" + json.dumps(record), flush=True)
 """)
 
 
