@@ -280,6 +280,10 @@ void Controller::Cycle(Communicator* control, std::vector<Request>* incoming, bo
   Answered(ready);
   result.idle =
       !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() && table_.empty();
+  result.quiet = !result.idle && !partial_bits_ && table_.empty() && joined_count_ == 0;
+  for (size_t i = 0; result.quiet && i < ready.size(); ++i) {
+    result.quiet = ready[i].process_set == 0;
+  }
   FuseResponses(ready, tuner_->fusion_threshold_bytes(), &result.responses);
   tuner_->Measure(result.responses);
 }
@@ -401,6 +405,7 @@ void Controller::ApplyRequests(const CycleRecords& records) {
 }
 
 void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
+  partial_bits_ = false;
   for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
     CacheSlot& cs = cache_.slot(slot);
     if (!cs.valid) continue;
@@ -415,6 +420,7 @@ void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
     }
     const bool any = records.Some(slot);
     const bool every = anyone_active && records.Every(slot);
+    partial_bits_ = partial_bits_ || (any && !every);
     if (any && cs.first_bit_cycle < 0) {
       cs.first_bit_cycle = cycle_;
       cs.first_bit_us = NowMicros();

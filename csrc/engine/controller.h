@@ -63,6 +63,11 @@ struct CycleResult {
   // Nothing pending on any rank (no request, cache bit, join or partial group):
   // the same on every rank, so all may slow their cycles down together.
   bool idle = false;
+  // Ops of the global set ran this cycle and nothing is left pending on any rank: every
+  // rank had work, and a training loop's ranks come back with more, each starting a cycle
+  // at once when it does; the next cycle on the timer can wait. (After a smaller set's op
+  // the others pace as usual: they may have nothing to do while that set goes on.)
+  bool quiet = false;
 };
 
 class Controller {
@@ -102,6 +107,7 @@ class Controller {
 
   int32_t rank_;
   int32_t size_;
+  bool partial_bits_ = false;  // this cycle: a cached slot some ranks set, not every one
   ProcessSetTable* sets_;
   Autotuner* tuner_;
   CacheStats* stats_;

@@ -334,11 +334,16 @@ bool Engine::RunCycle() {
   // this one while any rank has work; while every rank is idle the pause doubles up to
   // SPARK_HVD_IDLE_CYCLE_TIME_MS (1 ms cycles cost ~15% of a core per rank on loopback
   // with nothing to do). `idle` comes from exchanged data: all ranks back off together.
+  // After a `quiet` cycle (global ops ran, nothing left pending) the next one is the
+  // idle pause from now: each rank's next op starts a cycle at once, and a cycle at
+  // cycle time while the callers take their results would find nothing (a blocking op
+  // cost 2 cycles, now 1: at 64 ranks on tcp 23 ms became 16 ms on 2 cores).
   using Ms = std::chrono::duration<double, std::milli>;
   const Ms cycle(tuner_.cycle_time_ms());
   const Ms idle_cap = std::max(cycle, Ms(env::IdleCycleTimeMs()));
-  cycle_wait_ = cr.idle ? std::min(cycle_wait_ * 2, idle_cap) : cycle;
-  next_cycle_ = start + std::chrono::duration_cast<Clock::duration>(cycle_wait_);
+  cycle_wait_ = cr.idle ? std::min(cycle_wait_ * 2, idle_cap) : cr.quiet ? idle_cap : cycle;
+  next_cycle_ =
+      (cr.quiet ? Clock::now() : start) + std::chrono::duration_cast<Clock::duration>(cycle_wait_);
   negotiating_ = controller_->HasPending();
   return true;
 }
