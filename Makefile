@@ -95,14 +95,16 @@ compat: $(STAMP_BUILD) $(STAMP_CHECKOUT)
 # where they would come before the venv's own numpy) and through site.addsitedir, so .venv's
 # .pth files apply too: spark_hvd is .venv's editable install with its built _core (no second
 # C++ build), and torch, TensorFlow, py4j, cloudpickle... are .venv's. `pip check` then
-# checks every requirement across the two.
+# checks every requirement across the two. --no-compile: the tests import a small part of
+# what is installed (byte-compiling it all took 6-8 s of each install here).
 OLD_SPARKS := spark35 spark40
 MAIN_SITE = $(shell $(VPY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 .venv-%/.old-spark-stamp: requirements/%.txt | $(STAMP_BUILD)
 	rm -rf .venv-$*
 	$(PY) -m venv --without-pip .venv-$*
-	$(VPY) -m pip --python .venv-$*/bin/python install -q --no-deps -r requirements/$*.txt
+	$(VPY) -m pip --python .venv-$*/bin/python install -q --no-deps --no-compile \
+	  -r requirements/$*.txt
 	site="$$(.venv-$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"; \
 	printf "%s\nimport site; site.addsitedir('%s')\n" "$(MAIN_SITE)" "$(MAIN_SITE)" \
 	  > "$$site/spark_hvd_main_venv.pth"
