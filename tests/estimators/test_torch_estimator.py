@@ -60,11 +60,19 @@ def test_fit_logs_to_mlflow_and_tensorboard(undisturbed, digits):
                                rtol=1e-5, atol=1e-5)
 
 
+def _by_features(rows, names):
+    """``{features: [each output as an array]}`` (the rows' order is not fixed)."""
+    return {tuple(r["features"]): [np.asarray(r[n].toArray() if hasattr(r[n], "toArray")
+                                              else r[n]) for n in names] for r in rows}
+
+
 def test_transform_cuts_arrow_batches_into_inference_batches(undisturbed, digits):
     """An Arrow batch larger than inference_batch_size (the test rows: one batch per
     partition, up to spark.sql.execution.arrow.maxRecordsPerBatch rows) is cut into calls of
     at most that many rows, and the predictions are the same as with one call per batch: a
-    module that refuses more than 7 rows fails at the default size (1024) and predicts with 7."""
+    module that refuses more than 7 rows fails at the default size (1024) and predicts with 7.
+    On pyspark >= 4.1, the pandas UDF of older pysparks (forced here) gives the arrow_udf's
+    columns value for value at 7 rows per call too."""
     _, model, _ = undisturbed
 
     class AtMost(torch.nn.Module):  # defined here: cloudpickled by value to the executors
@@ -77,31 +85,35 @@ def test_transform_cuts_arrow_batches_into_inference_batches(undisturbed, digits
                 raise RuntimeError(f"a call of {x.shape[0]} rows, more than {self.rows}")
             return self.inner(x)
 
-    test_df = digits[1]
-
-    def predictions(m):  # by features: repartition(2) deals rows out in no fixed order
-        rows = m.transform(test_df).collect()
-        return len(rows), {tuple(r["features"].toArray()): r["label__output"].toArray()
-                           for r in rows}
-
-    n, want = predictions(model)
+    # Cached: the same rows in the same Arrow batches in every transform (a row's float32
+    # result may differ in the last bit with the batch it is computed in).
+    test_df = digits[1].cache()
+    names = ["label__output"]
+    want = _by_features(model.transform(test_df).collect(), names)
     strict = model.copy()
     strict.setModel(AtMost(model.getModel(), 7))
     with pytest.raises(Exception, match="more than 7"):
         strict.transform(test_df).collect()
     strict.setInferenceBatchSize(7)
-    n_got, got = predictions(strict)
-    assert n_got == n > 7 and got.keys() == want.keys()
-    np.testing.assert_allclose(np.array([got[k] for k in want]), np.array(list(want.values())),
-                               rtol=1e-6, atol=1e-6)
+    got = _by_features(strict.transform(test_df).collect(), names)
+    assert len(got) > 7 and got.keys() == want.keys()
+    np.testing.assert_allclose(np.array([got[k][0] for k in want]),
+                               np.array([v[0] for v in want.values()]), rtol=1e-6, atol=1e-6)
+    if udf_kind() == "arrow":
+        pandas = _by_features(strict._transform_with(test_df, "pandas").collect(), names)
+        assert pandas.keys() == got.keys()
+        for key, values in got.items():
+            np.testing.assert_array_equal(values[0], pandas[key][0])
+    test_df.unpersist()
 
 
 @pytest.mark.skipif(udf_kind() != "arrow", reason="pyspark < 4.1 has no arrow_udf to compare")
 def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undisturbed, digits):
     """transform's path for pyspark < 4.1 (a pandas UDF, forced here) gives the columns of
-    its arrow_udf path value for value: the digits model (a Vector in, a Vector out), and a
-    model of two outputs (a Vector and a number) on a Vector and a double column at
-    inference_batch_size 7; a null in the double column is an error on both paths."""
+    its arrow_udf path value for value on a model of two outputs (a Vector and a number)
+    taking a Vector and a double column (the digits model: the test above), and refuses a
+    null in the double column, which pandas would make NaN (the arrow_udf path's own error
+    on nulls is array_to_numpy's, tests/unit)."""
     from pyspark.sql import functions as F
     _, model, _ = undisturbed
 
@@ -114,30 +126,22 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
             out = self.inner(x)
             return out, out[:, 0] * s
 
-    # Cached: the same rows in the same Arrow batches on both paths (a row's float32 result
-    # may differ in the last bit with the batch it is computed in).
+    # Cached: the same Arrow batches on both paths (see the test above).
     df = digits[1].withColumn("s", F.col("label").cast("double") / 10).cache()
-    df.count()
     two = TorchModel(model=TwoOutputs(model.getModel()), feature_cols=["features", "s"],
-                     feature_shapes=[[64], []], output_cols=["logits", "score"],
-                     inference_batch_size=7)
-
-    def columns(m, kind, names):  # by features: the rows' order is not fixed
-        rows = m._transform_with(df, kind).collect()
-        assert [type(r[names[0]]).__name__ for r in rows[:1]] == ["DenseVector"]
-        return {tuple(r["features"]): [np.asarray(r[n].toArray() if hasattr(r[n], "toArray")
-                                                  else r[n]) for n in names] for r in rows}
-
-    for m, names in ((model, ["label__output"]), (two, ["logits", "score"])):
-        arrow, pandas = columns(m, "arrow", names), columns(m, "pandas", names)
-        assert arrow.keys() == pandas.keys() and len(arrow) > 400
-        for key, values in arrow.items():
-            for a, p in zip(values, pandas[key]):
-                np.testing.assert_array_equal(a, p)
+                     feature_shapes=[[64], []], output_cols=["logits", "score"])
+    names = ["logits", "score"]
+    arrow = _by_features(two._transform_with(df, "arrow").collect(), names)
+    rows = two._transform_with(df, "pandas").collect()
+    assert type(rows[0]["logits"]).__name__ == "DenseVector"
+    pandas = _by_features(rows, names)
+    assert arrow.keys() == pandas.keys() and len(arrow) > 400
+    for key, values in arrow.items():
+        for a, p in zip(values, pandas[key]):
+            np.testing.assert_array_equal(a, p)
     nulls = df.withColumn("s", F.when(F.col("label") == 3, None).otherwise(F.col("s")))
-    for kind in ("arrow", "pandas"):
-        with pytest.raises(Exception, match=r"column 's' has (\d+ )?null value"):
-            two._transform_with(nulls, kind).collect()
+    with pytest.raises(Exception, match=r"column 's' has null value"):
+        two._transform_with(nulls, "pandas").collect()
     df.unpersist()
 
 
