@@ -9,16 +9,17 @@ thread) with an allreduce and with a rank that fails (the report, the job cancel
 TorchDistributor drop-in on DDP in barrier tasks; the estimators' data checks
 (``raise_error`` inside the write job, turned back into our error); a TorchEstimator fit
 and ``transform`` (``pandas_udf`` before pyspark 4.1) whose predictions must equal pyspark
-4.3's (tests/_reference_fit.py); and a Pipeline of the model saved and loaded (Spark ML's
-metadata).
+4.3's (tests/_reference_fit.py); a Pipeline of the model saved and loaded (Spark ML's
+metadata); Keras and Lightning fits whose ``transform`` predicts as their model does on the
+driver (on 3.5 only, Makefile SPARK_VERSIONS_ONLY_35: their Spark side is TorchEstimator's;
+3.5's numpy 1.26 is what TensorFlow and Lightning could trip on).
 
 Left to 4.3 (tests/spark, tests/estimators), because they exercise no pyspark API that
 these versions lack or changed, or cost a session of their own: local-cluster runs (GPU
 mapping, output streaming, kills and timeouts: the same code once a task runs), resuming
-and restarts, Keras and Lightning fits (their ranks run no pyspark; their Spark side is
-TorchEstimator's), object stores, MLflow and TensorBoard, the notebooks, and Spark Connect
-(pyspark 3.5's Connect server is not in its pip package; 4.0's Connect costs a server of its
-own: the Connect paths are the same as 4.3's, which tests/spark and tests/estimators run).
+and restarts, object stores, MLflow and TensorBoard, the notebooks, and Spark Connect
+(pyspark 3.5's Connect server is not in its pip package; 4.0's costs a server of its own;
+the `connect` extra declares 4.3, where tests/spark and tests/estimators run it).
 """
 
 import os
@@ -94,6 +95,65 @@ def test_a_null_feature_fails_fit_with_our_error_before_training(spark, tmp_path
     df = df.withColumn("label", F.when(F.col("id") == 7, None).otherwise(F.col("label")))
     with pytest.raises(InvalidArgumentError, match="column 'label' has null values"):
         _reference_fit.estimator(LocalStore(str(tmp_path / "store"))).fit(df)
+
+
+def _transform_matches_the_model(model, df, predict):
+    """``model.transform(df)``'s outputs equal ``predict(features)`` on the driver."""
+    rows = model.transform(df).select("id", "features", "label__output").orderBy("id").collect()
+    x = np.array([r["features"].toArray() for r in rows], np.float32)
+    np.testing.assert_allclose(np.array([r["label__output"].toArray() for r in rows]),
+                               predict(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_keras_estimator_fits_and_transforms(spark, tmp_path):
+    """KerasEstimator's Spark side is TorchEstimator's; this runs its ranks and KerasModel's
+    predictor in the pandas UDF (and TensorFlow on this environment's numpy)."""
+    keras = pytest.importorskip("keras")
+    from spark_hvd.estimators import KerasEstimator, LocalStore
+    keras.utils.set_random_seed(0)
+    net = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model = KerasEstimator(
+        num_proc=2, store=LocalStore(str(tmp_path / "store")), model=net,
+        optimizer=keras.optimizers.SGD(0.2),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        feature_cols=["features"], label_cols=["label"], batch_size=16, epochs=1, verbose=0,
+        mlflow_log=False).fit(_reference_fit.frame(spark))
+    assert len(model.getHistory()["loss"]) == 1
+    _transform_matches_the_model(model, _reference_fit.frame(spark),
+                                 lambda x: model.getModel().predict(x, verbose=0))
+
+
+def test_a_lightning_estimator_fits_and_transforms(spark, tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    import torch
+    from spark_hvd.estimators import LightningEstimator, LocalStore
+
+    class Net(pl.LightningModule):  # cloudpickled by value with this module
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.layer(x)
+
+        def training_step(self, batch, batch_idx):
+            loss = torch.nn.functional.cross_entropy(self(batch["features"]), batch["label"])
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.2)
+
+    model = LightningEstimator(
+        num_proc=2, store=LocalStore(str(tmp_path / "store")), model=Net(),
+        feature_cols=["features"], label_cols=["label"], batch_size=16, epochs=1,
+        mlflow_log=False).fit(_reference_fit.frame(spark))
+
+    def predict(x):
+        with torch.no_grad():
+            return model.getModel()(torch.from_numpy(x)).numpy()
+    _transform_matches_the_model(model, _reference_fit.frame(spark), predict)
 
 
 def test_saving_under_spark_connect_names_the_pyspark_it_needs():
