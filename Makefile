@@ -292,4 +292,4 @@ bench-scale: setup
 	PYTHONPATH=. $(VPY) bench/scale.py $(if $(NP),--np $(NP)) $(SCALE_ARGS)
 
 clean:
-	rm -rf build *.egg-info spark_hvd/_core*.so $(WHEEL_DIR) site $(VENV_COMPAT)
+	rm -rf build *.egg-info spark_hvd/_core*.so $(WHEEL_DIR) site $(VENV_COMPAT) $(OLD_SPARKS:%=.venv-%)
