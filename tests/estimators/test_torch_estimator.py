@@ -110,29 +110,32 @@ def test_transform_cuts_arrow_batches_into_inference_batches(undisturbed, digits
 @pytest.mark.skipif(udf_kind() != "arrow", reason="pyspark < 4.1 has no arrow_udf to compare")
 def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undisturbed, digits):
     """transform's path for pyspark < 4.1 (a pandas UDF, forced here) gives the columns of
-    its arrow_udf path value for value on a model of two outputs (a Vector and a number)
-    taking a Vector and a double column (the digits model: the test above), and refuses a
-    null in the double column, which pandas would make NaN (the arrow_udf path's own error
-    on nulls is array_to_numpy's, tests/unit)."""
+    its arrow_udf path value for value on a model of three outputs (a Vector, a number, and
+    a Vector wider than MAX_STRUCT_WIDTH, which comes back as an array) taking a Vector, a
+    double and a 2x2 array column (nested: pyarrow re-assembles it; the digits model is the
+    test above's), and refuses a null in the double column, which pandas would make NaN (the
+    arrow_udf path's own error on nulls is array_to_numpy's, tests/unit)."""
     from pyspark.sql import functions as F
     _, model, _ = undisturbed
 
-    class TwoOutputs(torch.nn.Module):  # defined here: cloudpickled by value
+    class ThreeOutputs(torch.nn.Module):  # defined here: cloudpickled by value
         def __init__(self, inner):
             super().__init__()
             self.inner = inner
 
-        def forward(self, x, s):
+        def forward(self, x, s, m):
             out = self.inner(x)
-            return out, out[:, 0] * s
+            return out, out[:, 0] * s + m.sum(dim=(1, 2)), out.repeat(1, 30) * s.reshape(-1, 1)
 
     # Cached: the same Arrow batches on both paths (see the test above).
-    df = digits[1].withColumn("s", F.col("label").cast("double") / 10).cache()
-    two = TorchModel(model=TwoOutputs(model.getModel()), feature_cols=["features", "s"],
-                     feature_shapes=[[64], []], output_cols=["logits", "score"])
-    names = ["logits", "score"]
-    arrow = _by_features(two._transform_with(df, "arrow").collect(), names)
-    rows = two._transform_with(df, "pandas").collect()
+    s = F.col("label").cast("double") / 10
+    df = digits[1].select("*", s.alias("s"),
+                          F.array(F.array(s, s * 2), F.array(s * 3, s * 4)).alias("m")).cache()
+    three = TorchModel(model=ThreeOutputs(model.getModel()), feature_cols=["features", "s", "m"],
+                     feature_shapes=[[64], [], [2, 2]], output_cols=["logits", "score", "wide"])
+    names = ["logits", "score", "wide"]
+    arrow = _by_features(three._transform_with(df, "arrow").collect(), names)
+    rows = three._transform_with(df, "pandas").collect()
     assert type(rows[0]["logits"]).__name__ == "DenseVector"
     pandas = _by_features(rows, names)
     assert arrow.keys() == pandas.keys() and len(arrow) > 400
@@ -141,7 +144,7 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
             np.testing.assert_array_equal(a, p)
     nulls = df.withColumn("s", F.when(F.col("label") == 3, None).otherwise(F.col("s")))
     with pytest.raises(Exception, match=r"column 's' has null value"):
-        two._transform_with(nulls, "pandas").collect()
+        three._transform_with(nulls, "pandas").collect()
     df.unpersist()
 
 
