@@ -1,8 +1,8 @@
 """KerasModel: the fitted model of KerasEstimator, a pyspark.ml Model.
 
-``transform(df)`` is the Arrow UDF of ``_model_base`` (explicit output schema, feature columns
-only, ``inference_batch_size`` rows per ``predict_on_batch``, the model cached per Python
-worker); here are its Keras parts:
+``transform(df)`` is the UDF of ``_model_base`` (an Arrow UDF, or a pandas UDF before pyspark
+4.1; explicit output schema, feature columns only, ``inference_batch_size`` rows per
+``predict_on_batch``, the model cached per Python worker); here are its Keras parts:
 
 * the model travels as the bytes of a ``.keras`` file, loaded on the executor with
   ``custom_objects`` (cloudpickled);

@@ -1,8 +1,8 @@
 """TorchModel: the fitted model of TorchEstimator, a pyspark.ml Model.
 
-``transform(df)`` is the Arrow UDF of ``_model_base`` (explicit output schema, feature columns
-only, ``inference_batch_size`` rows per model call, the model cached per Python worker); here
-are its torch parts:
+``transform(df)`` is the UDF of ``_model_base`` (an Arrow UDF, or a pandas UDF before pyspark
+4.1; explicit output schema, feature columns only, ``inference_batch_size`` rows per model
+call, the model cached per Python worker); here are its torch parts:
 
 * the model travels cloudpickled (moved to the CPU first: executors may have no such device)
   and runs under ``torch.inference_mode``;
