@@ -271,7 +271,7 @@ void Controller::Cycle(Communicator* control, std::vector<Request>* incoming, bo
   }
   ResponseList& ready = ready_;
   ready.clear();
-  ReadyCached(records, &ready);
+  const bool partial_bits = ReadyCached(records, &ready);
   ReadyTable(&ready);
   ReadyJoin(&ready);
   const size_t before_stalls = ready.size();
@@ -280,7 +280,7 @@ void Controller::Cycle(Communicator* control, std::vector<Request>* incoming, bo
   Answered(ready);
   result.idle =
       !records.AnyFlagOrBit() && records.uncached.empty() && ready.empty() && table_.empty();
-  result.quiet = !result.idle && !partial_bits_ && table_.empty() && joined_count_ == 0;
+  result.quiet = !result.idle && !partial_bits && table_.empty() && joined_count_ == 0;
   for (size_t i = 0; result.quiet && i < ready.size(); ++i) {
     result.quiet = ready[i].process_set == 0;
   }
@@ -404,8 +404,8 @@ void Controller::ApplyRequests(const CycleRecords& records) {
   }
 }
 
-void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
-  partial_bits_ = false;
+bool Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
+  bool partial_bits = false;
   for (int64_t slot = 0; slot < cache_.capacity(); ++slot) {
     CacheSlot& cs = cache_.slot(slot);
     if (!cs.valid) continue;
@@ -420,7 +420,7 @@ void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
     }
     const bool any = records.Some(slot);
     const bool every = anyone_active && records.Every(slot);
-    partial_bits_ = partial_bits_ || (any && !every);
+    partial_bits = partial_bits || (any && !every);
     if (any && cs.first_bit_cycle < 0) {
       cs.first_bit_cycle = cycle_;
       cs.first_bit_us = NowMicros();
@@ -438,6 +438,7 @@ void Controller::ReadyCached(const CycleRecords& records, ResponseList* ready) {
       cs.reported = false;
     }
   }
+  return partial_bits;
 }
 
 void Controller::ReadyTable(ResponseList* ready) {

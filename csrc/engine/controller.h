@@ -91,7 +91,8 @@ class Controller {
   void Exchange(Communicator* control, bool shutdown);  // steps 2-3, into records_
   void ApplyJoins(const CycleRecords& records);         // step 4
   void ApplyRequests(const CycleRecords& records);      // step 4
-  void ReadyCached(const CycleRecords& records, ResponseList* ready);
+  // Whether a slot is set by some ranks, not every one (pending somewhere).
+  bool ReadyCached(const CycleRecords& records, ResponseList* ready);
   void ReadyTable(ResponseList* ready);  // steps 4-5 (groups)
   void ReadyJoin(ResponseList* ready);   // step 5
   // Forgets this rank's record of every tensor a response answers.
@@ -107,7 +108,6 @@ class Controller {
 
   int32_t rank_;
   int32_t size_;
-  bool partial_bits_ = false;  // this cycle: a cached slot some ranks set, not every one
   ProcessSetTable* sets_;
   Autotuner* tuner_;
   CacheStats* stats_;

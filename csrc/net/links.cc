@@ -141,14 +141,9 @@ void PeerLinks::ReadAddresses(const std::vector<std::string>& keys) {
   std::string mine;
   mine.swap(unpublished_);
   try {
-    if (mine.empty()) {
-      values = store_->MultiGet(keys, timeout_s_, /*fail_on_lost=*/true);
-    } else if (keys.empty()) {
-      store_->Set(key_prefix_ + std::to_string(rank_), mine);
-    } else {
-      values = store_->SetAndMultiGet(key_prefix_ + std::to_string(rank_), mine, keys, timeout_s_,
-                                      /*fail_on_lost=*/true);
-    }
+    values = mine.empty() ? store_->MultiGet(keys, timeout_s_, /*fail_on_lost=*/true)
+                          : store_->SetAndMultiGet(key_prefix_ + std::to_string(rank_), mine, keys,
+                                                   timeout_s_, /*fail_on_lost=*/true);
   } catch (const StatusError& e) {
     if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
       Throw(LostDuringInit("rank " + std::to_string(rank_) + " stopped connecting to its peers",

@@ -41,34 +41,10 @@ class PyStore : public Store {
   // One request (the client's get_many: MGET) where the client has it.
   std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
                                     bool fail_on_lost) override {
-    bool bulk = false;
-    {
-      pybind11::gil_scoped_acquire gil;
-      bulk = pybind11::hasattr(client_, "get_many");
-    }
-    if (!bulk) return Store::MultiGet(keys, timeout_s, fail_on_lost);
+    if (!Has("get_many")) return Store::MultiGet(keys, timeout_s, fail_on_lost);
     std::vector<std::string> out;
     Call([&] {
       out = client_.attr("get_many")(keys, timeout_s, pybind11::arg("watch_lost") = fail_on_lost)
-                .cast<std::vector<std::string>>();
-    });
-    return out;
-  }
-  // One request (the client's set_and_get_many: SETMGET) where the client has it.
-  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
-                                          const std::vector<std::string>& keys, double timeout_s,
-                                          bool fail_on_lost) override {
-    bool bulk = false;
-    {
-      pybind11::gil_scoped_acquire gil;
-      bulk = pybind11::hasattr(client_, "set_and_get_many");
-    }
-    if (!bulk) return Store::SetAndMultiGet(key, value, keys, timeout_s, fail_on_lost);
-    std::vector<std::string> out;
-    Call([&] {
-      out = client_
-                .attr("set_and_get_many")(key, pybind11::bytes(value), keys, timeout_s,
-                                          pybind11::arg("watch_lost") = fail_on_lost)
                 .cast<std::vector<std::string>>();
     });
     return out;
@@ -83,7 +59,31 @@ class PyStore : public Store {
     return out;
   }
 
+ protected:
+  // One request (the client's set_and_get_many: SETMGET) where the client has it.
+  std::vector<std::string> SetAndMultiGetRequest(const std::string& key, const std::string& value,
+                                                 const std::vector<std::string>& keys,
+                                                 double timeout_s, bool fail_on_lost) override {
+    if (!Has("set_and_get_many")) {
+      return Store::SetAndMultiGetRequest(key, value, keys, timeout_s, fail_on_lost);
+    }
+    std::vector<std::string> out;
+    Call([&] {
+      out = client_
+                .attr("set_and_get_many")(key, pybind11::bytes(value), keys, timeout_s,
+                                          pybind11::arg("watch_lost") = fail_on_lost)
+                .cast<std::vector<std::string>>();
+    });
+    return out;
+  }
+
  private:
+  // Whether the client has this method (an optional request).
+  bool Has(const char* method) {
+    pybind11::gil_scoped_acquire gil;
+    return pybind11::hasattr(client_, method);
+  }
+
   template <typename F>
   void Call(F&& f) {
     pybind11::gil_scoped_acquire gil;

@@ -127,10 +127,10 @@ std::vector<std::string> MemoryStore::MultiGet(const std::vector<std::string>& k
   return Values(lock, keys, timeout_s, fail_on_lost);
 }
 
-std::vector<std::string> MemoryStore::SetAndMultiGet(const std::string& key,
-                                                     const std::string& value,
-                                                     const std::vector<std::string>& keys,
-                                                     double timeout_s, bool fail_on_lost) {
+std::vector<std::string> MemoryStore::SetAndMultiGetRequest(const std::string& key,
+                                                            const std::string& value,
+                                                            const std::vector<std::string>& keys,
+                                                            double timeout_s, bool fail_on_lost) {
   Count(StoreOp::kSetMultiGet);
   std::unique_lock<std::mutex> lock(data_->mu);
   Put(key, value);

@@ -56,9 +56,6 @@ class MemoryStore : public Store {
   void Wait(const std::vector<std::string>& keys, double timeout_s) override;
   std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
                                     bool fail_on_lost) override;
-  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
-                                          const std::vector<std::string>& keys, double timeout_s,
-                                          bool fail_on_lost) override;
   std::vector<int> LostRanks() override;
 
   // What the service does when a registered rank's connection drops without a goodbye:
@@ -67,6 +64,11 @@ class MemoryStore : public Store {
 
   // This client's requests so far.
   StoreRequests Requests() const;
+
+ protected:
+  std::vector<std::string> SetAndMultiGetRequest(const std::string& key, const std::string& value,
+                                                 const std::vector<std::string>& keys,
+                                                 double timeout_s, bool fail_on_lost) override;
 
  private:
   struct Waiter {

@@ -8,9 +8,10 @@
 
 namespace spark_hvd {
 
-std::vector<std::string> Store::SetAndMultiGet(const std::string& key, const std::string& value,
-                                               const std::vector<std::string>& keys,
-                                               double timeout_s, bool fail_on_lost) {
+std::vector<std::string> Store::SetAndMultiGetRequest(const std::string& key,
+                                                      const std::string& value,
+                                                      const std::vector<std::string>& keys,
+                                                      double timeout_s, bool fail_on_lost) {
   Set(key, value);
   return MultiGet(keys, timeout_s, fail_on_lost);
 }

@@ -31,15 +31,29 @@ class Store {
   virtual std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
                                             bool fail_on_lost);
   // Set(key, value), then MultiGet(keys, ...): one request to the rendezvous service
-  // (SETMGET), so a rank publishes its address and reads its peers' in one round trip.
-  // The default: the two calls.
-  virtual std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
-                                                  const std::vector<std::string>& keys,
-                                                  double timeout_s, bool fail_on_lost);
+  // (SETMGET), so a rank publishes its address and reads its peers' in one round trip;
+  // with no keys to read, a Set.
+  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
+                                          const std::vector<std::string>& keys, double timeout_s,
+                                          bool fail_on_lost) {
+    if (keys.empty()) {
+      Set(key, value);
+      return {};
+    }
+    return SetAndMultiGetRequest(key, value, keys, timeout_s, fail_on_lost);
+  }
   // Ranks of the job the rendezvous service has seen vanish (a registered rank's
   // connection dropped without a goodbye: its process exited or its host became
   // unreachable). Empty where the store does not watch ranks.
   virtual std::vector<int> LostRanks() { return {}; }
+
+ protected:
+  // SetAndMultiGet with keys to read. The default (a store without that request): the
+  // two calls.
+  virtual std::vector<std::string> SetAndMultiGetRequest(const std::string& key,
+                                                         const std::string& value,
+                                                         const std::vector<std::string>& keys,
+                                                         double timeout_s, bool fail_on_lost);
 };
 
 // After a MultiGet timed out: the indices of `keys` still missing (one request per key:
@@ -74,15 +88,17 @@ class PrefixStore : public Store {
     for (const auto& k : keys) full.push_back(Key(k));
     return inner_->MultiGet(full, timeout_s, fail_on_lost);
   }
-  std::vector<std::string> SetAndMultiGet(const std::string& key, const std::string& value,
-                                          const std::vector<std::string>& keys, double timeout_s,
-                                          bool fail_on_lost) override {
+  std::vector<int> LostRanks() override { return inner_->LostRanks(); }  // job-wide
+
+ protected:
+  std::vector<std::string> SetAndMultiGetRequest(const std::string& key, const std::string& value,
+                                                 const std::vector<std::string>& keys,
+                                                 double timeout_s, bool fail_on_lost) override {
     std::vector<std::string> full;
     full.reserve(keys.size());
     for (const auto& k : keys) full.push_back(Key(k));
     return inner_->SetAndMultiGet(Key(key), value, full, timeout_s, fail_on_lost);
   }
-  std::vector<int> LostRanks() override { return inner_->LostRanks(); }  // job-wide
 
  private:
   std::string Key(const std::string& key) const { return prefix_ + "/" + key; }

@@ -284,18 +284,7 @@ class RendezvousClient:
             with ``watch_lost``, while keys are missing and a rank is lost; ``ranks``
             names the lost ranks, the message them and the missing keys.
         """
-        encoded = [k.encode("utf-8") for k in check_keys(keys)]
-        if sum(len(k) + 4 for k in encoded) > _wire.MAX_VALUE_BYTES:
-            raise InvalidArgumentError(f"{len(encoded)} keys take more than one request "
-                                       f"carries ({_wire.MAX_VALUE_BYTES} bytes); ask for fewer")
-        if not isinstance(watch_lost, bool):
-            raise InvalidArgumentError(f"watch_lost must be a bool, got {watch_lost!r}")
-        watch = b"/" + self._group.encode("utf-8") if watch_lost else b""
-        values = self._call(Op.MGET, [_ms(timeout_s), watch] + encoded, wait_s=timeout_s)
-        if len(values) != len(encoded):
-            raise StoreError(f"the rendezvous server at {self.addr}:{self.port} answered "
-                             f"{len(values)} values to an MGET of {len(encoded)} keys")
-        return values
+        return self._read_many(Op.MGET, [], keys, timeout_s, watch_lost)
 
     def set_and_get_many(self, key: str, value: bytes, keys: Sequence[str],
                          timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -304,19 +293,28 @@ class RendezvousClient:
         (SETMGET): what a rank does at init to publish its address and read its peers'.
         Raises as both do."""
         value = check_value(value)
+        return self._read_many(Op.SETMGET, [check_key(key).encode("utf-8"), value], keys,
+                               timeout_s, watch_lost)
+
+    def _read_many(self, op: Op, publish: List[bytes], keys: Sequence[str], timeout_s: float,
+                   watch_lost: bool) -> List[bytes]:
+        """MGET (``publish`` empty) or SETMGET (``publish``: the key and its value) of
+        ``keys``, checked as both take them."""
         encoded = [k.encode("utf-8") for k in check_keys(keys)]
-        if len(value) + sum(len(k) + 4 for k in encoded) > _wire.MAX_VALUE_BYTES:
-            raise InvalidArgumentError(f"a value of {len(value)} bytes and {len(encoded)} keys "
-                                       f"take more than one request carries "
-                                       f"({_wire.MAX_VALUE_BYTES} bytes)")
+        value_bytes = len(publish[1]) if publish else 0
+        if value_bytes + sum(len(k) + 4 for k in encoded) > _wire.MAX_VALUE_BYTES:
+            raise InvalidArgumentError(
+                (f"a value of {value_bytes} bytes and " if publish else "")
+                + f"{len(encoded)} keys take more than one request carries "
+                f"({_wire.MAX_VALUE_BYTES} bytes); ask for fewer")
         if not isinstance(watch_lost, bool):
             raise InvalidArgumentError(f"watch_lost must be a bool, got {watch_lost!r}")
         watch = b"/" + self._group.encode("utf-8") if watch_lost else b""
-        values = self._call(Op.SETMGET, [_ms(timeout_s), watch, check_key(key).encode("utf-8"),
-                                         value] + encoded, wait_s=timeout_s)
+        values = self._call(op, [_ms(timeout_s), watch] + publish + encoded, wait_s=timeout_s)
         if len(values) != len(encoded):
             raise StoreError(f"the rendezvous server at {self.addr}:{self.port} answered "
-                             f"{len(values)} values to a SETMGET of {len(encoded)} keys")
+                             f"{len(values)} values to {'an' if op == Op.MGET else 'a'} "
+                             f"{op.name} of {len(encoded)} keys")
         return values
 
     def wait(self, keys: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

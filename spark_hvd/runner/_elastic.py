@@ -110,7 +110,6 @@ class Coordinator:
         self._members: List[int] = []
         self._member_hosts: Dict[int, str] = {}
         self._seen_lost: Set[int] = set()
-        self._named: Set[int] = set()            # named lost by the unanswered requests
         self._named_since: Dict[int, float] = {}
         self._dropped: Set[int] = set()          # left out on being named lost
         self.epoch = 0
@@ -169,8 +168,9 @@ class Coordinator:
                 self._fail("the elastic coordinator failed (see the launcher's log)", {})
                 return
 
-    def _requests(self) -> Dict[int, Tuple[int, str]]:
-        """Unanswered requests: worker -> (request number, host)."""
+    def _requests(self) -> Tuple[Dict[int, Tuple[int, str]], Set[int]]:
+        """Unanswered requests: worker -> (request number, host); and the workers they
+        name lost."""
         out, named = {}, set()
         for key in self._store.keys(proto.JOIN):
             worker = int(key[len(proto.JOIN):])
@@ -181,8 +181,7 @@ class Coordinator:
             if doc["n"] > self._answered.get(worker, 0):
                 out[worker] = (int(doc["n"]), str(doc["host"]))
                 named.update(int(w) for w in doc.get("lost", ()))
-        self._named = named
-        return out
+        return out, named
 
     def _answer(self, worker: int, request: int, value: str) -> None:
         self._answered[worker] = request
@@ -211,7 +210,8 @@ class Coordinator:
                          if worker in self._members else ""))
         with self._lock:
             self._seen_lost = lost
-        requests = {w: r for w, r in self._requests().items() if w in alive}
+        unanswered, named = self._requests()
+        requests = {w: r for w, r in unanswered.items() if w in alive}
         if self.error is not None:
             return self._fail(self.error, requests)
         with self._lock:
@@ -232,7 +232,7 @@ class Coordinator:
                 self._clock() - self._started_at >= self.start_timeout_s
                 and len(requests) >= self.min_num_proc)
         else:
-            self._drop_named(requests, live_members)
+            self._drop_named(named, requests, live_members)
             live_members = [w for w in live_members if w not in self._dropped]
             ready = bool(requests) and all(w in requests for w in live_members)
             if not ready:
@@ -258,11 +258,12 @@ class Coordinator:
             self._answer(worker, requests[worker][0], proto.REMOVED)
             self._removed.add(worker)
 
-    def _drop_named(self, requests: Dict[int, Tuple[int, str]], live_members: List[int]) -> None:
-        """Leaves out the live members the requests name lost that have not asked within
-        NAMED_LOST_GRACE_S of being named."""
+    def _drop_named(self, named: Set[int], requests: Dict[int, Tuple[int, str]],
+                    live_members: List[int]) -> None:
+        """Leaves out the live members the requests name lost (`named`) that have not asked
+        within NAMED_LOST_GRACE_S of being named."""
         now = self._clock()
-        named = {w for w in self._named if w in live_members and w not in requests}
+        named = {w for w in named if w in live_members and w not in requests}
         self._named_since = {w: self._named_since.get(w, now) for w in named}
         for worker in sorted(named):
             if now - self._named_since[worker] >= NAMED_LOST_GRACE_S:

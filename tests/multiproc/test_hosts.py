@@ -283,15 +283,20 @@ HIERARCHICAL = r"^(allreduce|grouped_allreduce|allgather|reducescatter|fusion|pr
                r"hierarchy)"
 
 
-@pytest.fixture(scope="module")
-def hierarchical_run(sshd):
-    run = CaseRun("cases_collectives", 4, pattern=HIERARCHICAL,
-                  env={"PATH": sshd.env()["PATH"], "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
-                       "HOROVOD_HIERARCHICAL_ALLGATHER": "1"},
+def two_host_run(sshd, pattern: str, env: dict):
+    """The cases of cases_collectives matching `pattern` at 2 hosts x 2 ranks."""
+    run = CaseRun("cases_collectives", 4, pattern=pattern,
+                  env={"PATH": sshd.env()["PATH"], **env},
                   launcher_args=["-H", f"localhost:2,{HOST}:2", "--ssh-port", str(sshd.port),
                                  "-i", sshd.key])
     yield run
     shutil.rmtree(run.outdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hierarchical_run(sshd):
+    yield from two_host_run(sshd, HIERARCHICAL, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                                                 "HOROVOD_HIERARCHICAL_ALLGATHER": "1"})
 
 
 @pytest.mark.parametrize("case", cases_collectives.CASES.names(HIERARCHICAL))
@@ -303,12 +308,7 @@ def test_hierarchical_case(hierarchical_run, case):
 # a set's ranks, allreduce flat.
 @pytest.fixture(scope="module")
 def default_run(sshd):
-    run = CaseRun("cases_collectives", 4, pattern=r"^hierarchy/allgather_by_default$",
-                  env={"PATH": sshd.env()["PATH"]},
-                  launcher_args=["-H", f"localhost:2,{HOST}:2", "--ssh-port", str(sshd.port),
-                                 "-i", sshd.key])
-    yield run
-    shutil.rmtree(run.outdir, ignore_errors=True)
+    yield from two_host_run(sshd, r"^hierarchy/allgather_by_default$", {})
 
 
 def test_allgather_is_hierarchical_by_default(default_run):

@@ -251,17 +251,12 @@ class Setup {
   // This rank's own value of `key_prefix` is published by the same request.
   std::vector<std::string> ReadKeys(const char* key_prefix, const std::vector<int>& ps,
                                     const char* what, const std::string& mine) {
-    const std::string my_key = key_prefix + std::to_string(rank_);
-    if (ps.empty()) {
-      store_.Set(my_key, mine);
-      return {};
-    }
     std::vector<std::string> keys;
     for (int p : ps) keys.push_back(key_prefix + std::to_string(p));
     const double left = std::chrono::duration<double>(deadline_ - Clock::now()).count();
     try {
-      return store_.SetAndMultiGet(my_key, mine, keys, std::max(0.0, left),
-                                   static_cast<bool>(o_.lost_ranks));
+      return store_.SetAndMultiGet(key_prefix + std::to_string(rank_), mine, keys,
+                                   std::max(0.0, left), static_cast<bool>(o_.lost_ranks));
     } catch (const StatusError& e) {
       if (e.status().code() == StatusCode::kPeerLost && !e.status().ranks().empty()) {
         Throw(LostDuringInit("shm: rank " + std::to_string(o_.rank) + " stopped its set-up",
