@@ -25,11 +25,15 @@ NBYTES = 16 << 20
 
 
 def _links() -> dict:
-    """This host's bytes sent per link (this namespace's /sys/class/net)."""
+    """This host's bytes sent per link (this namespace's /sys/class/net) and the tcp
+    segments it has sent again (``resent``: /proc/net/snmp's RetransSegs)."""
     out = {}
     for dev in ("eth0", "lo"):
         with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
             out[dev] = int(f.read())
+    with open("/proc/net/snmp") as f:
+        names, values = (line.split()[1:] for line in f if line.startswith("Tcp:"))
+    out["resent"] = int(dict(zip(names, values))["RetransSegs"])
     return out
 
 
@@ -78,7 +82,13 @@ def check(results: list, nbytes: int, hierarchical: bool) -> None:
     """Asserts that each op went where it should, in bytes: ``results`` are measure()'s
     by rank. tcp's allreduce is a ring in rank order (each rank sends 2(n-1)/n of the
     buffer to the next), so a host's cable carries that for each of its ranks whose next
-    rank is elsewhere, and its ``lo`` for the others; shm sends nothing through either."""
+    rank is elsewhere, and its ``lo`` for the others; shm sends nothing through either.
+
+    A link's counter also holds what tcp sent again: on a loaded machine ``lo``'s backlog
+    overflows and drops segments (a run here resent 400 in one op; CI saw 10 % more bytes
+    on ``lo`` than the ring sends). Where the host resent any, a link may carry up to a
+    fifth more than its share, never less. The process's own tcp bytes, never resent, are
+    held to the share exactly."""
     small = nbytes // 16  # heartbeats, negotiation, barriers: a few KiB
     n, hosts = len(results), results[0]["hosts"]
     names = list(dict.fromkeys(hosts))
@@ -87,8 +97,8 @@ def check(results: list, nbytes: int, hierarchical: bool) -> None:
     def ring(members: int, part: float = 1.0) -> float:
         return 2 * (members - 1) / members * nbytes * part
 
-    def near(got: float, want: float) -> bool:
-        return abs(got - want) <= small
+    def near(got: float, want: float, resent: int = 0) -> bool:
+        return want - small <= got <= want + small + (want / 5 if resent else 0)
 
     for r, res in enumerate(results):
         me, why = res["host"], f"rank {r} on {res['host']}: {res}"
@@ -102,17 +112,21 @@ def check(results: list, nbytes: int, hierarchical: bool) -> None:
         acr = res["across"]
         assert acr["shm_rounds"] == 0 and acr["lo"] < small, why
         assert near(acr["tcp"], ring(len(names)) if acr["member"] else 0), why
-        assert near(acr["eth0"], ring(len(names))), f"across op not on the cable: {why}"
+        assert near(acr["eth0"], ring(len(names)), acr["resent"]), \
+            f"across op not on the cable: {why}"
         glo = res["global"]
         if hierarchical:
             share = ring(len(names), 1 / per_host[me])
             assert glo["shm_rounds"] > 0 and near(glo["tcp"], share), why
-            assert near(glo["eth0"], share * len(same)) and glo["lo"] < small, why
+            assert near(glo["eth0"], share * len(same), glo["resent"]), why
+            assert glo["lo"] < small, why
         else:
             crossing = sum(hosts[(q + 1) % n] != me for q in same)
             assert glo["shm_rounds"] == 0 and near(glo["tcp"], ring(n)), why
-            assert near(glo["eth0"], ring(n) * crossing), f"flat ring's cable bytes: {why}"
-            assert near(glo["lo"], ring(n) * (len(same) - crossing)), f"flat ring's lo: {why}"
+            assert near(glo["eth0"], ring(n) * crossing, glo["resent"]), \
+                f"flat ring's cable bytes: {why}"
+            assert near(glo["lo"], ring(n) * (len(same) - crossing), glo["resent"]), \
+                f"flat ring's lo: {why}"
 
 
 if __name__ == "__main__":
