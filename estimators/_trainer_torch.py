@@ -23,8 +23,8 @@ One rank, in order:
    weights at the epoch's end, before its checkpoint),
    validate, allreduce the sums of loss/metrics and row counts (so the epoch's numbers are
    averages over every row of every rank), call the callbacks, and on rank 0 print the
-   epoch line and write ``last.pt`` (and ``best.pt`` when the monitored loss improved)
-   atomically to the Store, plus ``<run>/logs/history.json`` and the epoch's TensorBoard
+   epoch line and write ``last.pt`` (and ``best.pt`` when the monitored loss improved:
+   model, optimizer, scheduler and fp16 loss scale) atomically to the Store, plus ``<run>/logs/history.json`` and the epoch's TensorBoard
    event (``_tensorboard``).
 6. Return a small summary; the model itself goes back through the Store.
 """
@@ -215,15 +215,24 @@ def _limit_threads(hvd: Any) -> None:
 class _Precision:
     """``mixed_precision`` on one rank: the autocast of forward passes and losses, and for
     'fp16' the GradScaler's loss scale, applied in Horovod's order (the scaler unscales and
-    checks the averaged gradients, so every rank skips or takes the same steps)."""
+    checks the averaged gradients, so every rank skips or takes the same steps). The loss
+    scale and its growth count are part of the checkpoint: a resumed fit goes on from the
+    scale it had reached, as the same ranks do (``scaler``: rank 0's checkpointed state,
+    broadcast with the rest of what resumes)."""
 
     DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
-    def __init__(self, mode: Optional[str], device: Any) -> None:
+    def __init__(self, mode: Optional[str], device: Any,
+                 scaler: Optional[Dict[str, Any]] = None) -> None:
         import torch
         self.dtype = getattr(torch, self.DTYPES[mode]) if mode else None
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
+        if self.scaler is not None and scaler:
+            self.scaler.load_state_dict(scaler)
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
+        return None if self.scaler is None else self.scaler.state_dict()
 
     def autocast(self) -> Any:
         import torch
@@ -323,6 +332,7 @@ def train(config: TrainConfig) -> Dict[str, Any]:
             optimizer.load_state_dict(state["optimizer"])
             resume = {k: state[k] for k in RunRecord.KEYS}
             resume["scheduler"] = state.get("scheduler")
+            resume["scaler"] = state.get("scaler")
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     resume = hvd.broadcast_object(resume, root_rank=0, name="estimator.resume")
@@ -340,7 +350,7 @@ def train(config: TrainConfig) -> Dict[str, Any]:
 
     compile_args = objs.get("torch_compile")
     forward = model if compile_args is None else torch.compile(model, **compile_args)
-    precision = _Precision(objs.get("mixed_precision"), device)
+    precision = _Precision(objs.get("mixed_precision"), device, resume.get("scaler"))
     runner = _EpochRunner(config, model, optimizer, loss_spec, metrics, callbacks,
                           transformation_fn, device, rank, size, hvd, forward, precision)
     record = RunRecord(resume)
@@ -362,7 +372,8 @@ def train(config: TrainConfig) -> Dict[str, Any]:
                 state = dict(record.state(), format=CHECKPOINT_FORMAT, run_id=config.run_id,
                              model={k: v.detach().cpu() for k, v in model.state_dict().items()},
                              optimizer=optimizer.state_dict(),
-                             scheduler=scheduler.state_dict() if scheduler is not None else None)
+                             scheduler=scheduler.state_dict() if scheduler is not None else None,
+                             scaler=precision.state_dict())
                 _write_checkpoint(config.store, config.run_id,
                                   [LAST_CHECKPOINT] + [BEST_CHECKPOINT] * improved, state)
                 write_history(config.store, config.run_id, epoch + 1, record.history)

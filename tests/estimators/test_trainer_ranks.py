@@ -243,6 +243,22 @@ def test_two_ranks_compiled_model_under_fp16_autocast_with_a_loss_scale(tmp_path
         pred = model(torch.tensor(x[1500:], dtype=torch.float32)).argmax(1).numpy()
     assert float((pred == y[1500:]).mean()) == pytest.approx(history["val_acc"][-1], abs=0.02)
     assert history["val_acc"][-1] > 0.5, history
+    # The loss scale resumes with the rest: from a checkpoint whose scaler is one good step
+    # from growing (scale 4, the growth count one short of its interval) the resumed fit's
+    # first step doubles it to 8; a fresh scaler (65,536) could not end there.
+    scaler = state["scaler"]
+    assert scaler["scale"] > 0 and scaler["_growth_tracker"] >= 0, scaler
+    scaler.update(scale=4.0, _growth_tracker=scaler["growth_interval"] - 1)
+    trainer._write_checkpoint(store, "amp", [trainer.LAST_CHECKPOINT], state)
+    objects = dict(objects, torch_compile=None, callbacks=[StopAfter(3, str(calls))])
+    proc = _train_two_ranks("spark_hvd.estimators._trainer_torch", tmp_path, "amp", store,
+                            meta, objects, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "a callback stopped training after epoch 3" in out
+    resumed = trainer.read_checkpoint(store, "amp")
+    assert (resumed["epoch"], len(resumed["history"]["loss"])) == (3, 3), resumed["history"]
+    assert resumed["scaler"]["scale"] == 8.0, resumed["scaler"]
 
 
 def _keras_recorder(out_dir, stop_after):
