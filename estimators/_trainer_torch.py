@@ -24,8 +24,8 @@ One rank, in order:
    validate, allreduce the sums of loss/metrics and row counts (so the epoch's numbers are
    averages over every row of every rank), call the callbacks, and on rank 0 print the
    epoch line and write ``last.pt`` (and ``best.pt`` when the monitored loss improved:
-   model, optimizer, scheduler and fp16 loss scale) atomically to the Store, plus ``<run>/logs/history.json`` and the epoch's TensorBoard
-   event (``_tensorboard``).
+   model, optimizer, scheduler and fp16 loss scale) atomically to the Store, plus
+   ``<run>/logs/history.json`` and the epoch's TensorBoard event (``_tensorboard``).
 6. Return a small summary; the model itself goes back through the Store.
 """
 
