@@ -12,14 +12,15 @@ and ``transform`` (``pandas_udf`` before pyspark 4.1) whose predictions must equ
 4.3's (tests/_reference_fit.py); a Pipeline of the model saved and loaded (Spark ML's
 metadata); Keras and Lightning fits whose ``transform`` predicts as their model does on the
 driver (on 3.5 only, Makefile SPARK_VERSIONS_ONLY_35: their Spark side is TorchEstimator's;
-3.5's numpy 1.26 is what TensorFlow and Lightning could trip on).
+3.5's numpy 1.26 is what TensorFlow and Lightning could trip on); and on 4.0 only, a
+TorchEstimator under Spark Connect (test_connect.py).
 
 Left to 4.3 (tests/spark, tests/estimators), because they exercise no pyspark API that
 these versions lack or changed, or cost a session of their own: local-cluster runs (GPU
 mapping, output streaming, kills and timeouts: the same code once a task runs), resuming
-and restarts, object stores, MLflow and TensorBoard, the notebooks, and Spark Connect
-(pyspark 3.5's Connect server is not in its pip package; 4.0's costs a server of its own;
-the `connect` extra declares 4.3, where tests/spark and tests/estimators run it).
+and restarts, object stores, MLflow and TensorBoard, the notebooks, and Spark Connect on
+3.5 (its pip package has no Connect server, and Spark ML on Connect came with 4.0: saving
+under Connect there is our error naming 4.0, below).
 """
 
 import os
