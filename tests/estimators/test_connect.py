@@ -7,16 +7,12 @@ Connect server; a process cannot hold it beside the classic session of the other
 prints one JSON line of what it saw; the assertions are here.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+import _connect
 
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -120,23 +116,12 @@ DRIVER = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_estimators_under_spark_connect(tmp_path):
-    from pyspark.testing.connectutils import connect_requirement_message, should_test_connect
     pytest.importorskip("keras")
     mlflow = pytest.importorskip("mlflow")
-    assert should_test_connect, f"Spark Connect client dependencies: {connect_requirement_message}"
     script = tmp_path / "connect_estimators.py"
     script.write_text(DRIVER.format(helpers=str(Path(__file__).parent), tmp=str(tmp_path)))
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=840)
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
-    assert proc.returncode == 0, tail
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, tail
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = _connect.run_driver(script, tmp_path, 840,
+                              MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
 
     assert out["session"] == "pyspark.sql.connect.session"
     assert "feature column 'featrues' (did you mean 'features'?)" in out["bad_input"]

@@ -9,16 +9,12 @@ The driver is a process of its own: ``SparkSession.builder.remote("local[2]")`` 
 local Connect server, which a process cannot hold beside the directory's classic session.
 It prints one JSON line of what it saw; the assertions are here."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+import _connect
 
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -75,21 +71,10 @@ DRIVER = textwrap.dedent("""
 
 @pytest.mark.timeout(600)
 def test_torch_estimator_under_spark_connect(tmp_path):
-    from pyspark.testing.connectutils import connect_requirement_message, should_test_connect
-    assert should_test_connect, f"Spark Connect client dependencies: {connect_requirement_message}"
     script = tmp_path / "connect_estimator.py"
-    helpers = REPO / "tests" / "estimators"
+    helpers = Path(__file__).resolve().parents[1] / "estimators"
     script.write_text(DRIVER.format(helpers=str(helpers), tmp=str(tmp_path)))
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    proc = subprocess.run([sys.executable, str(script)], env=env, cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=540)
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
-    assert proc.returncode == 0, tail
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, tail
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = _connect.run_driver(script, tmp_path, 540)
 
     import pyspark
     assert out["session"] == "pyspark.sql.connect.session"
