@@ -37,7 +37,10 @@ RANK = textwrap.dedent("""
     def sent(kind):
         return _core.traffic()["tcp"][kind]["messages"]
 
+    import time
+    began = time.monotonic()
     hvd.init()
+    init_s = time.monotonic() - began
     n, me = hvd.size(), hvd.rank()
     requests = dict(hvd._runtime.RUNTIME.client.requests)
     for _ in range(20):  # warm-up: every name cached
@@ -56,6 +59,7 @@ RANK = textwrap.dedent("""
     after = _core.traffic()["connections"]
     record = {
         "rank": me, "size": n, "connections_at_init": mesh_sockets, "requests_at_init": requests,
+        "init_s": init_s,
         "control_per_cycle": (k1 - k0) / (c1 - c0), "data_per_op": (d1 - d0) / steps,
         "connections_by_alltoall": after["opened"] + after["accepted"] - mesh_sockets,
         "sockets_before_alltoall": before, "sockets_after_alltoall": sockets()}
@@ -93,10 +97,10 @@ def test_log_depth_messages_and_connections_on_demand(n):
         assert r["sockets_after_alltoall"] - r["sockets_before_alltoall"] >= n - 1 - mesh, r
         # At init a rank asks the rendezvous service: register, then publish each of its
         # two addresses with the read of its peers' (SETMGET; the mesh's rank 0 reads
-        # none: a SET), and at most one "lost ranks?" while waiting: the issue's 4 and
-        # one poll.
+        # none: a SET): the issue's 4. While a wait lasts it asks "lost ranks?" every half
+        # second (CI at load 10 saw 3 such polls in one rank's init at 64 ranks).
         asked = r["requests_at_init"]
-        assert asked.get("LOST", 0) <= 1, r
+        assert asked.get("LOST", 0) <= 1 + 2 * r["init_s"], r
         assert sum(asked.values()) - asked.get("LOST", 0) <= 3, r
         assert asked.get("SETMGET", 0) == (2 if r["rank"] else 1) and "MGET" not in asked, r
 
