@@ -25,7 +25,7 @@ NVIDIA_CU12 := nvidia-cuda-runtime-cu12==12.9.79 nvidia-cuda-nvcc-cu12==12.9.86 
 NVIDIA_CU13 := nvidia-cuda-runtime==13.5.37 nvidia-cuda-crt==13.5.37 \
   nvidia-cuda-cccl==13.3.5.0.6 nvidia-nccl-cu13==2.32.3
 STAMP_NVIDIA := $(NVIDIA_LIBS)/.installed-cu12.9-cu13.5-nccl2.32
-CORE_SOURCES := $(shell find csrc -type f) CMakeLists.txt setup.py pyproject.toml
+CORE_SOURCES := $(shell find csrc -type f) spark_hvd/settings.def CMakeLists.txt setup.py pyproject.toml
 PYTEST_ARGS ?=
 
 .PHONY: setup apt apt-test apt-install venv compat old-sparks test test-fast test-compat demo bench bench-scale clean wheel docs lint format
