@@ -7,51 +7,21 @@ Connect server; a process cannot hold it beside the classic session of the other
 prints one JSON line of what it saw; the assertions are here.
 """
 
-import textwrap
-from pathlib import Path
-
 import pytest
 
 import _connect
 
-DRIVER = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    sys.path.insert(0, {helpers!r})
-    from pyspark.sql import SparkSession
+DRIVER = """
     from pyspark.ml import Pipeline, PipelineModel
-    from pyspark.ml.linalg import Vectors
-    from sklearn.datasets import load_digits
 
-    import est_helpers
-    from spark_hvd.estimators import (KerasEstimator, KerasModel, Store, TorchEstimator,
-                                      TorchModel)
+    from spark_hvd.estimators import KerasEstimator, KerasModel, TorchModel
     from spark_hvd.exceptions import InvalidArgumentError
-
-    tmp = {tmp!r}
-    spark = SparkSession.builder.remote("local[2]").getOrCreate()
-    out = {{"session": type(spark).__module__}}
-    x, y = load_digits(return_X_y=True)
-    rows = [(Vectors.dense((a / 16.0).tolist()), int(b)) for a, b in zip(x[:720], y[:720])]
-    df = spark.createDataFrame(rows, ["features", "label"]).repartition(2)
-    feats = np.array([r["features"].toArray() for r in
-                      df.orderBy("label").limit(64).select("features").collect()])
-    probe = spark.createDataFrame([(Vectors.dense(f.tolist()),) for f in feats], ["features"])
-    store = Store.create(tmp + "/store")
-
-    def outputs(model, frame):
-        return np.array([r["label__output"] for r in model.transform(frame).collect()])
-
-    def forward(module):
-        import torch
-        with torch.no_grad():
-            return module.eval()(torch.tensor(feats, dtype=torch.float32)).numpy()
 
     def check(key, model, local, cls):
         # transform against the local outputs; save twice (overwrite), load, transform
         got = outputs(model, probe)
         out[key + "_transform_diff"] = float(np.abs(got - local).max())
-        path = f"{{tmp}}/{{key}}_model"
+        path = f"{tmp}/{key}_model"
         model.write().overwrite().save(path)
         model.write().overwrite().save(path)
         out[key + "_load_diff"] = float(np.abs(outputs(cls.load(path), probe) - got).max())
@@ -107,9 +77,7 @@ DRIVER = textwrap.dedent("""
     out["lightning_history"] = lmodel.getHistory()
     out["lightning_transform_diff"] = float(np.abs(outputs(lmodel, probe)
                                                    - forward(lmodel.getModel())).max())
-    spark.stop()
-    print("RESULT " + json.dumps(out))
-""")
+"""
 
 
 @pytest.mark.spark
@@ -118,9 +86,7 @@ DRIVER = textwrap.dedent("""
 def test_estimators_under_spark_connect(tmp_path):
     pytest.importorskip("keras")
     mlflow = pytest.importorskip("mlflow")
-    script = tmp_path / "connect_estimators.py"
-    script.write_text(DRIVER.format(helpers=str(Path(__file__).parent), tmp=str(tmp_path)))
-    out = _connect.run_driver(script, tmp_path, 840,
+    out = _connect.run_driver(DRIVER, tmp_path, 840,
                               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
 
     assert out["session"] == "pyspark.sql.connect.session"

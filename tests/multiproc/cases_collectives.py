@@ -14,6 +14,7 @@ import time
 import numpy as np
 
 import spark_hvd as hvd
+from _ranks import open_sockets
 from harness import Registry, Skip, expect_error, wait_for
 from refdata import (BF16, DTYPES, OPS, Checks, assert_same, dname, even_rows, is_bool, is_float,
                      ordered_reduce, reduce, values)
@@ -706,17 +707,6 @@ def _(ctx):
     _check_where_ops_ran(path, sets, want)
 
 
-def _sockets() -> int:
-    """This process's open sockets (a descriptor closed while they are counted is none)."""
-    n = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-        except OSError:
-            pass
-    return n
-
-
 @CASES.case("hierarchy/allgather_by_default")
 def _(ctx):
     """At 2 hosts x 2 ranks with no hierarchical setting (test_hosts.py): allgather is
@@ -736,14 +726,14 @@ def _(ctx):
     want = {("hd.ar", "TCP_ALLREDUCE"), ("hd.ag", "SHM_ALLGATHER"),
             ("hd.ag2", "SHM_ALLGATHER")}
     hvd.barrier()
-    before = _sockets()
+    before = open_sockets()
     expect = [values(np.int32, r, (r + 1, 2)) for r in range(4)]
     assert_same(hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="hd.ag"),
                 np.concatenate(expect), "allgather")
-    first = _sockets()
+    first = open_sockets()
     assert_same(hvd.allgather(values(np.int32, ctx.rank, (ctx.rank + 1, 2)), name="hd.ag2"),
                 np.concatenate(expect), "allgather again")
-    again = _sockets()
+    again = open_sockets()
     # local rank 0: the shm peer and the tcp mesh across hosts (a listener and the other
     # host's local rank 0); local rank 1: the shm peer only.
     opened = 3 if hvd.local_rank() == 0 else 1

@@ -13,26 +13,18 @@ import textwrap
 
 import pytest
 
-from _ranks import PYTHON, DirectJob, hvdrun
+from _ranks import PYTHON, TESTS, DirectJob, hvdrun
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_worker.py")
 
 TCP = {"SPARK_HVD_CPU_OPERATIONS": "tcp"}
 
-RANK = textwrap.dedent("""
-    import json, os
+RANK = f"import sys; sys.path.insert(0, {TESTS!r})\n" + textwrap.dedent("""
+    import json
     import numpy as np
     import spark_hvd as hvd
     from spark_hvd import _core
-
-    def sockets():
-        n = 0
-        for f in os.listdir("/proc/self/fd"):
-            try:
-                n += os.readlink(f"/proc/self/fd/{f}").startswith("socket:")
-            except OSError:
-                pass
-        return n
+    from _ranks import open_sockets as sockets
 
     def sent(kind):
         return _core.traffic()["tcp"][kind]["messages"]
