@@ -76,17 +76,11 @@ class PrefixStore : public Store {
     return inner_->Get(Key(key), timeout_s);
   }
   void Wait(const std::vector<std::string>& keys, double timeout_s) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back(Key(k));
-    inner_->Wait(full, timeout_s);
+    inner_->Wait(Keys(keys), timeout_s);
   }
   std::vector<std::string> MultiGet(const std::vector<std::string>& keys, double timeout_s,
                                     bool fail_on_lost) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back(Key(k));
-    return inner_->MultiGet(full, timeout_s, fail_on_lost);
+    return inner_->MultiGet(Keys(keys), timeout_s, fail_on_lost);
   }
   std::vector<int> LostRanks() override { return inner_->LostRanks(); }  // job-wide
 
@@ -94,14 +88,17 @@ class PrefixStore : public Store {
   std::vector<std::string> SetAndMultiGetRequest(const std::string& key, const std::string& value,
                                                  const std::vector<std::string>& keys,
                                                  double timeout_s, bool fail_on_lost) override {
-    std::vector<std::string> full;
-    full.reserve(keys.size());
-    for (const auto& k : keys) full.push_back(Key(k));
-    return inner_->SetAndMultiGet(Key(key), value, full, timeout_s, fail_on_lost);
+    return inner_->SetAndMultiGet(Key(key), value, Keys(keys), timeout_s, fail_on_lost);
   }
 
  private:
   std::string Key(const std::string& key) const { return prefix_ + "/" + key; }
+  std::vector<std::string> Keys(const std::vector<std::string>& keys) const {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(Key(k));
+    return full;
+  }
   std::string prefix_;
   std::shared_ptr<Store> inner_;
 };
