@@ -261,9 +261,11 @@ class Coordinator:
     def _drop_named(self, named: Set[int], requests: Dict[int, Tuple[int, str]],
                     live_members: List[int]) -> None:
         """Leaves out the live members the requests name lost (`named`) that have not asked
-        within NAMED_LOST_GRACE_S of being named."""
+        within NAMED_LOST_GRACE_S of being named (once each: the poll that drops one may
+        not form the epoch yet)."""
         now = self._clock()
-        named = {w for w in named if w in live_members and w not in requests}
+        named = {w for w in named
+                 if w in live_members and w not in requests and w not in self._dropped}
         self._named_since = {w: self._named_since.get(w, now) for w in named}
         for worker in sorted(named):
             if now - self._named_since[worker] >= NAMED_LOST_GRACE_S:

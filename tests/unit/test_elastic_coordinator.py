@@ -184,6 +184,28 @@ def test_a_member_the_others_name_lost_is_left_out_if_it_does_not_ask(job):
     assert isinstance(w2.ask().answer(), proto.WorkerRemoved)
 
 
+def test_a_member_left_out_on_being_named_is_logged_once(job):
+    """The pass that leaves a named member out need not form the epoch (another member
+    has not asked yet): the passes after it do not name it lost again."""
+    from spark_hvd.runner import _elastic
+
+    clock = Clock()
+    c, log, workers = job(num_proc=3, min_num_proc=2, clock=clock)
+    w0, w1, w2 = workers(0, 1, 2)
+    formed(w0.ask(), w1.ask(), w2.ask())
+    w0.ask(lost=[2])
+    seen(c, w0)
+    clock.now += _elastic.NAMED_LOST_GRACE_S + 0.5
+    seen(c, w0)
+    seen(c, w0)  # more passes while w1 has not asked
+    assert c.epoch == 1
+    w1.ask()
+    epoch = formed(w0, w1)
+    assert (epoch.number, epoch.workers) == (2, [0, 1])
+    named = [line for line in log if "worker 2 on host2 lost" in line]
+    assert len(named) == 1, log
+
+
 def test_a_newcomer_is_announced_to_the_running_epoch(job):
     clock = Clock()
     c, log, workers = job(num_proc=2, min_num_proc=2, max_num_proc=3, elastic_timeout_s=0.3,
