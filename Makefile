@@ -117,8 +117,9 @@ old-sparks: $(foreach v,$(OLD_SPARKS),.venv-$(v)/.old-spark-stamp)
 # process and one local[2] session: tests/spark_versions (the TorchDistributor drop-in, a
 # TorchEstimator fit and transform whose predictions must equal pyspark 4.3's, Keras and
 # Lightning fits and transforms, a Pipeline saved and loaded, the data checks' errors) and,
-# from tests/spark, spark.run with an allreduce and with a failing rank, check_launch, and
-# run_elastic. The Keras and Lightning fits (30 s) run on 3.5 only: their Spark side is
+# from tests/spark, spark.run with an allreduce and with a failing rank, check_launch,
+# run_elastic, and transform's Vector <-> array columns (Catalyst relabelling through py4j,
+# which differs between Spark versions). The Keras and Lightning fits (30 s) run on 3.5 only: their Spark side is
 # TorchEstimator's, and 3.5's environment is the one whose numpy (1.26) TensorFlow and
 # Lightning could trip on. Spark Connect runs on 4.0 only (below). Left to 4.3
 # (tests/spark_versions' docstring says why): local-cluster runs, faults, restarts, object
@@ -127,7 +128,8 @@ SPARK_VERSIONS_TESTS := tests/spark_versions \
   tests/spark/test_run.py::test_local_mode_runs_every_slot_by_default \
   tests/spark/test_run.py::test_local_mode_a_rank_that_never_calls_init_is_lost_for_the_others \
   tests/spark/test_run.py::test_check_launch_is_run_s_checks_without_a_launch \
-  tests/spark/test_run_elastic.py::test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order
+  tests/spark/test_run_elastic.py::test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order \
+  tests/spark/test_vector_columns.py
 SPARK_VERSIONS_ONLY_35 := $(foreach t,keras lightning,\
   --deselect tests/spark_versions/test_spark_versions.py::test_a_$(t)_estimator_fits_and_transforms)
 # Spark Connect (a TorchEstimator fit, transform, save and load; 40 s) on 4.0 only: 3.5 has
@@ -219,7 +221,7 @@ test: setup apt-test compat old-sparks $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	@group() { case "$$1" in \
 	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
 	    lint) echo "== make lint"; $(MAKE) --no-print-directory lint;; \
-	    spark35|spark40) echo "== pytest tests/spark_versions and 4 of tests/spark (in .venv-$$1)"; \
+	    spark35|spark40) echo "== pytest tests/spark_versions and 5 of tests/spark (in .venv-$$1)"; \
 	      only="$(SPARK_VERSIONS_ONLY_40)"; [ "$$1" = spark35 ] || only="$(SPARK_VERSIONS_ONLY_35)"; \
 	      .venv-$$1/bin/python -m pytest $(SPARK_VERSIONS_TESTS) $$only -q -p no:cacheprovider \
 	        --durations=$(DURATIONS) $(PYTEST_ARGS);; \

@@ -6,8 +6,9 @@
   output is a single number and a (dense) ``Vector`` otherwise.  The per-row output shapes
   are known from the dry run at fit time (``output_shapes``), or from running the model on
   zero rows here on the driver: no Spark job is needed to find the schema.
-* The model runs in a UDF on the feature columns only (Vectors turned into arrays by
-  ``vector_to_array`` in the JVM): the other columns never leave the JVM, and Arrow hands the
+* The model runs in a UDF on the feature columns only (Vectors turned into arrays in the
+  JVM, a dense Vector's values taken as they are stored where the session allows:
+  ``_predict_udf.VectorColumns``): the other columns never leave the JVM, and Arrow hands the
   feature arrays to numpy without a per-row Python loop.  Which UDF is what the session
   offers (``_predict_udf.py``): a scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1),
   else a scalar-iterator pandas UDF over the same Arrow batches (pyspark 3.5 and 4.0); the
@@ -123,8 +124,6 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
     def _transform_with(self, dataset: Any, udf_kind: Optional[str] = None) -> Any:
         """``transform`` through the UDF of ``udf_kind`` (``arrow`` or ``pandas``, see
         ``_predict_udf.py``); by default the one this pyspark offers."""
-        from pyspark.ml.functions import vector_to_array
-
         name = type(self).__name__
         model = self.getModel()
         if model is None:
@@ -153,17 +152,18 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
                 f"output column(s) {clash} already exist in the DataFrame; set output_cols to "
                 f"other names (model.setOutputCols([...])) or drop them first")
 
-        float32 = self._float32(model)
-        inputs = [vector_to_array(_col(c), "float32" if float32 else "float64")
-                  if _is_vector(fields[c]) else _col(c) for c in features]
-        # vector_to_array never gives nulls (a null Vector fails it in the JVM).
+        dtype = "float32" if self._float32(model) else "float64"
+        vectors = _predict_udf.VectorColumns(dataset)
+        inputs = [vectors.to_array(_col(c), dtype) if _is_vector(fields[c]) else _col(c)
+                  for c in features]
+        # Vectors never give nulls (vector_to_array fails on a null Vector in the JVM).
         schema = {f.name: f for f in dataset.schema.fields}
         checked = [None if _is_vector(fields[c]) else schema[c] for c in features]
         blob = self._model_bytes(model)
         return _predict_udf.add_predictions(
             dataset, inputs, checked, self._predictor(blob, hashlib.sha256(blob).hexdigest()),
             features, output_shapes, out_cols, self.getInferenceBatchSize(),
-            where=f" ({name}.transform)", kind=udf_kind)
+            where=f" ({name}.transform)", kind=udf_kind, vectors=vectors)
 
     def _infer_output_shapes(self, dataset: Any, model: Any) -> List[List[int]]:
         """Output shapes from a dry run on zero rows (no Spark job): needs feature shapes."""

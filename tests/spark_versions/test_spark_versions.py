@@ -1,12 +1,13 @@
 """The Spark layer on pyspark 3.5 and 4.0 (`make test` runs this directory in .venv-spark35
-and .venv-spark40 with four tests of tests/spark, Makefile SPARK_VERSIONS_TESTS; it passes
-on 4.3 too), in one ``local[2]`` session.
+and .venv-spark40 with four tests and one module of tests/spark, Makefile
+SPARK_VERSIONS_TESTS; it passes on 4.3 too), in one ``local[2]`` session.
 
 What runs on those versions is what calls pyspark APIs that changed between 3.5 and 4.3,
 once each: from tests/spark, ``spark.run`` (barrier RDD, job groups, the inheritable
 thread) with an allreduce and with a rank that fails (the report, the job cancelled),
-``check_launch`` (the conf and slot checks) and ``run_elastic`` (plain tasks); here, the
-TorchDistributor drop-in on DDP in barrier tasks; the estimators' data checks
+``check_launch`` (the conf and slot checks), ``run_elastic`` (plain tasks) and transform's
+Vector <-> array columns (test_vector_columns.py: Catalyst internals reached through py4j);
+here, the TorchDistributor drop-in on DDP in barrier tasks; the estimators' data checks
 (``raise_error`` inside the write job, turned back into our error); a TorchEstimator fit
 and ``transform`` (``pandas_udf`` before pyspark 4.1) whose predictions must equal pyspark
 4.3's (tests/_reference_fit.py); a Pipeline of the model saved and loaded (Spark ML's

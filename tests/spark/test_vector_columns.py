@@ -1,0 +1,68 @@
+"""transform's Vector <-> array columns (estimators/_predict_udf.VectorColumns) give the
+values of pyspark's ``vector_to_array`` and ``array_to_vector``, bit for bit, on every
+pyspark the suite runs (Makefile SPARK_VERSIONS_TESTS runs this module on 3.5 and 4.0 too):
+through the relabelled struct where the session allows it, and through those UDFs where it
+does not (Spark Connect)."""
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+
+def _frame(spark):
+    from pyspark.ml.linalg import DenseVector, SparseVector
+    rows = [(0, DenseVector([1.5, -2.25, 3.1e-8])), (1, SparseVector(3, [1], [7.0])),
+            (2, DenseVector([1e300, 0.1, -0.0])), (3, SparseVector(3, [], [])),
+            (4, DenseVector([1.0 / 3, 2.0 / 3, -5e-324]))]
+    return spark.createDataFrame(rows, ["id", "v"])
+
+
+def _bits(values):
+    return [math.copysign(1, x) if x == 0 else x for x in values]  # -0.0 != 0.0 here
+
+
+@pytest.mark.parametrize("relabel", [True, False], ids=["relabelled", "udfs"])
+def test_vector_columns_give_the_values_of_pyspark_s_udfs(spark_local, relabel):
+    from pyspark.ml.functions import array_to_vector, vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    from spark_hvd.estimators._predict_udf import VectorColumns
+    df = _frame(spark_local)
+    vectors = VectorColumns(df)
+    assert vectors.relabels, "a classic session can declare a Vector's struct a Vector"
+    if not relabel:
+        vectors._relabel = None  # what a session without a JVM in the driver gets
+    for dtype, element in (("float32", T.FloatType()), ("float64", T.DoubleType())):
+        got = df.select("id", vectors.to_array(df["v"], dtype).alias("a"),
+                        vector_to_array("v", dtype).alias("b"))
+        assert got.schema["a"].dataType.elementType == element
+        plan = got._jdf.queryExecution().optimizedPlan().toString()
+        assert (".copy" in plan) == relabel, plan
+        rows = got.orderBy("id").collect()
+        assert len(rows) == 5 and all(len(r["a"]) == 3 for r in rows)
+        for r in rows:
+            assert _bits(r["a"]) == _bits(r["b"]), (dtype, r)
+    arrays = df.select("id", vector_to_array("v").alias("x"))
+    back = arrays.select("id", vectors.from_array(arrays["x"]).alias("w"),
+                         array_to_vector("x").alias("u"))
+    assert isinstance(back.schema["w"].dataType, VectorUDT)
+    for r in back.orderBy("id").collect():
+        assert type(r["w"]).__name__ == "DenseVector"
+        assert _bits(r["w"].toArray()) == _bits(r["u"].toArray()), r
+
+
+def test_a_null_vector_is_refused_as_vector_to_array_refuses_it(spark_local):
+    """Relabelled or not, a null Vector fails in the JVM (transform's null check relies on
+    it): it takes the ``vector_to_array`` branch."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+
+    from spark_hvd.estimators._predict_udf import VectorColumns
+    df = _frame(spark_local)
+    nulls = df.withColumn("v", F.when(F.col("id") == 2, F.lit(None).cast(VectorUDT()))
+                          .otherwise(F.col("v")))
+    with pytest.raises(Exception, match="FAILED_EXECUTE_UDF"):
+        nulls.select(VectorColumns(nulls).to_array(nulls["v"], "float32")).collect()
