@@ -1,4 +1,4 @@
-"""Rows/s of TorchModel.transform against a constant UDF (the executor JVM's bound), a
+"""Rows/s of TorchModel.transform against a constant UDF (what the executor JVM costs), a
 row-at-a-time Python UDF and predict_batch_udf, on whichever pyspark runs it.
 
 All run the same torch MLP (64 -> 256 -> 10, float32, one torch thread per task as
@@ -8,22 +8,22 @@ output with the ``noop`` sink (so nothing is pruned and nothing is collected):
 
 * ``TorchModel.transform``: the UDF this pyspark offers (estimators/_predict_udf.py): a
   scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1), else a scalar-iterator pandas
-  UDF, on ``vector_to_array(features, "float32")``, the Arrow batch to one tensor without a
-  copy, ``inference_batch_size`` rows per model call, one torch thread
-  (``spark.task.cpus``), the model unpickled once per Python worker, output a (float64)
-  Vector column; on pyspark >= 4.1 also its pandas UDF path (``transform, pandas UDF``);
-* a constant UDF of the same kind (``arrow_udf``, else ``pandas_udf``, scalar iterator) on the
-  same ``vector_to_array`` column, returning 0.0 per row: what the JVM costs (the cached
-  scan, ``vector_to_array``, Arrow's writes and reads) with no model and no conversion,
-  which bounds every contender; ``transform`` should reach 0.9x of it;
+  UDF, on the features as floats (a dense Vector's stored values, ``VectorColumns``), the
+  Arrow batch to one tensor without a copy, ``inference_batch_size`` rows per model call,
+  one torch thread (``spark.task.cpus``), the model unpickled once per Python worker, output
+  a (float64) Vector column; on pyspark >= 4.1 also its pandas UDF path (``transform,
+  pandas UDF``);
+* a constant UDF of the same kind (``arrow_udf``, else ``pandas_udf``, scalar iterator) on
+  ``vector_to_array(features, "float32")``, returning 0.0 per row: what the JVM costs (the
+  cached scan, ``vector_to_array``, Arrow's writes and reads) with no model and no
+  conversion, the yardstick transform should reach 0.9x of; and the same constant UDF on
+  transform's own input (``constant, own input``), which skips ``vector_to_array``'s boxing;
 * transform's own UDF with a model returning zeros (``<kind> UDF, no model``): what
   transform costs without the model, output (a Vector) included.  Before pyspark 4.1 a
-  vectorized UDF cannot return a Vector, so the JVM makes it from the UDF's doubles
-  (``array_to_vector``, a Scala UDF converting every element): measured 2026-12-06 on pyspark
-  3.5 (5 interleaved passes, load 15), 200k rows/pass: a constant pandas UDF 128k rows/s
-  returning one double, 114k returning a struct of 10 doubles, 95k with those made into a
-  Vector (and ``mapInArrow`` returning a constant Vector, shipping every column both ways,
-  86k), so with a Vector output the UDF alone stays under 0.9x of the constant one;
+  vectorized UDF cannot return a Vector, so the JVM makes it from the UDF's doubles (as a
+  dense Vector's struct, relabelled: ``VectorColumns.from_array``; measured 2026-12-06 on
+  pyspark 3.5, a 10-wide output: 0.90x the rows/s of a constant UDF returning one double,
+  against 0.77x through ``array_to_vector``);
 * a row-at-a-time ``@udf`` calling the model on one row (the model cached per worker);
 * ``pyspark.ml.functions.predict_batch_udf`` on ``vector_to_array(features, "float32")``
   with the same batch size, ``torch.set_num_threads(1)`` and the model unpickled once per
@@ -34,7 +34,10 @@ Where the time goes (2026-12-04, pyspark 4.3, CPU seconds per 200,000-row pass, 
 both executors): the executor JVMs ~1.5 s for either (the cached scan, ``vector_to_array``
 and Arrow's element-by-element writes), the Python workers 0.8 s for TorchModel (of which
 the MLP ~0.3 s) against 1.8 s for predict_batch_udf; an Arrow UDF returning a constant takes
-1.2 s + 0.5 s.  So the ratio is bounded by the JVM's share, the same for both.
+1.2 s + 0.5 s.  So the ratio is bounded by the JVM's share, the same for both.  On
+2026-12-06, pyspark 3.5, after ``VectorColumns``: the constant pandas UDF 1.20 s (JVM) +
+0.83 s (Python), transform's UDF with a zero model 1.19 + 0.88, transform 1.18 + 1.08:
+against the constant, what transform has left is the MLP's own CPU (0.19 s on one core).
 
 One warm-up pass each (Python workers, model caches), then ``--reps`` interleaved passes;
 the best and the median of each are reported, with the load average (a shared machine).
