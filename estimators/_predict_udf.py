@@ -215,10 +215,11 @@ class VectorColumns:
     through ``vector_to_array``), and an array becomes a Vector as the struct of a dense one.
     ``vector_to_array`` and ``array_to_vector`` themselves are Scala UDFs that box every
     element; they remain the way where the relabelling cannot be built (no JVM in the
-    driver: Spark Connect; or a Catalyst without that constructor).  bench/transform.py on
-    pyspark 3.5 and 4.0: a constant pandas UDF 1.17x as fast on the struct's values as on
-    ``vector_to_array`` (1.03x on 4.3), and a 10-wide Vector output at 0.90x the rows/s of a
-    one-double output against 0.77x through ``array_to_vector``."""
+    driver: Spark Connect; or a Catalyst without that constructor).  Measured with
+    bench/transform.py's data (2026-12-06): a constant UDF fed the struct's values instead of
+    ``vector_to_array`` 1.12-1.17x as fast on pyspark 3.5, 1.01-1.05x on 4.0, 1.03-1.07x on
+    4.3; a 10-wide Vector output from a pandas UDF at 0.89-0.90x the rows/s of a one-double
+    output on 3.5 and 4.0, against 0.76-0.77x through ``array_to_vector``."""
 
     def __init__(self, dataset: Any) -> None:
         self._relabel = _relabeller(getattr(dataset, "sparkSession", None))
