@@ -2,9 +2,10 @@
 local Connect server, which a process cannot hold beside a classic session) and returns
 the dict ``out`` it printed as its last ``RESULT <json>`` line; the test asserts on it.
 
-The driver is ``PRELUDE`` (the session, the digits DataFrame ``df``, a 64-row ``probe`` of
-its features, a Store under ``tmp``, ``outputs(model, frame=probe)`` and the torch module's
-``forward``), then the test's own body, then ``spark.stop()`` and the RESULT line."""
+The driver is ``PRELUDE`` (the session, whether transform relabels Vectors there, the
+digits DataFrame ``df``, a 64-row ``probe`` of its features, a Store under ``tmp``,
+``outputs(model, frame=probe)`` and the torch module's ``forward``), then the test's own
+body, then ``spark.stop()`` and the RESULT line."""
 
 import json
 import os
@@ -30,6 +31,9 @@ from spark_hvd.estimators import Store
 tmp = {tmp!r}
 spark = SparkSession.builder.remote("local[2]").getOrCreate()
 out = {{"session": type(spark).__module__, "version": spark.version}}
+# No driver JVM: transform keeps vector_to_array and array_to_vector (VectorColumns).
+from spark_hvd.estimators._predict_udf import VectorColumns
+out["relabels"] = VectorColumns(spark.range(1)).relabels
 x, y = load_digits(return_X_y=True)
 rows = [(Vectors.dense((a / 16.0).tolist()), int(b)) for a, b in zip(x[:720], y[:720])]
 df = spark.createDataFrame(rows, ["features", "label"]).repartition(2)

@@ -90,6 +90,7 @@ def test_estimators_under_spark_connect(tmp_path):
                               MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db")
 
     assert out["session"] == "pyspark.sql.connect.session"
+    assert out["relabels"] is False, "transform's UDF fallback is what Connect runs"
     assert "feature column 'featrues' (did you mean 'features'?)" in out["bad_input"]
     for key, loss, accuracy, epochs in (("torch", "loss", "val_accuracy", 3),
                                         ("keras", "loss", "val_accuracy", 3),

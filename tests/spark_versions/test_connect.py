@@ -44,6 +44,7 @@ def test_torch_estimator_under_spark_connect(tmp_path):
 
     import pyspark
     assert out["session"] == "pyspark.sql.connect.session"
+    assert out["relabels"] is False, "transform's UDF fallback is what Connect runs"
     assert out["version"] == pyspark.__version__, out  # the server is this pyspark's
     history = out["history"]
     assert len(history["loss"]) == 3 and history["loss"][-1] < history["loss"][0], history
