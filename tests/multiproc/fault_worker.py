@@ -184,14 +184,17 @@ def busy(seconds: float) -> None:
 
 
 def stall_warning() -> None:
-    """The last rank computes for 40 s holding the GIL (no collective; the heartbeats at
-    their defaults) before a fresh tensor, then is 3 s late for a cached one: the others
-    wait, warned of a stall, and never lose it."""
+    """The last rank computes for 12 s holding the GIL (no collective; the heartbeats at
+    their defaults: a peer silent for 6 s is lost) before a fresh tensor, then is 3 s late
+    for a cached one: the others wait, warned of a stall, and never lose it.  It sleeps 3 s
+    first, so that its neighbours have had its beats (every 1 s) and no longer give it the
+    start timeout's grace, which a peer silent since set-up gets on top."""
     n, me = hvd.size(), hvd.rank()
     late = me == n - 1
     out = {}
     if late:
-        busy(40)
+        time.sleep(3)
+        busy(12)
     out["fresh"] = attempt(hvd.allreduce, np.full(3, me + 1.0), op=hvd.Sum, name="stall.fresh")
     for _ in range(3):  # the response cache now holds it
         hvd.allreduce(np.full(3, me + 1.0), op=hvd.Sum, name="stall.cached")
