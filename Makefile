@@ -221,7 +221,7 @@ test: setup apt-test compat old-sparks $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	@group() { case "$$1" in \
 	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
 	    lint) echo "== make lint"; $(MAKE) --no-print-directory lint;; \
-	    spark35|spark40) echo "== pytest tests/spark_versions and 5 of tests/spark (in .venv-$$1)"; \
+	    spark35|spark40) echo "== pytest tests/spark_versions, 4 tests and test_vector_columns.py of tests/spark (in .venv-$$1)"; \
 	      only="$(SPARK_VERSIONS_ONLY_40)"; [ "$$1" = spark35 ] || only="$(SPARK_VERSIONS_ONLY_35)"; \
 	      .venv-$$1/bin/python -m pytest $(SPARK_VERSIONS_TESTS) $$only -q -p no:cacheprovider \
 	        --durations=$(DURATIONS) $(PYTEST_ARGS);; \

@@ -20,7 +20,8 @@ def _frame(spark):
 
 
 def _bits(values):
-    return [math.copysign(1, x) if x == 0 else x for x in values]  # -0.0 != 0.0 here
+    """Each value with its sign, so that -0.0 and 0.0 differ (no NaN here)."""
+    return [(x, math.copysign(1.0, x)) for x in values]
 
 
 @pytest.mark.parametrize("relabel", [True, False], ids=["relabelled", "udfs"])
