@@ -3,16 +3,19 @@ row-at-a-time Python UDF and predict_batch_udf, on whichever pyspark runs it.
 
 All run the same torch MLP (64 -> 256 -> 10, float32, one torch thread per task as
 each executor has one core) on the same cached DataFrame of ``--rows`` rows with a 64-wide
-Vector ``features`` column, in one ``local-cluster[2,1,1024]`` session, and write every
-output with the ``noop`` sink (so nothing is pruned and nothing is collected):
+Vector ``features`` column, in one ``local-cluster[2,1,1024]`` session whose executors run
+the JVM's default JIT (both tiers, as on a cluster; before 2026-12-06 they ran C1 only, as
+the other benches' do to start faster, which tripled the JVM's share), and write every
+output with the ``noop`` sink (so nothing is pruned and nothing is collected).  Each line
+also gives the executors' CPU seconds per pass (JVMs, Python workers; Linux):
 
 * ``TorchModel.transform``: the UDF this pyspark offers (estimators/_predict_udf.py): a
   scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1), else a scalar-iterator pandas
-  UDF, on the features as floats (a dense Vector's stored values, ``VectorColumns``), the
-  Arrow batch to one tensor without a copy, ``inference_batch_size`` rows per model call,
-  one torch thread (``spark.task.cpus``), the model unpickled once per Python worker, output
-  a (float64) Vector column; on pyspark >= 4.1 also its pandas UDF path (``transform,
-  pandas UDF``);
+  UDF, on the features as floats (a dense Vector's stored values packed as one binary per
+  row, ``VectorColumns.packed``), the Arrow batch to one tensor with one copy,
+  ``inference_batch_size`` rows per model call, one torch thread (``spark.task.cpus``),
+  the model unpickled once per Python worker, output a (float64) Vector column; on
+  pyspark >= 4.1 also its pandas UDF path (``transform, pandas UDF``);
 * a constant UDF of the same kind (``arrow_udf``, else ``pandas_udf``, scalar iterator) on
   ``vector_to_array(features, "float32")``, returning 0.0 per row: what the JVM costs (the
   cached scan, ``vector_to_array``, Arrow's writes and reads) with no model and no
@@ -139,9 +142,34 @@ def zero_model_udf(df, kind: str):
     def open_zero_model():
         return lambda arrays, batch_rows: [np.zeros((len(arrays[0]), CLASSES))]
     vectors = VectorColumns(df)
-    return add_predictions(df, [vectors.to_array(df["features"], "float32")], [None],
-                           open_zero_model, ["features"], [[CLASSES]], ["pred"], 1024, "", kind,
-                           vectors)
+    packed = vectors.packed(df["features"], "float32")
+    features = vectors.to_array(df["features"], "float32") if packed is None else packed
+    return add_predictions(df, [features], [None], open_zero_model, ["features"], [[CLASSES]],
+                           ["pred"], 1024, "", kind, vectors,
+                           packed=[None if packed is None else "float32"])
+
+
+def executor_cpu():
+    """CPU seconds so far of this machine's executor JVMs and pyspark's Python workers
+    (Linux /proc; None elsewhere)."""
+    import glob
+    if not os.path.isdir("/proc/self"):
+        return None
+    tick, jvm, python = os.sysconf("SC_CLK_TCK"), 0.0, 0.0
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat[:-4] + "cmdline", "rb") as f:
+                cmd = f.read()
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        seconds = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+        if b"CoarseGrainedExecutorBackend" in cmd:
+            jvm += seconds
+        elif b"pyspark.daemon" in cmd:  # the daemon and the workers it forks
+            python += seconds
+    return jvm, python
 
 
 def main(argv=None) -> int:
@@ -153,6 +181,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--executor-java-options", default="",
+                        help="the executors' JVM options: by default the JVM's own (both JIT "
+                             "tiers, as a cluster runs them), not the C1-only start-up flags "
+                             "the other benches give them")
     args = parser.parse_args(argv)
 
     import cloudpickle
@@ -162,7 +194,8 @@ def main(argv=None) -> int:
     from spark_hvd.estimators import TorchModel
     from spark_hvd.estimators._predict_udf import VectorColumns, udf_kind
 
-    spark = session(args.master, "transform")
+    spark = session(args.master, "transform",
+                    {"spark.executor.extraJavaOptions": args.executor_java_options})
     df = data(spark, args.rows, args.partitions)
     small = data(spark, args.row_udf_rows, args.partitions)
     net = mlp(WIDTH, HIDDEN, CLASSES).eval()
@@ -200,18 +233,28 @@ def main(argv=None) -> int:
     for _, fn in contenders.values():
         fn()
     rates = {name: [] for name in contenders}
+    cpu = {name: [] for name in contenders}
     for _ in range(args.reps):
         for name, (rows, fn) in contenders.items():
+            before = executor_cpu()
             start = time.perf_counter()
             fn()
             rates[name].append(rows / (time.perf_counter() - start))
+            time.sleep(0.3)  # the Python workers' gc.collect() after each task, counted here
+            after = executor_cpu()
+            if before is not None:
+                cpu[name].append((after[0] - before[0], after[1] - before[1]))
     best = {name: max(r) for name, r in rates.items()}
     median = {name: statistics.median(r) for name, r in rates.items()}
     base_best, base_median = best["predict_batch_udf"], median["predict_batch_udf"]
     for name in rates:
+        used = ""
+        if cpu[name]:
+            used = (f"; CPU s/pass: JVMs {statistics.median(c[0] for c in cpu[name]):.2f}, "
+                    f"Python {statistics.median(c[1] for c in cpu[name]):.2f}")
         print(f"{name:<22} best {best[name]:>10,.0f} rows/s {best[name] / base_best:5.2f}x   "
               f"median {median[name]:>10,.0f} rows/s {median[name] / base_median:5.2f}x "
-              f"predict_batch_udf")
+              f"predict_batch_udf{used}")
     ratio = median["TorchModel.transform"] / base_median
     print(f"TorchModel / predict_batch_udf = {ratio:.2f} median (target >= 1.5): "
           f"{'met' if ratio >= 1.5 else 'NOT met'}; load {os.getloadavg()[0]:.1f}")

@@ -7,14 +7,15 @@
   are known from the dry run at fit time (``output_shapes``), or from running the model on
   zero rows here on the driver: no Spark job is needed to find the schema.
 * The model runs in a UDF on the feature columns only (Vectors turned into arrays in the
-  JVM, a dense Vector's values taken as they are stored where the session allows:
-  ``_predict_udf.VectorColumns``): the other columns never leave the JVM, and Arrow hands the
-  feature arrays to numpy without a per-row Python loop.  Which UDF is what the session
-  offers (``_predict_udf.py``): a scalar-iterator Arrow UDF (``arrow_udf``, pyspark >= 4.1),
-  else a scalar-iterator pandas UDF over the same Arrow batches (pyspark 3.5 and 4.0); the
-  same batches, the same model calls, the same values.  (Handing the Vector column itself
-  to the UDF, as Spark's struct of type, size, indices and values, and making the array in
-  numpy was measured 6x slower in bench/transform.py, pyspark 4.3.)  Not ``mapInPandas``:
+  JVM, a dense Vector's values taken as they are stored and packed as one binary per row
+  where the session allows: ``_predict_udf.VectorColumns``): the other columns never leave
+  the JVM, and Arrow hands the feature arrays to numpy without a per-row Python loop.
+  Which UDF is what the session offers (``_predict_udf.py``): a scalar-iterator Arrow UDF
+  (``arrow_udf``, pyspark >= 4.1), else a scalar-iterator pandas UDF over the same Arrow
+  batches (pyspark 3.5 and 4.0); the same batches, the same model calls, the same values.
+  (Handing the Vector column itself to the UDF, as Spark's struct of type, size, indices
+  and values, and making the array in numpy was measured 6x slower in bench/transform.py,
+  pyspark 4.3.)  Not ``mapInPandas``:
   it must ship every column to Python and back, and cannot pass a Vector column through at
   all (pyspark 4.3: the UDT serializer gets dicts back and fails); ``mapInArrow`` passes
   Vectors but, shipping every column both ways, was measured 3x slower than
@@ -154,8 +155,12 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
 
         dtype = "float32" if self._float32(model) else "float64"
         vectors = _predict_udf.VectorColumns(dataset)
-        inputs = [vectors.to_array(_col(c), dtype) if _is_vector(fields[c]) else _col(c)
+        # Vectors go as their values' bytes where the session can pack them, else as arrays.
+        packed = [vectors.packed(_col(c), dtype) if _is_vector(fields[c]) else None
                   for c in features]
+        inputs = [p if p is not None else
+                  vectors.to_array(_col(c), dtype) if _is_vector(fields[c]) else _col(c)
+                  for p, c in zip(packed, features)]
         # Vectors never give nulls (vector_to_array fails on a null Vector in the JVM).
         schema = {f.name: f for f in dataset.schema.fields}
         checked = [None if _is_vector(fields[c]) else schema[c] for c in features]
@@ -163,7 +168,8 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
         return _predict_udf.add_predictions(
             dataset, inputs, checked, self._predictor(blob, hashlib.sha256(blob).hexdigest()),
             features, output_shapes, out_cols, self.getInferenceBatchSize(),
-            where=f" ({name}.transform)", kind=udf_kind, vectors=vectors)
+            where=f" ({name}.transform)", kind=udf_kind, vectors=vectors,
+            packed=[None if p is None else dtype for p in packed])
 
     def _infer_output_shapes(self, dataset: Any, model: Any) -> List[List[int]]:
         """Output shapes from a dry run on zero rows (no Spark job): needs feature shapes."""

@@ -67,3 +67,61 @@ def test_a_null_vector_is_refused_as_vector_to_array_refuses_it(spark_local):
                           .otherwise(F.col("v")))
     with pytest.raises(Exception, match="FAILED_EXECUTE_UDF"):
         nulls.select(VectorColumns(nulls).to_array(nulls["v"], "float32")).collect()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_packed_vectors_unpack_to_the_values_of_vector_to_array(spark_local, dtype):
+    """transform's packed input (one big-endian binary per row, made in the JVM) unpacks in
+    Python to ``vector_to_array``'s values bit for bit, dense and sparse, from an Arrow
+    binary array (sliced too) and from the pandas Series a pandas UDF is handed."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    from pyspark.ml.functions import vector_to_array
+
+    from spark_hvd.estimators._predict_udf import VectorColumns, unpack
+    df = _frame(spark_local)
+    vectors = VectorColumns(df)
+    packed = vectors.packed(df["v"], dtype)
+    assert packed is not None, "a classic session packs Vectors in the JVM"
+    got = df.select("id", packed.alias("p"), vector_to_array("v", dtype).alias("b"))
+    assert got.schema["p"].dataType.typeName() == "binary"
+    plan = got._jdf.queryExecution().optimizedPlan().toString()
+    assert ("copyFloat" if dtype == "float32" else "copyDouble") in plan, plan
+    rows = got.orderBy("id").collect()
+    want = np.array([r["b"] for r in rows], dtype=dtype)
+    blobs = pa.array([bytes(r["p"]) for r in rows], pa.binary())
+    assert all(len(b) == 3 * np.dtype(dtype).itemsize for b in blobs.to_pylist())
+    for column, expect in ((blobs, want), (blobs.slice(2), want[2:]),
+                           (pd.Series([bytes(r["p"]) for r in rows], dtype=object), want)):
+        out = unpack("v", column, dtype, "")
+        assert out.type == pa.list_(pa.from_numpy_dtype(np.dtype(dtype)))
+        values = np.asarray(out.flatten()).reshape(len(expect), 3)
+        assert values.dtype == np.dtype(dtype) and values.dtype.isnative
+        assert values.tobytes() == expect.tobytes(), (dtype, values, expect)
+        assert np.asarray(out.flatten()).ctypes.data % 64 == 0, "Arrow-aligned for the model"
+
+
+def test_unpack_refuses_nulls_and_torn_values():
+    import pyarrow as pa
+
+    from spark_hvd.estimators._predict_udf import unpack
+    from spark_hvd.exceptions import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match="column 'v' has 1 null value"):
+        unpack("v", pa.array([b"\0" * 4, None], pa.binary()), "float32", "")
+    with pytest.raises(ValueError, match="not whole float64s"):
+        unpack("v", pa.array([b"\0" * 8, b"\0" * 7], pa.binary()), "float64", "")
+    empty = unpack("v", pa.array([], pa.binary()), "float32", "")
+    assert len(empty) == 0 and empty.type == pa.list_(pa.float32())
+
+
+def test_a_null_vector_is_refused_when_packed_too(spark_local):
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+
+    from spark_hvd.estimators._predict_udf import VectorColumns
+    df = _frame(spark_local)
+    nulls = df.withColumn("v", F.when(F.col("id") == 2, F.lit(None).cast(VectorUDT()))
+                          .otherwise(F.col("v")))
+    with pytest.raises(Exception, match="FAILED_EXECUTE_UDF"):
+        nulls.select(VectorColumns(nulls).packed(nulls["v"], "float32")).collect()
