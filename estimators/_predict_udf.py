@@ -406,14 +406,11 @@ def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]
 
 def unpack(name: str, column: Any, dtype: str, where: str) -> Any:
     """A :meth:`VectorColumns.packed` column (a pyarrow binary array, or a pandas Series of
-    bytes) as the list array of ``dtype`` it was made from (native byte order): one
-    byte-swapping copy of the values."""
+    bytes) as the list array of ``dtype`` it was made from (native byte order; nulls kept):
+    one byte-swapping copy of the values."""
     import pyarrow as pa
     if not isinstance(column, pa.Array):
         column = pa.array(column.to_numpy(), type=pa.binary())
-    if column.null_count:
-        from spark_hvd.data._arrow import _fail_nulls
-        _fail_nulls(name, column, where)
     size = np.dtype(dtype).itemsize
     n = len(column)
     _, offsets_buf, data = column.buffers()
@@ -428,7 +425,10 @@ def unpack(name: str, column: Any, dtype: str, where: str) -> Any:
     if count:
         np.copyto(np.frombuffer(values, dtype),
                   np.frombuffer(data, np.dtype(dtype).newbyteorder(">"), count, first))
-    return pa.ListArray.from_arrays(pa.array((offsets - first) // size),
+    # A null row stays null (a null offset), for array_to_numpy to refuse as any list's.
+    nulls = (np.append(column.is_null().to_numpy(zero_copy_only=False), False)
+             if column.null_count else None)
+    return pa.ListArray.from_arrays(pa.array((offsets - first) // size, mask=nulls),
                                     pa.Array.from_buffers(pa.from_numpy_dtype(np.dtype(dtype)),
                                                           count, [None, values]))
 

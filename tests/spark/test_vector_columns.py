@@ -105,10 +105,13 @@ def test_packed_vectors_unpack_to_the_values_of_vector_to_array(spark_local, dty
 def test_unpack_refuses_nulls_and_torn_values():
     import pyarrow as pa
 
+    from spark_hvd.data import array_to_numpy
     from spark_hvd.estimators._predict_udf import unpack
     from spark_hvd.exceptions import InvalidArgumentError
+    nulls = unpack("v", pa.array([b"\0" * 4, None, b"?\x80\0\0"], pa.binary()), "float32", "")
+    assert nulls.to_pylist() == [[0.0], None, [1.0]]
     with pytest.raises(InvalidArgumentError, match="column 'v' has 1 null value"):
-        unpack("v", pa.array([b"\0" * 4, None], pa.binary()), "float32", "")
+        array_to_numpy("v", nulls)
     with pytest.raises(ValueError, match="not whole float64s"):
         unpack("v", pa.array([b"\0" * 8, b"\0" * 7], pa.binary()), "float64", "")
     empty = unpack("v", pa.array([], pa.binary()), "float32", "")
