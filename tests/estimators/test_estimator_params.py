@@ -409,6 +409,36 @@ def test_model_cache_loads_once_per_identity():
     mb.MODEL_CACHE.clear()
 
 
+def test_a_model_loaded_in_a_task_freezes_the_worker_s_heap_and_a_dropped_one_is_collected(
+        monkeypatch):
+    """In a Spark task, each model load ends with the worker's objects frozen out of the
+    cyclic GC (pyspark's daemon collects after every task); a model dropped from the cache
+    that sits in a reference cycle is still collected, at the next load; outside a task
+    (here, as on the driver) nothing is frozen."""
+    import gc
+    import weakref
+
+    class Cyclic:
+        def __init__(self):
+            self.me = self
+
+    assert gc.get_freeze_count() == 0
+    cache = mb.ModelCache(size=1)
+    first = weakref.ref(cache.get("a", Cyclic))
+    assert gc.get_freeze_count() == 0, "the driver's heap is left alone"
+    monkeypatch.setattr(mb, "in_spark_task", lambda: True)
+    try:
+        cache.get("b", Cyclic)  # drops "a"
+        assert first() is None
+        assert gc.get_freeze_count() > 1000, "torch's objects, among others"
+        second = weakref.ref(cache.get("b", Cyclic))
+        assert second() is not None and gc.get_freeze_count() > 1000
+        cache.get("c", Cyclic)  # drops "b", frozen since its load: unfrozen and collected
+        assert second() is None
+    finally:
+        gc.unfreeze()
+
+
 # -- Horovod's estimator names -------------------------------------------------------------
 
 class _Backend:

@@ -151,6 +151,27 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
     df.unpersist()
 
 
+def test_transform_freezes_the_python_worker_s_heap(estimator_spark):
+    """After transform, a task of a reused Python worker finds that worker's heap frozen out
+    of the cyclic GC (_model_base.freeze_worker_heap)."""
+    import gc
+
+    import pandas as pd
+    from est_helpers import make_net
+    from pyspark.ml.linalg import Vectors
+    from pyspark.sql import functions as F
+    model = TorchModel(model=make_net(), feature_cols=["features"],
+                       output_cols=["y"], feature_shapes=[[64]])
+    df = estimator_spark.createDataFrame(
+        [(Vectors.dense([float(i)] * 64),) for i in range(8)], ["features"]).repartition(2)
+    assert len(model.transform(df).collect()) == 8  # (a count would prune the UDF)
+    @F.pandas_udf("long")  # a UDF's worker: RDD functions get workers of their own
+    def frozen(s: pd.Series) -> pd.Series:
+        return pd.Series([gc.get_freeze_count()] * len(s))
+    counts = [r[0] for r in df.select(frozen(F.lit(0))).collect()]
+    assert max(counts) > 1000, counts
+
+
 def test_the_reference_fit_predicts_as_stored(estimator_spark, tmp_path):
     """tests/_reference_fit.py's fit and transform give the stored predictions on this
     pyspark too (the spark35 and spark40 groups compare theirs with them)."""
