@@ -113,8 +113,9 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
     its arrow_udf path value for value on a model of three outputs (a Vector, a number, and
     a Vector wider than MAX_STRUCT_WIDTH, which comes back as an array) taking a Vector, a
     double and a 2x2 array column (nested: pyarrow re-assembles it; the digits model is the
-    test above's; the Vector packed on both paths), and refuses a null in the double column, which pandas would make NaN (the
-    arrow_udf path's own error on nulls is array_to_numpy's, tests/unit)."""
+    test above's; the Vector packed on both paths), and refuses a null in the double
+    column, which pandas would make NaN (the arrow_udf path's own error on nulls is
+    array_to_numpy's, tests/unit)."""
     from pyspark.sql import functions as F
     _, model, _ = undisturbed
 
