@@ -42,6 +42,13 @@ the MLP ~0.3 s) against 1.8 s for predict_batch_udf; an Arrow UDF returning a co
 0.83 s (Python), transform's UDF with a zero model 1.19 + 0.88, transform 1.18 + 1.08:
 against the constant, what transform has left is the MLP's own CPU (0.19 s on one core).
 
+2026-12-06, later, C2 executors: after packing and the frozen worker heap, transform's UDF
+with a zero model is 1.12x the constant UDF on 4.3 and 1.00x on 3.5 (0.83x on 4.0); the
+MLP (0.11 s of one core per 200,000 rows alone) is what keeps transform at 0.69-0.77x.
+Each contender runs in Python workers of its own (``workers``): transform freezes its
+workers' heap out of pyspark's per-task ``gc.collect()``, which a peer sharing them would
+enjoy too.
+
 One warm-up pass each (Python workers, model caches), then ``--reps`` interleaved passes;
 the best and the median of each are reported, with the load average (a shared machine).
 Targets: TorchModel >= 1.5x predict_batch_udf, >= 0.9x the constant UDF.  Run it with
@@ -210,22 +217,37 @@ def main(argv=None) -> int:
     kind = udf_kind()
     constant = constant_udf(kind)
     own_input = VectorColumns(df).to_array(df["features"], "float32")
+    sc = spark.sparkContext
+
+    def workers(pool, build):
+        """``build()``'s DataFrame written, its UDFs run by Python workers of ``pool`` only:
+        pyspark keeps a pool of workers per set of environment variables, which a UDF
+        takes from ``sc.environment`` when it is first called.  transform leaves its
+        workers' heap frozen (_model_base.freeze_worker_heap); a peer runs in workers of
+        its own, as it would without spark_hvd."""
+        def run():
+            sc.environment["SPARK_HVD_BENCH_WORKERS"] = pool
+            noop(build())
+        return run
+
     contenders = {
-        "TorchModel.transform": (args.rows, lambda: noop(model.transform(df))),
-        f"constant {kind} UDF": (args.rows, lambda: noop(df.withColumn(
+        "TorchModel.transform": (args.rows, workers("ours", lambda: model.transform(df))),
+        f"constant {kind} UDF": (args.rows, workers("constant", lambda: df.withColumn(
             "pred", constant(vector_to_array("features", "float32"))))),
-        "constant, own input": (args.rows, lambda: noop(df.withColumn(
+        "constant, own input": (args.rows, workers("constant", lambda: df.withColumn(
             "pred", constant(own_input)))),
-        "predict_batch_udf": (args.rows, lambda: noop(df.withColumn(
+        "predict_batch_udf": (args.rows, workers("predict_batch_udf", lambda: df.withColumn(
             "pred", predict_batch(vector_to_array("features", "float32"))))),
-        "row-at-a-time udf": (args.row_udf_rows,
-                              lambda: noop(small.withColumn("pred", predict_row("features")))),
+        "row-at-a-time udf": (args.row_udf_rows, workers("row", lambda: small.withColumn(
+            "pred", predict_row("features")))),
     }
-    contenders[f"{kind} UDF, no model"] = (args.rows, lambda: noop(zero_model_udf(df, kind)))
+    contenders[f"{kind} UDF, no model"] = (args.rows,
+                                           workers("ours", lambda: zero_model_udf(df, kind)))
     if kind == "arrow":
         contenders["transform, pandas UDF"] = (
-            args.rows, lambda: noop(model._transform_with(df, "pandas")))
-        contenders["pandas UDF, no model"] = (args.rows, lambda: noop(zero_model_udf(df, "pandas")))
+            args.rows, workers("ours", lambda: model._transform_with(df, "pandas")))
+        contenders["pandas UDF, no model"] = (
+            args.rows, workers("ours", lambda: zero_model_udf(df, "pandas")))
     print(f"pyspark {pyspark.__version__} (transform: {kind} UDF); "
           f"{args.rows} rows x {WIDTH} features, MLP {WIDTH}-{HIDDEN}-{CLASSES}, "
           f"{args.partitions} partitions on {args.master}, batch {args.batch_size}; "
