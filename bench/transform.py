@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         workers' heap frozen (_model_base.freeze_worker_heap); a peer runs in workers of
         its own, as it would without spark_hvd."""
         def run():
-            sc.environment["SPARK_HVD_BENCH_WORKERS"] = pool
+            sc.environment["BENCH_TRANSFORM_WORKERS"] = pool
             noop(build())
         return run
 
