@@ -149,11 +149,9 @@ def zero_model_udf(df, kind: str):
     def open_zero_model():
         return lambda arrays, batch_rows: [np.zeros((len(arrays[0]), CLASSES))]
     vectors = VectorColumns(df)
-    packed = vectors.packed(df["features"], "float32")
-    features = vectors.to_array(df["features"], "float32") if packed is None else packed
+    features, packed = vectors.model_input(df["features"], "float32")
     return add_predictions(df, [features], [None], open_zero_model, ["features"], [[CLASSES]],
-                           ["pred"], 1024, "", kind, vectors,
-                           packed=[None if packed is None else "float32"])
+                           ["pred"], 1024, "", kind, vectors, packed=[packed])
 
 
 def executor_cpu():

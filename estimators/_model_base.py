@@ -160,20 +160,17 @@ class ArrowModel(ParamsFromTable, Model, MLWritable, MLReadable):
         dtype = "float32" if self._float32(model) else "float64"
         vectors = _predict_udf.VectorColumns(dataset)
         # Vectors go as their values' bytes where the session can pack them, else as arrays.
-        packed = [vectors.packed(_col(c), dtype) if _is_vector(fields[c]) else None
-                  for c in features]
-        inputs = [p if p is not None else
-                  vectors.to_array(_col(c), dtype) if _is_vector(fields[c]) else _col(c)
-                  for p, c in zip(packed, features)]
+        inputs, packed = zip(*[vectors.model_input(_col(c), dtype) if _is_vector(fields[c])
+                               else (_col(c), None) for c in features])
         # Vectors never give nulls (vector_to_array fails on a null Vector in the JVM).
         schema = {f.name: f for f in dataset.schema.fields}
         checked = [None if _is_vector(fields[c]) else schema[c] for c in features]
         blob = self._model_bytes(model)
         return _predict_udf.add_predictions(
-            dataset, inputs, checked, self._predictor(blob, hashlib.sha256(blob).hexdigest()),
+            dataset, list(inputs), checked, self._predictor(blob, hashlib.sha256(blob).hexdigest()),
             features, output_shapes, out_cols, self.getInferenceBatchSize(),
             where=f" ({name}.transform)", kind=udf_kind, vectors=vectors,
-            packed=[None if p is None else dtype for p in packed])
+            packed=list(packed))
 
     def _infer_output_shapes(self, dataset: Any, model: Any) -> List[List[int]]:
         """Output shapes from a dry run on zero rows (no Spark job): needs feature shapes."""

@@ -86,7 +86,6 @@ def add_predictions(dataset: Any, inputs: List[Any], fields: List[Any],
     kind = kind or udf_kind()
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
-    packed = list(packed or [None] * len(inputs))
     if kind == "arrow":
         return _with_arrow_udf(dataset, inputs, open_model, names, output_shapes, out_cols,
                                batch_rows, where, packed)
@@ -274,6 +273,13 @@ class VectorColumns:
             return None
         return self._pack(self.to_array(column, dtype), dtype)
 
+    def model_input(self, column: Any, dtype: str) -> Tuple[Any, Optional[str]]:
+        """A Vector column as transform's UDF takes it, with what :func:`add_predictions`'
+        ``packed`` says of it: :meth:`packed` and ``dtype`` where this session packs, else
+        :meth:`to_array` and None."""
+        packed = self.packed(column, dtype)
+        return (self.to_array(column, dtype), None) if packed is None else (packed, dtype)
+
     def from_array(self, values: Any) -> Any:
         """``array_to_vector(values)``: dense Vectors of an ``array<double>`` column."""
         if self._relabel is None:
@@ -373,9 +379,10 @@ def _relabeller(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, Any], 
         return None
 
 
-#: ``(ArrayData method, netty Unpooled method)`` per packed dtype.
-_PACKERS = {"float32": ("toFloatArray", "copyFloat", "[F"),
-            "float64": ("toDoubleArray", "copyDouble", "[D")}
+#: Per packed dtype: the Spark array type it packs, the ``ArrayData`` method giving the
+#: Java array, that array's class, and the netty ``Unpooled`` method copying it to bytes.
+_PACKERS = {"float32": ("array<float>", "toFloatArray", "[F", "copyFloat"),
+            "float64": ("array<double>", "toDoubleArray", "[D", "copyDouble")}
 
 
 def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]]:
@@ -388,7 +395,7 @@ def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]
     from pyspark.sql import functions as F
 
     def pack(values: Any, dtype: str) -> Any:
-        to_java, copy, java_array = _PACKERS[dtype]
+        _, to_java, java_array, copy = _PACKERS[dtype]
         array = catalyst.invoke(catalyst.expr(values), to_java, catalyst.object_type(java_array))
         buf = catalyst.static_invoke("io.netty.buffer.Unpooled", copy,
                                      catalyst.object_type("io.netty.buffer.ByteBuf"), array)
@@ -396,9 +403,8 @@ def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]
                                                catalyst.from_json('"binary"')))
 
     try:
-        for dtype in _PACKERS:
-            pack(F.array(F.lit(0.0)).cast("array<float>" if dtype == "float32" else
-                                          "array<double>"), dtype)
+        for dtype, (spark_type, *_) in _PACKERS.items():
+            pack(F.array(F.lit(0.0)).cast(spark_type), dtype)
         return pack
     except (Py4JError, TypeError):
         return None
