@@ -38,7 +38,7 @@ constant UDF of the same kind (the executor JVM's share, which bounds them).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -208,12 +208,14 @@ class PandasLayout:
 
     def column(self, k: int, struct: str, to_vector: Callable[[Any], Any]) -> Any:
         """The JVM expression of output ``k`` from the UDF's struct column ``struct``;
-        ``to_vector`` makes an ``array<double>`` column dense Vectors."""
-        from pyspark.sql import functions as F
-        fields = [F.col(f"{struct}.{name}") for name in self.fields(k)]
+        ``to_vector`` makes an ``array<double>`` column (given as SQL) dense Vectors.  As SQL
+        text, parsed in one py4j call: pyspark's Column functions make several each, which
+        came to ~100 for a 10-wide output on pyspark 4.0."""
+        fields = [f"`{struct}`.`{name}`" for name in self.fields(k)]
         if self.scalar[k]:
-            return fields[0]
-        return to_vector(fields[0] if self.wide[k] else F.array(*fields))
+            from pyspark.sql import functions as F
+            return F.expr(fields[0])
+        return to_vector(fields[0] if self.wide[k] else f"array({', '.join(fields)})")
 
 
 class VectorColumns:
@@ -235,7 +237,7 @@ class VectorColumns:
     output on 3.5 and 4.0, against 0.76-0.77x through ``array_to_vector``."""
 
     def __init__(self, dataset: Any) -> None:
-        catalyst = _Catalyst.of(getattr(dataset, "sparkSession", None))
+        catalyst = self._catalyst = _Catalyst.of(getattr(dataset, "sparkSession", None))
         self._relabel = _relabeller(catalyst)
         self._pack = _packer(catalyst) if self._relabel is not None else None
 
@@ -248,15 +250,18 @@ class VectorColumns:
         """``vector_to_array(column, dtype)``'s values; ``dtype`` ``float32`` or ``float64``."""
         from pyspark.ml.functions import vector_to_array
         from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql import functions as F
         by_udf = vector_to_array(column, dtype)
         if self._relabel is None:
             return by_udf
-        struct = self._relabel(column, VectorUDT().sqlType())
+        # On the JVM's Column API: pyspark's own Column methods make several py4j calls each.
+        struct = self._relabel(column, VectorUDT().sqlType())._jc
         values = struct.getField("values")
         if dtype == "float32":
             values = values.cast("array<float>")  # Scala's Double.toFloat, as the UDF's
-        return F.when(struct.getField("type") == 1, values).otherwise(by_udf)
+        catalyst = self._catalyst
+        assert catalyst is not None
+        return catalyst.wrap(catalyst.functions.when(struct.getField("type").equalTo(1), values)
+                             .otherwise(by_udf._jc))
 
     def packed(self, column: Any, dtype: str) -> Optional[Any]:
         """:meth:`to_array`'s values as one ``binary`` value per row, or None where this
@@ -281,16 +286,22 @@ class VectorColumns:
         return (self.to_array(column, dtype), None) if packed is None else (packed, dtype)
 
     def from_array(self, values: Any) -> Any:
-        """``array_to_vector(values)``: dense Vectors of an ``array<double>`` column."""
+        """``array_to_vector(values)``: dense Vectors of an ``array<double>`` column, given as
+        a Column or as SQL text."""
         if self._relabel is None:
             from pyspark.ml.functions import array_to_vector
-            return array_to_vector(values)
+            from pyspark.sql import functions as F
+            return array_to_vector(F.expr(values) if isinstance(values, str) else values)
         from pyspark.ml.linalg import VectorUDT
         return self._relabel(_dense_struct(values), VectorUDT())
 
 
 def _dense_struct(values: Any) -> Any:
+    """A dense Vector's struct of ``values`` (a Column, or SQL text: one py4j call)."""
     from pyspark.sql import functions as F
+    if isinstance(values, str):
+        return F.expr("named_struct('type', CAST(1 AS TINYINT), 'size', CAST(NULL AS INT), "
+                      f"'indices', CAST(NULL AS ARRAY<INT>), 'values', {values})")
     return F.struct(F.lit(1).cast("byte").alias("type"), F.lit(None).cast("int").alias("size"),
                     F.lit(None).cast("array<int>").alias("indices"), values.alias("values"))
 
@@ -298,7 +309,15 @@ def _dense_struct(values: Any) -> Any:
 class _Catalyst:
     """Catalyst expressions built through py4j on a classic session's driver JVM: a
     pyspark Column to its JVM expression and back, on Spark 3.5 (a Column holds its
-    Expression) and >= 4.0 (a Column holds a ColumnNode)."""
+    Expression) and >= 4.0 (a Column holds a ColumnNode).
+
+    One per driver JVM (:meth:`of`), holding what does not change with the DataFrame (the
+    expression classes, data types, the probes of :func:`_relabeller` and :func:`_packer`),
+    so that a ``transform`` call builds its columns only: each py4j call is a round trip
+    (0.1-0.3 ms), and building them all afresh took ~440 of them, 0.1-0.15 s of the
+    driver's time per call (2026-12-06), as long as the UDF's pass over 50,000 rows."""
+
+    _by_jvm: Dict[int, Tuple[Any, Optional["_Catalyst"]]] = {}
 
     def __init__(self, jvm: Any) -> None:
         from py4j.java_gateway import JavaClass
@@ -309,8 +328,14 @@ class _Catalyst:
             self._to_expr, self._to_column = (lambda jc: jc.expr()), jvm.org.apache.spark.sql.Column
         self.jvm = jvm
         self.nil = getattr(getattr(jvm.scala.collection.immutable, "Nil$"), "MODULE$")
-        self.objects = jvm.org.apache.spark.sql.catalyst.expressions.objects
-        self.from_json = jvm.org.apache.spark.sql.types.DataType.fromJson
+        objects = jvm.org.apache.spark.sql.catalyst.expressions.objects
+        self._invoke, self._static_invoke = objects.Invoke, objects.StaticInvoke
+        self._from_json = jvm.org.apache.spark.sql.types.DataType.fromJson
+        self.functions = jvm.org.apache.spark.sql.functions
+        self._types: Dict[str, Any] = {}
+        self._classes: Dict[str, Any] = {}
+        self._v2_function: Optional[Tuple[Any, ...]] = None  # StaticInvoke's last argument
+        self._built: Dict[str, Any] = {}
 
     @classmethod
     def of(cls, spark: Any) -> Optional["_Catalyst"]:
@@ -318,38 +343,72 @@ class _Catalyst:
         jvm = getattr(spark, "_jvm", None)
         if jvm is None:
             return None
+        known = cls._by_jvm.get(id(jvm))
+        if known is not None and known[0] is jvm:
+            return known[1]
         from py4j.protocol import Py4JError
         try:
-            return cls(jvm)
+            catalyst: Optional[_Catalyst] = cls(jvm)
         except (Py4JError, TypeError):
-            return None
+            catalyst = None
+        cls._by_jvm[id(jvm)] = (jvm, catalyst)
+        return catalyst
+
+    def once(self, name: str, build: Callable[["_Catalyst"], Any]) -> Any:
+        """``build(self)``, made the first time ``name`` is asked for on this JVM."""
+        if name not in self._built:
+            self._built[name] = build(self)
+        return self._built[name]
 
     def expr(self, column: Any) -> Any:
         return self._to_expr(column._jc)
 
     def column(self, expr: Any) -> Any:
+        return self.wrap(self._to_column(expr))
+
+    @staticmethod
+    def wrap(jc: Any) -> Any:
+        """A JVM Column as a pyspark one."""
         from pyspark.sql.column import Column
-        return Column(self._to_column(expr))
+        return Column(jc)
+
+    def data_type(self, json: str) -> Any:
+        """The JVM DataType of a pyspark type's ``json()``."""
+        if json not in self._types:
+            self._types[json] = self._from_json(json)
+        return self._types[json]
 
     def invoke(self, target: Any, method: str, data_type: Any, *args: Any) -> Any:
         """``target.method(args)`` declared ``data_type`` (a JVM DataType), null on a null
         target (Invoke: propagateNull, returnNullable, deterministic)."""
-        return self.objects.Invoke(target, method, data_type, self.seq(args), self.nil,
-                                   True, True, True)
+        return self._invoke(target, method, data_type, self.seq(args), self.nil,
+                            True, True, True)
 
     def static_invoke(self, cls: str, method: str, data_type: Any, *args: Any) -> Any:
         from py4j.protocol import Py4JError
-        klass = self.jvm.java.lang.Class.forName(cls)
         rest = (self.seq(args), self.nil, True, True, True)
-        try:  # Spark >= 4.0: a last argument, the V2 function it implements
-            return self.objects.StaticInvoke(klass, data_type, method, *rest,
-                                             self.jvm.scala.Option.empty())
-        except Py4JError:  # 3.5
-            return self.objects.StaticInvoke(klass, data_type, method, *rest)
+        klass = self.java_class(cls)
+        if self._v2_function is None:
+            try:  # Spark >= 4.0: a last argument, the V2 function it implements
+                made = self._static_invoke(klass, data_type, method, *rest,
+                                           self.jvm.scala.Option.empty())
+                self._v2_function = (self.jvm.scala.Option.empty(),)
+                return made
+            except Py4JError:  # 3.5
+                self._v2_function = ()
+        return self._static_invoke(klass, data_type, method, *rest, *self._v2_function)
+
+    def java_class(self, name: str) -> Any:
+        if name not in self._classes:
+            self._classes[name] = self.jvm.java.lang.Class.forName(name)
+        return self._classes[name]
 
     def object_type(self, cls: str) -> Any:
-        return self.jvm.org.apache.spark.sql.types.ObjectType(
-            self.jvm.java.lang.Class.forName(cls))
+        key = "object:" + cls
+        if key not in self._types:
+            self._types[key] = self.jvm.org.apache.spark.sql.types.ObjectType(
+                self.java_class(cls))
+        return self._types[key]
 
     def seq(self, items: Sequence[Any]) -> Any:
         out = self.nil
@@ -361,19 +420,20 @@ class _Catalyst:
 def _relabeller(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, Any], Any]]:
     """``relabel(column, data_type)``: ``column`` declared ``data_type`` (a pyspark type
     stored as the column's own: a UDT and its struct), or None where the session cannot
-    build it.  See :class:`VectorColumns`."""
-    if catalyst is None:
-        return None
+    build it (probed once per JVM).  See :class:`VectorColumns`."""
+    return None if catalyst is None else catalyst.once("relabel", _make_relabeller)
+
+
+def _make_relabeller(catalyst: _Catalyst) -> Optional[Callable[[Any, Any], Any]]:
     from py4j.protocol import Py4JError
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
 
     def relabel(column: Any, data_type: Any) -> Any:
         return catalyst.column(catalyst.invoke(catalyst.expr(column), "copy",
-                                               catalyst.from_json(data_type.json())))
+                                               catalyst.data_type(data_type.json())))
 
     try:
-        relabel(_dense_struct(F.array(F.lit(0.0))), VectorUDT())  # what is missing fails here
+        relabel(_dense_struct("array(0D)"), VectorUDT())  # what is missing fails here
         return relabel
     except (Py4JError, TypeError):  # TypeError: a missing class is a py4j JavaPackage
         return None
@@ -388,9 +448,12 @@ _PACKERS = {"float32": ("array<float>", "toFloatArray", "[F", "copyFloat"),
 def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]]:
     """``pack(array_column, dtype)``: an ``array<float>`` (float32) or ``array<double>``
     (float64) column without null elements as one big-endian ``binary`` per row, or None
-    where the session cannot build it.  See :meth:`VectorColumns.packed`."""
-    if catalyst is None:
-        return None
+    where the session cannot build it (probed once per JVM).  See
+    :meth:`VectorColumns.packed`."""
+    return None if catalyst is None else catalyst.once("pack", _make_packer)
+
+
+def _make_packer(catalyst: _Catalyst) -> Optional[Callable[[Any, str], Any]]:
     from py4j.protocol import Py4JError
     from pyspark.sql import functions as F
 
@@ -399,8 +462,7 @@ def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]
         array = catalyst.invoke(catalyst.expr(values), to_java, catalyst.object_type(java_array))
         buf = catalyst.static_invoke("io.netty.buffer.Unpooled", copy,
                                      catalyst.object_type("io.netty.buffer.ByteBuf"), array)
-        return catalyst.column(catalyst.invoke(buf, "array",
-                                               catalyst.from_json('"binary"')))
+        return catalyst.column(catalyst.invoke(buf, "array", catalyst.data_type('"binary"')))
 
     try:
         for dtype, (spark_type, *_) in _PACKERS.items():
