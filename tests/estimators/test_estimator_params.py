@@ -439,6 +439,55 @@ def test_a_model_loaded_in_a_task_freezes_the_worker_s_heap_and_a_dropped_one_is
         gc.unfreeze()
 
 
+def test_a_model_loaded_in_a_task_keeps_the_zips_on_sys_path_read_once(monkeypatch, tmp_path):
+    """pyspark 3.5 and 4.0 call importlib.invalidate_caches() at each task's start, which
+    made Python's zip importers parse their archive's directory again (pyspark.zip: 57 % of
+    a worker's busy time in bench/transform.py on 4.0).  After a model load in a task, a
+    zip on sys.path is read again only when it changed; outside a task nothing changes."""
+    import importlib
+    import sys
+    import zipfile
+    import zipimport
+
+    archive = tmp_path / "mods.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("steady_zip_probe/__init__.py", "VALUE = 1\n")
+        z.writestr("steady_zip_probe/sub.py", "")
+    path = str(archive)
+    monkeypatch.syspath_prepend(path)
+    reads = []
+    real_read = zipimport._read_directory
+    monkeypatch.setattr(zipimport, "_read_directory", lambda a: reads.append(a) or real_read(a))
+    try:
+        import steady_zip_probe.sub  # the package gets an importer of its own
+        assert steady_zip_probe.VALUE == 1
+        package_path = steady_zip_probe.__path__[0]
+        cache = mb.ModelCache(size=1)
+        cache.get("driver", object)
+        assert type(sys.path_importer_cache[path]) is zipimport.zipimporter, "not in a task"
+        monkeypatch.setattr(mb, "in_spark_task", lambda: True)
+        cache.get("task", object)
+        for entry in (path, package_path):  # the archive and its package's own importer
+            assert isinstance(sys.path_importer_cache[entry], mb.SteadyZipImporter), entry
+        del reads[:]
+        importlib.invalidate_caches()
+        assert reads == [], "an unchanged archive is not read again"
+
+        with zipfile.ZipFile(archive, "w") as z:  # changed: read again, new modules found
+            z.writestr("steady_zip_probe/__init__.py", "VALUE = 2\n")
+            z.writestr("steady_zip_probe/added.py", "WHAT = 'added'\n")
+        importlib.invalidate_caches()
+        assert path in reads
+        assert importlib.import_module("steady_zip_probe.added").WHAT == "added"
+    finally:
+        import gc
+        gc.unfreeze()
+        for name in ("steady_zip_probe.added", "steady_zip_probe.sub", "steady_zip_probe"):
+            sys.modules.pop(name, None)
+        for entry in [k for k in sys.path_importer_cache if k.startswith(path)]:
+            del sys.path_importer_cache[entry]
+
+
 # -- Horovod's estimator names -------------------------------------------------------------
 
 class _Backend:

@@ -152,10 +152,12 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
     df.unpersist()
 
 
-def test_transform_freezes_the_python_worker_s_heap(estimator_spark):
+def test_transform_settles_the_python_worker(estimator_spark):
     """After transform, a task of a reused Python worker finds that worker's heap frozen out
-    of the cyclic GC (_model_base.freeze_worker_heap)."""
+    of the cyclic GC and the zips on its sys.path (pyspark.zip among them) behind importers
+    that keep their directory (_model_base.settle_worker)."""
     import gc
+    import sys
 
     import pandas as pd
     from est_helpers import make_net
@@ -166,11 +168,15 @@ def test_transform_freezes_the_python_worker_s_heap(estimator_spark):
     df = estimator_spark.createDataFrame(
         [(Vectors.dense([float(i)] * 64),) for i in range(8)], ["features"]).repartition(2)
     assert len(model.transform(df).collect()) == 8  # (a count would prune the UDF)
-    @F.pandas_udf("long")  # a UDF's worker: RDD functions get workers of their own
-    def frozen(s: pd.Series) -> pd.Series:
-        return pd.Series([gc.get_freeze_count()] * len(s))
-    counts = [r[0] for r in df.select(frozen(F.lit(0))).collect()]
-    assert max(counts) > 1000, counts
+
+    @F.pandas_udf("string")  # a UDF's worker: RDD functions get workers of their own
+    def settled(s: pd.Series) -> pd.Series:
+        zips = sorted({type(f).__name__ for f in sys.path_importer_cache.values()
+                       if "zipimporter" in type(f).__name__.lower()})
+        return pd.Series([f"{gc.get_freeze_count()} {','.join(zips)}"] * len(s))
+    seen = [r[0].split(" ") for r in df.select(settled(F.lit(0))).collect()]
+    transformed = [zips for frozen, zips in seen if int(frozen) > 1000]  # transform's workers
+    assert transformed and set(transformed) == {"SteadyZipImporter"}, seen
 
 
 def test_the_reference_fit_predicts_as_stored(estimator_spark, tmp_path):
