@@ -119,9 +119,7 @@ old-sparks: $(foreach v,$(OLD_SPARKS),.venv-$(v)/.old-spark-stamp)
 # Lightning fits and transforms, a Pipeline saved and loaded, the data checks' errors) and,
 # from tests/spark, spark.run with an allreduce and with a failing rank, check_launch,
 # run_elastic, and transform's Vector <-> array columns (Catalyst relabelling through py4j,
-# which differs between Spark versions). The Keras and Lightning fits (30 s) run on 3.5 only: their Spark side is
-# TorchEstimator's, and 3.5's environment is the one whose numpy (1.26) TensorFlow and
-# Lightning could trip on. Spark Connect runs on 4.0 only (below). Left to 4.3
+# which differs between Spark versions). Spark Connect runs on 4.0 only (below). Left to 4.3
 # (tests/spark_versions' docstring says why): local-cluster runs, faults, restarts, object
 # stores, MLflow and notebooks.
 SPARK_VERSIONS_TESTS := tests/spark_versions \
@@ -130,8 +128,6 @@ SPARK_VERSIONS_TESTS := tests/spark_versions \
   tests/spark/test_run.py::test_check_launch_is_run_s_checks_without_a_launch \
   tests/spark/test_run_elastic.py::test_an_undisturbed_job_returns_every_rank_s_value_in_rank_order \
   tests/spark/test_vector_columns.py
-SPARK_VERSIONS_ONLY_35 := $(foreach t,keras lightning,\
-  --deselect tests/spark_versions/test_spark_versions.py::test_a_$(t)_estimator_fits_and_transforms)
 # Spark Connect (a TorchEstimator fit, transform, save and load; 40 s) on 4.0 only: 3.5 has
 # no Spark ML on Connect, and its pip package no Connect server.
 SPARK_VERSIONS_ONLY_40 := --deselect tests/spark_versions/test_connect.py
@@ -222,7 +218,7 @@ test: setup apt-test compat old-sparks $(STAMP_AZURITE) $(STAMP_NVIDIA)
 	    docs) echo "== make docs"; $(MAKE) --no-print-directory docs;; \
 	    lint) echo "== make lint"; $(MAKE) --no-print-directory lint;; \
 	    spark35|spark40) echo "== pytest tests/spark_versions, 4 tests and test_vector_columns.py of tests/spark (in .venv-$$1)"; \
-	      only="$(SPARK_VERSIONS_ONLY_40)"; [ "$$1" = spark35 ] || only="$(SPARK_VERSIONS_ONLY_35)"; \
+	      only="$(SPARK_VERSIONS_ONLY_40)"; [ "$$1" = spark35 ] || only=""; \
 	      .venv-$$1/bin/python -m pytest $(SPARK_VERSIONS_TESTS) $$only -q -p no:cacheprovider \
 	        --durations=$(DURATIONS) $(PYTEST_ARGS);; \
 	    compat_env) echo "== pytest tests/compat_env (in $(VENV_COMPAT))"; \

@@ -12,9 +12,7 @@ here, the TorchDistributor drop-in on DDP in barrier tasks; the estimators' data
 and ``transform`` (``pandas_udf`` before pyspark 4.1) whose predictions must equal pyspark
 4.3's (tests/_reference_fit.py); a Pipeline of the model saved and loaded (Spark ML's
 metadata); Keras and Lightning fits whose ``transform`` predicts as their model does on the
-driver (on 3.5 only, Makefile SPARK_VERSIONS_ONLY_35: their Spark side is TorchEstimator's;
-3.5's numpy 1.26 is what TensorFlow and Lightning could trip on); and on 4.0 only, a
-TorchEstimator under Spark Connect (test_connect.py).
+driver; and on 4.0 only, a TorchEstimator under Spark Connect (test_connect.py).
 
 Left to 4.3 (tests/spark, tests/estimators), because they exercise no pyspark API that
 these versions lack or changed, or cost a session of their own: local-cluster runs (GPU
