@@ -130,8 +130,9 @@ def batch_udf(net_bytes: bytes, batch_size: int):
 
 def constant_udf(kind: str, settle: bool = False):
     """A scalar-iterator UDF of ``kind`` (``arrow`` or ``pandas``) giving 0.0 per row;
-    ``settle``: each of its Python workers is given, once, what transform gives its own
-    after a model load (_model_base.settle_worker: the frozen heap, the zips read once)."""
+    ``settle``: each of its Python workers is given what transform gives its own after a
+    model load (a "model" loaded once per worker into _model_base.MODEL_CACHE, whose
+    settle_worker freezes the heap and keeps the zips read once)."""
     from typing import Iterator
 
     from pyspark.sql import functions as F
@@ -139,10 +140,8 @@ def constant_udf(kind: str, settle: bool = False):
 
     def settled():
         if settle:
-            from spark_hvd.estimators import _model_base
-            if not getattr(_model_base, "bench_settled", False):
-                _model_base.settle_worker()
-                _model_base.bench_settled = True
+            from spark_hvd.estimators._model_base import MODEL_CACHE
+            MODEL_CACHE.get(("bench/transform.py", "settled"), object)
     if kind == "arrow":
         import pyarrow as pa
 
@@ -249,7 +248,7 @@ def main(argv=None) -> int:
         """``build()``'s DataFrame written, its UDFs run by Python workers of ``pool`` only:
         pyspark keeps a pool of workers per set of environment variables, which a UDF
         takes from ``sc.environment`` when it is first called.  transform leaves its
-        workers' heap frozen (_model_base.freeze_worker_heap); a peer runs in workers of
+        workers settled (_model_base.settle_worker); a peer runs in workers of
         its own, as it would without spark_hvd."""
         def run():
             sc.environment["BENCH_TRANSFORM_WORKERS"] = pool

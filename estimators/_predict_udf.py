@@ -332,10 +332,8 @@ class _Catalyst:
         self._invoke, self._static_invoke = objects.Invoke, objects.StaticInvoke
         self._from_json = jvm.org.apache.spark.sql.types.DataType.fromJson
         self.functions = jvm.org.apache.spark.sql.functions
-        self._types: Dict[str, Any] = {}
-        self._classes: Dict[str, Any] = {}
         self._v2_function: Optional[Tuple[Any, ...]] = None  # StaticInvoke's last argument
-        self._built: Dict[str, Any] = {}
+        self._made: Dict[str, Any] = {}
 
     @classmethod
     def of(cls, spark: Any) -> Optional["_Catalyst"]:
@@ -354,11 +352,11 @@ class _Catalyst:
         cls._by_jvm[id(jvm)] = (jvm, catalyst)
         return catalyst
 
-    def once(self, name: str, build: Callable[["_Catalyst"], Any]) -> Any:
-        """``build(self)``, made the first time ``name`` is asked for on this JVM."""
-        if name not in self._built:
-            self._built[name] = build(self)
-        return self._built[name]
+    def once(self, name: str, build: Callable[[], Any]) -> Any:
+        """``build()``, made the first time ``name`` is asked for on this JVM."""
+        if name not in self._made:
+            self._made[name] = build()
+        return self._made[name]
 
     def expr(self, column: Any) -> Any:
         return self._to_expr(column._jc)
@@ -374,9 +372,7 @@ class _Catalyst:
 
     def data_type(self, json: str) -> Any:
         """The JVM DataType of a pyspark type's ``json()``."""
-        if json not in self._types:
-            self._types[json] = self._from_json(json)
-        return self._types[json]
+        return self.once("type " + json, lambda: self._from_json(json))
 
     def invoke(self, target: Any, method: str, data_type: Any, *args: Any) -> Any:
         """``target.method(args)`` declared ``data_type`` (a JVM DataType), null on a null
@@ -389,26 +385,22 @@ class _Catalyst:
         rest = (self.seq(args), self.nil, True, True, True)
         klass = self.java_class(cls)
         if self._v2_function is None:
+            v2_function = (self.jvm.scala.Option.empty(),)
             try:  # Spark >= 4.0: a last argument, the V2 function it implements
-                made = self._static_invoke(klass, data_type, method, *rest,
-                                           self.jvm.scala.Option.empty())
-                self._v2_function = (self.jvm.scala.Option.empty(),)
+                made = self._static_invoke(klass, data_type, method, *rest, *v2_function)
+                self._v2_function = v2_function
                 return made
             except Py4JError:  # 3.5
                 self._v2_function = ()
         return self._static_invoke(klass, data_type, method, *rest, *self._v2_function)
 
     def java_class(self, name: str) -> Any:
-        if name not in self._classes:
-            self._classes[name] = self.jvm.java.lang.Class.forName(name)
-        return self._classes[name]
+        return self.once("class " + name, lambda: self.jvm.java.lang.Class.forName(name))
 
     def object_type(self, cls: str) -> Any:
-        key = "object:" + cls
-        if key not in self._types:
-            self._types[key] = self.jvm.org.apache.spark.sql.types.ObjectType(
-                self.java_class(cls))
-        return self._types[key]
+        def make() -> Any:
+            return self.jvm.org.apache.spark.sql.types.ObjectType(self.java_class(cls))
+        return self.once("object " + cls, make)
 
     def seq(self, items: Sequence[Any]) -> Any:
         out = self.nil
@@ -421,7 +413,9 @@ def _relabeller(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, Any], 
     """``relabel(column, data_type)``: ``column`` declared ``data_type`` (a pyspark type
     stored as the column's own: a UDT and its struct), or None where the session cannot
     build it (probed once per JVM).  See :class:`VectorColumns`."""
-    return None if catalyst is None else catalyst.once("relabel", _make_relabeller)
+    if catalyst is None:
+        return None
+    return catalyst.once("relabel", lambda: _make_relabeller(catalyst))
 
 
 def _make_relabeller(catalyst: _Catalyst) -> Optional[Callable[[Any, Any], Any]]:
@@ -450,7 +444,9 @@ def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]
     (float64) column without null elements as one big-endian ``binary`` per row, or None
     where the session cannot build it (probed once per JVM).  See
     :meth:`VectorColumns.packed`."""
-    return None if catalyst is None else catalyst.once("pack", _make_packer)
+    if catalyst is None:
+        return None
+    return catalyst.once("pack", lambda: _make_packer(catalyst))
 
 
 def _make_packer(catalyst: _Catalyst) -> Optional[Callable[[Any, str], Any]]:
