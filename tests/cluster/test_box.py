@@ -121,7 +121,10 @@ HOLDER = """
     sys.path.insert(0, sys.argv[1])
     import box
     b = box.up(hosts=2, name=sys.argv[2], subnet=sys.argv[3])
-    b.popen(b.hosts[0].name, ["sleep", "600"], start_new_session=True)
+    p = b.popen(b.hosts[0].name, ["sleep", "600"], start_new_session=True)
+    deadline = time.monotonic() + 30  # in the host's namespace once `ip netns exec` is done
+    while p.pid not in b.pids(b.hosts[0].name) and time.monotonic() < deadline:
+        time.sleep(0.01)
     print("READY", flush=True)
     time.sleep(600)
 """
