@@ -136,24 +136,27 @@ def test_nothing_is_left_after_down_even_when_the_owner_was_killed(tmp_path):
     lives and cleans the leftovers once it is dead; down() then leaves nothing: no
     namespace, link, /etc/netns entry, file or process of either box."""
     needs_namespaces()
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER),
-                               os.path.dirname(box_mod.__file__), NAME, SUBNET],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert holder.stdout.readline().strip() == "READY", holder.stderr.read()
-        with pytest.raises(box_mod.BoxBusy, match=f"held by pid {holder.pid}"):
-            box_mod.up(hosts=1, name=NAME, subnet=SUBNET)
-    finally:
-        holder.send_signal(signal.SIGKILL)
-        holder.wait(30)
-    old = box_mod.current(NAME).state
-    left = box_mod.leftovers(old)
-    assert any(x.startswith("process") and "sshd" in x for x in left), left
-    assert any("sleep 600" in x for x in left), left
-    b = box_mod.up(hosts=1, name=NAME, subnet=SUBNET, sshd=False)
-    assert b.names == [f"{NAME}-host1"]
-    assert not [x for x in box_mod.leftovers(old) if x.startswith("process")]
-    removed = box_mod.down(NAME)
-    assert f"namespace {NAME}-host1" in removed, removed
-    assert box_mod.leftovers(old) == [] and box_mod.leftovers(b.state) == []
-    assert box_mod.down(NAME) == []
+        holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLDER),
+                                   os.path.dirname(box_mod.__file__), NAME, SUBNET],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "READY", holder.stderr.read()
+            with pytest.raises(box_mod.BoxBusy, match=f"held by pid {holder.pid}"):
+                box_mod.up(hosts=1, name=NAME, subnet=SUBNET)
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(30)
+        old = box_mod.current(NAME).state
+        left = box_mod.leftovers(old)
+        assert any(x.startswith("process") and "sshd" in x for x in left), left
+        assert any("sleep 600" in x for x in left), left
+        b = box_mod.up(hosts=1, name=NAME, subnet=SUBNET, sshd=False)
+        assert b.names == [f"{NAME}-host1"]
+        assert not [x for x in box_mod.leftovers(old) if x.startswith("process")]
+        removed = box_mod.down(NAME)
+        assert f"namespace {NAME}-host1" in removed, removed
+        assert box_mod.leftovers(old) == [] and box_mod.leftovers(b.state) == []
+        assert box_mod.down(NAME) == []
+    finally:  # a failure above must not leave a box up for the tests after it
+        box_mod.down(NAME)
