@@ -16,12 +16,15 @@ those arrays reach and leave Python, which is what each Spark offers:
   are (rows of one length, laid end to end: checked on the first and last row and on every
   length) they become one Arrow list array again without a copy, else the rows are
   re-assembled by pyarrow (a copy).  Out: a pandas UDF cannot return a Vector or an array
-  without a Python conversion of every element (pyspark's converters), so each output comes
-  back as double columns of one struct (``o<k>`` for a number, ``o<k>_<j>`` per element of
-  a Vector), and the JVM makes the Vector (:meth:`VectorColumns.from_array`: ``array(...)``
-  as a dense Vector's struct, declared a Vector: no conversion per element); an output
-  wider than :data:`MAX_STRUCT_WIDTH` goes back as ``array<double>`` instead (pyspark's
-  per-element conversion: slower, the same values).  pandas turns nulls of numbers into NaN
+  without a Python conversion of every element (pyspark's converters), so the outputs come
+  back as fields of one struct: a number as a double; a Vector, where the session has a
+  driver JVM, as one ``binary`` per row holding its float64 values (:func:`binary_rows`,
+  an Arrow array pyspark passes on as it is), which the JVM copies into an array
+  (:meth:`VectorColumns.from_packed`), else as a double field per element, which the JVM
+  gathers with ``array(...)`` (:meth:`VectorColumns.from_array`), either then declared a
+  dense Vector's struct: no conversion per element; an output wider than
+  :data:`MAX_STRUCT_WIDTH` goes back as ``array<double>`` instead (pyspark's per-element
+  conversion: slower, the same values).  pandas turns nulls of numbers into NaN
   (or an integer column into floats), so the JVM checks for nulls first where the schema
   allows them (``raise_error``): a null is an error on both paths, never a silent NaN.
 
@@ -171,15 +174,24 @@ def to_arrow(values: np.ndarray, shape: Sequence[int], pa: Any) -> Any:
 # -- pandas_udf (pyspark < 4.1) -----------------------------------------------------------
 
 class PandasLayout:
-    """Where each output goes in the pandas UDF's struct, and how the JVM rebuilds it."""
+    """Where each output goes in the pandas UDF's struct, and how the JVM rebuilds it.
 
-    def __init__(self, output_shapes: List[List[int]]) -> None:
+    A number is a double field.  A Vector output up to :data:`MAX_STRUCT_WIDTH` wide is,
+    where the session's JVM can read it back (``packed``: :attr:`VectorColumns.unpacks`),
+    one ``binary`` field holding each row's float64 values end to end (:func:`binary_rows`:
+    pyspark hands an Arrow-backed Series to Arrow as it is, where it makes a converter, a
+    null mask and an Arrow array per double field, per batch: 1.0-2.2 ms per 10,000 rows of
+    a 10-wide output on pyspark 4.0 and 3.5, against 0.04-0.1 ms), else one double field per
+    element; a wider one is an ``array<double>`` field."""
+
+    def __init__(self, output_shapes: List[List[int]], packed: bool = False) -> None:
         self.widths = [max(1, int(np.prod(s))) for s in output_shapes]
         self.scalar = [is_scalar(s) for s in output_shapes]
         self.wide = [not s and w > MAX_STRUCT_WIDTH for s, w in zip(self.scalar, self.widths)]
+        self.packed = [packed and not s and not wide for s, wide in zip(self.scalar, self.wide)]
 
     def fields(self, k: int) -> List[str]:
-        if self.scalar[k] or self.wide[k]:
+        if self.scalar[k] or self.wide[k] or self.packed[k]:
             return [f"o{k}"]
         return [f"o{k}_{j}" for j in range(self.widths[k])]
 
@@ -187,7 +199,8 @@ class PandasLayout:
         from pyspark.sql import types as T
         fields = []
         for k in range(len(self.widths)):
-            t = T.ArrayType(T.DoubleType()) if self.wide[k] else T.DoubleType()
+            t = (T.ArrayType(T.DoubleType()) if self.wide[k] else
+                 T.BinaryType() if self.packed[k] else T.DoubleType())
             fields += [T.StructField(name, t, True) for name in self.fields(k)]
         return T.StructType(fields)
 
@@ -201,21 +214,43 @@ class PandasLayout:
             values = values.reshape(n, self.widths[k])
             if self.wide[k]:
                 columns[f"o{k}"] = pd.Series(list(values), dtype=object)
+            elif self.packed[k]:
+                columns[f"o{k}"] = binary_rows(values)
             else:
                 for j, name in enumerate(self.fields(k)):
                     columns[name] = values[:, j]
         return pd.DataFrame(columns, copy=False)
 
-    def column(self, k: int, struct: str, to_vector: Callable[[Any], Any]) -> Any:
-        """The JVM expression of output ``k`` from the UDF's struct column ``struct``;
-        ``to_vector`` makes an ``array<double>`` column (given as SQL) dense Vectors.  As SQL
-        text, parsed in one py4j call: pyspark's Column functions make several each, which
-        came to ~100 for a 10-wide output on pyspark 4.0."""
+    def column(self, k: int, struct: str, vectors: "VectorColumns") -> Any:
+        """The JVM expression of output ``k`` from the UDF's struct column ``struct``, its
+        Vectors made by ``vectors``.  As SQL text, parsed in one py4j call (pyspark's Column
+        functions make several each, which came to ~100 for a 10-wide output on pyspark
+        4.0), or made once per driver JVM (:meth:`VectorColumns.from_packed`)."""
         fields = [f"`{struct}`.`{name}`" for name in self.fields(k)]
         if self.scalar[k]:
             from pyspark.sql import functions as F
             return F.expr(fields[0])
-        return to_vector(fields[0] if self.wide[k] else f"array({', '.join(fields)})")
+        if self.packed[k]:
+            return vectors.from_packed(fields[0])
+        return vectors.from_array(fields[0] if self.wide[k] else f"array({', '.join(fields)})")
+
+
+def binary_rows(values: np.ndarray) -> Any:
+    """The rows of a ``(rows, width)`` array as float64 bytes, one ``binary`` value per row
+    in the machine's byte order (the executor JVM's, which reads them back with
+    :meth:`VectorColumns.from_packed`), as a pandas Series backed by an Arrow array made
+    over those bytes without a copy or a Python object per row."""
+    import pandas as pd
+    import pyarrow as pa
+    n, width = values.shape
+    if n * width * 8 > np.iinfo(np.int32).max:
+        raise ValueError(f"{n} rows of {width} outputs do not fit one Arrow binary column; "
+                         f"lower spark.sql.execution.arrow.maxRecordsPerBatch")
+    flat = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
+    offsets = np.arange(0, (n + 1) * width * 8, width * 8, dtype=np.int32)
+    rows = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(flat)])
+    return pd.Series(pd.arrays.ArrowExtensionArray(rows))
 
 
 class VectorColumns:
@@ -240,11 +275,17 @@ class VectorColumns:
         catalyst = self._catalyst = _Catalyst.of(getattr(dataset, "sparkSession", None))
         self._relabel = _relabeller(catalyst)
         self._pack = _packer(catalyst) if self._relabel is not None else None
+        self._unpack = _doubles_unpacker(catalyst) if self._relabel is not None else None
 
     @property
     def relabels(self) -> bool:
         """Whether this session turns Vectors and arrays into each other without a UDF."""
         return self._relabel is not None
+
+    @property
+    def unpacks(self) -> bool:
+        """Whether this session makes Vectors of rows of float64 bytes (:meth:`from_packed`)."""
+        return self._unpack is not None
 
     def to_array(self, column: Any, dtype: str) -> Any:
         """``vector_to_array(column, dtype)``'s values; ``dtype`` ``float32`` or ``float64``."""
@@ -294,6 +335,22 @@ class VectorColumns:
             return array_to_vector(F.expr(values) if isinstance(values, str) else values)
         from pyspark.ml.linalg import VectorUDT
         return self._relabel(_dense_struct(values), VectorUDT())
+
+
+    def from_packed(self, field: str) -> Any:
+        """Dense Vectors of the ``binary`` column named by the SQL text ``field``, each row
+        its float64 values end to end in the machine's byte order (:func:`binary_rows`).
+        In the JVM, one copy per row (``UnsafeArrayData.fromPrimitiveArray`` of the bytes,
+        as many doubles as whole 8-byte words), then the relabelled struct; the column is
+        made once per driver JVM for each ``field`` (it names no DataFrame)."""
+        catalyst, unpack, relabel = self._catalyst, self._unpack, self._relabel
+        assert catalyst is not None and unpack is not None and relabel is not None
+
+        def build() -> Any:
+            from pyspark.ml.linalg import VectorUDT
+            from pyspark.sql import functions as F
+            return relabel(_dense_struct(unpack(F.expr(field))), VectorUDT())
+        return catalyst.once("vectors of packed " + field, build)
 
 
 def _dense_struct(values: Any) -> Any:
@@ -468,6 +525,42 @@ def _make_packer(catalyst: _Catalyst) -> Optional[Callable[[Any, str], Any]]:
         return None
 
 
+def _doubles_unpacker(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any], Any]]:
+    """``unpack(binary_column)``: each row's bytes as an ``array<double>`` of its whole
+    8-byte words in the machine's byte order, or None where the session cannot build it
+    (probed once per JVM).  See :meth:`VectorColumns.from_packed`."""
+    if catalyst is None:
+        return None
+    return catalyst.once("unpack doubles", lambda: _make_doubles_unpacker(catalyst))
+
+
+def _make_doubles_unpacker(catalyst: _Catalyst) -> Optional[Callable[[Any], Any]]:
+    from py4j.protocol import Py4JError
+    from pyspark.sql import functions as F
+
+    def unpack_doubles(binary: Any) -> Any:
+        # UTF8String.fromBytes wraps the row's byte[] without a copy and says where its
+        # bytes start (the JVM's array header), which fromPrimitiveArray copies from.
+        utf8 = "org.apache.spark.unsafe.types.UTF8String"
+        text = catalyst.static_invoke(utf8, "fromBytes", catalyst.object_type(utf8),
+                                      catalyst.expr(binary))
+        base = catalyst.invoke(text, "getBaseObject", catalyst.object_type("java.lang.Object"))
+        offset = catalyst.expr(catalyst.column(
+            catalyst.invoke(text, "getBaseOffset", catalyst.data_type('"long"'))).cast("int"))
+        doubles = catalyst.expr(F.shiftright(F.octet_length(binary), 3))
+        array = catalyst.static_invoke(
+            "org.apache.spark.sql.catalyst.expressions.UnsafeArrayData", "fromPrimitiveArray",
+            catalyst.data_type('{"type":"array","elementType":"double","containsNull":false}'),
+            base, offset, doubles, catalyst.expr(F.lit(8)))
+        return catalyst.column(array)
+
+    try:
+        unpack_doubles(F.lit(bytearray(8)))  # what is missing fails here
+        return unpack_doubles
+    except (Py4JError, TypeError):
+        return None
+
+
 def unpack(name: str, column: Any, dtype: str, where: str) -> Any:
     """A :meth:`VectorColumns.packed` column (a pyarrow binary array, or a pandas Series of
     bytes) as the list array of ``dtype`` it was made from (native byte order; nulls kept):
@@ -502,7 +595,8 @@ def _with_pandas_udf(dataset, inputs, fields, open_model, names, output_shapes, 
     import pandas as pd
     from pyspark.sql import functions as F
 
-    layout = PandasLayout(output_shapes)
+    vectors = vectors or VectorColumns(dataset)
+    layout = PandasLayout(output_shapes, packed=vectors.unpacks)
     predict = make_pandas_predict_fn(open_model, names, output_shapes, batch_rows, layout,
                                      where, packed)
     arg = pd.Series if len(inputs) == 1 else Tuple[(pd.Series,) * len(inputs)]
@@ -510,9 +604,8 @@ def _with_pandas_udf(dataset, inputs, fields, open_model, names, output_shapes, 
     udf = F.pandas_udf(predict, layout.return_type())
     guarded = [c if field is None else null_guard(field, c, name, where)
                for c, field, name in zip(inputs, fields, names)]
-    to_vector = (vectors or VectorColumns(dataset)).from_array
     return (dataset.withColumn(_OUT_TMP, udf(*guarded))
-            .select("*", *[layout.column(k, _OUT_TMP, to_vector).alias(c)
+            .select("*", *[layout.column(k, _OUT_TMP, vectors).alias(c)
                            for k, c in enumerate(out_cols)])
             .drop(_OUT_TMP))
 

@@ -113,7 +113,8 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
     its arrow_udf path value for value on a model of three outputs (a Vector, a number, and
     a Vector wider than MAX_STRUCT_WIDTH, which comes back as an array) taking a Vector, a
     double and a 2x2 array column (nested: pyarrow re-assembles it; the digits model is the
-    test above's; the Vector packed on both paths), and refuses a null in the double
+    test above's; the Vector packed on both paths, the pandas UDF's Vector output as rows of
+    bytes), and refuses a null in the double
     column, which pandas would make NaN (the arrow_udf path's own error on nulls is
     array_to_numpy's, tests/unit)."""
     from pyspark.sql import functions as F
@@ -138,6 +139,8 @@ def test_the_pandas_udf_of_older_pysparks_gives_the_arrow_udf_s_columns(undistur
     for kind in ("arrow", "pandas"):  # the Vector goes packed (VectorColumns.packed) on both
         plan = three._transform_with(df, kind)._jdf.queryExecution().optimizedPlan()
         assert "Unpooled.copyFloat" in plan.toString(), (kind, plan.toString())
+    # ... and the pandas UDF's Vector output comes back as bytes (PandasLayout, packed)
+    assert "UnsafeArrayData.fromPrimitiveArray" in plan.toString(), plan.toString()
     arrow = _by_features(three._transform_with(df, "arrow").collect(), names)
     rows = three._transform_with(df, "pandas").collect()
     assert type(rows[0]["logits"]).__name__ == "DenseVector"

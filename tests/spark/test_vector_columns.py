@@ -132,6 +132,42 @@ def test_a_null_vector_is_refused_when_packed_too(spark_local):
         nulls.select(VectorColumns(nulls).packed(nulls["v"], "float32")).collect()
 
 
+def test_rows_of_float64_bytes_come_back_as_the_same_vectors(spark_local):
+    """The pandas path's packed output: a pandas UDF's binary_rows, read back in the JVM as
+    dense Vectors (from_packed), bit for bit (NaN, infinities, -0.0, a subnormal), also with
+    whole-stage codegen off; the column is made once per driver JVM."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from spark_hvd.estimators._predict_udf import VectorColumns, binary_rows
+    values = np.array([[1.5, -0.0, np.inf, 2.0], [np.nan, -np.inf, 5e-324, 1e300],
+                       [1.0 / 3, 0.1, -2.25, 0.0]])
+
+    @F.pandas_udf(T.BinaryType())
+    def rows(ids: pd.Series) -> pd.Series:
+        return binary_rows(values[ids.to_numpy()])
+
+    df = spark_local.range(3, numPartitions=2).select("id", rows("id").alias("b"))
+    vectors = VectorColumns(df)
+    assert vectors.unpacks
+    column = vectors.from_packed("`b`")
+    assert vectors.from_packed("`b`") is column
+    for codegen in ("true", "false"):
+        spark_local.conf.set("spark.sql.codegen.wholeStage", codegen)
+        try:
+            got = df.select("id", column.alias("v")).orderBy("id").collect()
+        finally:
+            spark_local.conf.unset("spark.sql.codegen.wholeStage")
+        assert [r.id for r in got] == [0, 1, 2]
+        for r in got:
+            assert type(r.v).__name__ == "DenseVector"
+            assert r.v.toArray().tobytes() == values[r.id].tobytes(), (codegen, r)
+    empty = df.limit(0).select(column.alias("v"))
+    assert empty.collect() == [] and type(empty.schema["v"].dataType).__name__ == "VectorUDT"
+
+
 def test_transform_s_columns_are_built_in_a_few_py4j_calls(spark_local, monkeypatch):
     """Each py4j call is a round trip to the driver JVM (0.1-0.3 ms, more on a busy
     driver): what does not depend on the DataFrame (expression classes, data types, the
@@ -157,5 +193,9 @@ def test_transform_s_columns_are_built_in_a_few_py4j_calls(spark_local, monkeypa
     vectors.model_input(df["v"], "float32")
     assert 0 < len(calls) <= 32, len(calls)
     del calls[:]
-    PandasLayout([[10]]).column(0, "out", vectors.from_array)
+    PandasLayout([[10]]).column(0, "out", vectors)
     assert 0 < len(calls) <= 10, len(calls)
+    PandasLayout([[10]], packed=True).column(0, "out", vectors)  # built on this JVM's first
+    del calls[:]
+    PandasLayout([[10]], packed=True).column(0, "out", vectors)
+    assert calls == [], "the packed output's Vectors are made once per driver JVM"
