@@ -415,6 +415,18 @@ class _Catalyst:
             self._made[name] = build()
         return self._made[name]
 
+    def probed(self, name: str, make: Callable[["_Catalyst"], Any]) -> Any:
+        """``make(self)`` (a function built through py4j and tried once there), made the
+        first time ``name`` is asked for on this JVM; None where this Spark lacks what it
+        needs (a Py4JError; a TypeError where py4j gives a missing class as a JavaPackage)."""
+        def build() -> Any:
+            from py4j.protocol import Py4JError
+            try:
+                return make(self)
+            except (Py4JError, TypeError):
+                return None
+        return self.once(name, build)
+
     def expr(self, column: Any) -> Any:
         return self._to_expr(column._jc)
 
@@ -470,24 +482,18 @@ def _relabeller(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, Any], 
     """``relabel(column, data_type)``: ``column`` declared ``data_type`` (a pyspark type
     stored as the column's own: a UDT and its struct), or None where the session cannot
     build it (probed once per JVM).  See :class:`VectorColumns`."""
-    if catalyst is None:
-        return None
-    return catalyst.once("relabel", lambda: _make_relabeller(catalyst))
+    return None if catalyst is None else catalyst.probed("relabel", _make_relabeller)
 
 
-def _make_relabeller(catalyst: _Catalyst) -> Optional[Callable[[Any, Any], Any]]:
-    from py4j.protocol import Py4JError
+def _make_relabeller(catalyst: _Catalyst) -> Callable[[Any, Any], Any]:
     from pyspark.ml.linalg import VectorUDT
 
     def relabel(column: Any, data_type: Any) -> Any:
         return catalyst.column(catalyst.invoke(catalyst.expr(column), "copy",
                                                catalyst.data_type(data_type.json())))
 
-    try:
-        relabel(_dense_struct("array(0D)"), VectorUDT())  # what is missing fails here
-        return relabel
-    except (Py4JError, TypeError):  # TypeError: a missing class is a py4j JavaPackage
-        return None
+    relabel(_dense_struct("array(0D)"), VectorUDT())  # what is missing fails here
+    return relabel
 
 
 #: Per packed dtype: the Spark array type it packs, the ``ArrayData`` method giving the
@@ -501,13 +507,10 @@ def _packer(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any, str], Any]
     (float64) column without null elements as one big-endian ``binary`` per row, or None
     where the session cannot build it (probed once per JVM).  See
     :meth:`VectorColumns.packed`."""
-    if catalyst is None:
-        return None
-    return catalyst.once("pack", lambda: _make_packer(catalyst))
+    return None if catalyst is None else catalyst.probed("pack", _make_packer)
 
 
-def _make_packer(catalyst: _Catalyst) -> Optional[Callable[[Any, str], Any]]:
-    from py4j.protocol import Py4JError
+def _make_packer(catalyst: _Catalyst) -> Callable[[Any, str], Any]:
     from pyspark.sql import functions as F
 
     def pack(values: Any, dtype: str) -> Any:
@@ -517,25 +520,20 @@ def _make_packer(catalyst: _Catalyst) -> Optional[Callable[[Any, str], Any]]:
                                      catalyst.object_type("io.netty.buffer.ByteBuf"), array)
         return catalyst.column(catalyst.invoke(buf, "array", catalyst.data_type('"binary"')))
 
-    try:
-        for dtype, (spark_type, *_) in _PACKERS.items():
-            pack(F.array(F.lit(0.0)).cast(spark_type), dtype)
-        return pack
-    except (Py4JError, TypeError):
-        return None
+    for dtype, (spark_type, *_) in _PACKERS.items():  # what is missing fails here
+        pack(F.array(F.lit(0.0)).cast(spark_type), dtype)
+    return pack
 
 
 def _doubles_unpacker(catalyst: Optional[_Catalyst]) -> Optional[Callable[[Any], Any]]:
     """``unpack(binary_column)``: each row's bytes as an ``array<double>`` of its whole
     8-byte words in the machine's byte order, or None where the session cannot build it
     (probed once per JVM).  See :meth:`VectorColumns.from_packed`."""
-    if catalyst is None:
-        return None
-    return catalyst.once("unpack doubles", lambda: _make_doubles_unpacker(catalyst))
+    return None if catalyst is None else catalyst.probed("unpack doubles",
+                                                           _make_doubles_unpacker)
 
 
-def _make_doubles_unpacker(catalyst: _Catalyst) -> Optional[Callable[[Any], Any]]:
-    from py4j.protocol import Py4JError
+def _make_doubles_unpacker(catalyst: _Catalyst) -> Callable[[Any], Any]:
     from pyspark.sql import functions as F
 
     def unpack_doubles(binary: Any) -> Any:
@@ -554,11 +552,8 @@ def _make_doubles_unpacker(catalyst: _Catalyst) -> Optional[Callable[[Any], Any]
             base, offset, doubles, catalyst.expr(F.lit(8)))
         return catalyst.column(array)
 
-    try:
-        unpack_doubles(F.lit(bytearray(8)))  # what is missing fails here
-        return unpack_doubles
-    except (Py4JError, TypeError):
-        return None
+    unpack_doubles(F.lit(bytearray(8)))  # what is missing fails here
+    return unpack_doubles
 
 
 def unpack(name: str, column: Any, dtype: str, where: str) -> Any:
