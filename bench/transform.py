@@ -145,11 +145,12 @@ def batch_udf(net_bytes: bytes, batch_size: int):
                              batch_size=batch_size, input_tensor_shapes=[[WIDTH]])
 
 
-def constant_udf(kind: str, settle: bool = False):
+def constant_udf(kind: str, settle: bool = False, each_batch=None):
     """A scalar-iterator UDF of ``kind`` (``arrow`` or ``pandas``) giving 0.0 per row;
     ``settle``: each of its Python workers is given what transform gives its own after a
     model load (a "model" loaded once per worker into _model_base.MODEL_CACHE, whose
-    settle_worker freezes the heap and keeps the zips read once)."""
+    settle_worker freezes the heap and keeps the zips read once); ``each_batch(rows)``, if
+    given, is called on each batch's length before its zeros are made."""
     from typing import Iterator
 
     from pyspark.sql import functions as F
@@ -166,6 +167,8 @@ def constant_udf(kind: str, settle: bool = False):
             import numpy as np
             settled()
             for batch in batches:
+                if each_batch is not None:
+                    each_batch(len(batch))
                 yield pa.array(np.zeros(len(batch)))
         return F.arrow_udf(zeros_arrow, T.DoubleType())
     import pandas as pd
@@ -174,6 +177,8 @@ def constant_udf(kind: str, settle: bool = False):
         import numpy as np
         settled()
         for batch in batches:
+            if each_batch is not None:
+                each_batch(len(batch))
             yield pd.Series(np.zeros(len(batch)))
     return F.pandas_udf(zeros_pandas, T.DoubleType())
 
@@ -186,11 +191,6 @@ def constant_with_model(kind: str, net_bytes: bytes, batch_size: int):
     _model_base.MODEL_CACHE, as transform's, whose settle_worker spares the worker
     pyspark's per-task costs (with torch imported, its per-task ``gc.collect()`` alone
     tripled this UDF's Python time)."""
-    from typing import Iterator
-
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
     def run_model(rows: int):
         import cloudpickle
         import torch
@@ -204,23 +204,7 @@ def constant_with_model(kind: str, net_bytes: bytes, batch_size: int):
         with torch.inference_mode():
             for start in range(0, rows, batch_size):
                 model(x[:min(batch_size, rows - start)])
-    if kind == "arrow":
-        import pyarrow as pa
-
-        def model_arrow(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
-            import numpy as np
-            for batch in batches:
-                run_model(len(batch))
-                yield pa.array(np.zeros(len(batch)))
-        return F.arrow_udf(model_arrow, T.DoubleType())
-    import pandas as pd
-
-    def model_pandas(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
-        import numpy as np
-        for batch in batches:
-            run_model(len(batch))
-            yield pd.Series(np.zeros(len(batch)))
-    return F.pandas_udf(model_pandas, T.DoubleType())
+    return constant_udf(kind, each_batch=run_model)
 
 
 def zero_model_udf(df, kind: str):
